@@ -1,0 +1,48 @@
+# The two set-up commands of README.md: `make demo` and `make test`.
+# Each creates (or reuses) .venv, installs npucam from pyproject.toml and fetches the
+# sample media and detector models into .cache/npucam (never committed).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DURATION ?= 20
+
+.PHONY: setup setup-test demo test test-slow lint format soak bench clean
+
+$(VENV)/.runtime: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime pyproject.toml
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+.cache/npucam/.fetched: pipeline/assets.py | $(VENV)/.runtime
+	$(PY) -m pipeline.assets
+	touch $@
+
+setup: $(VENV)/.runtime .cache/npucam/.fetched
+
+setup-test: $(VENV)/.test .cache/npucam/.fetched
+
+demo: setup
+	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
+
+test: setup-test
+	$(PY) -m pytest -q
+
+test-slow: setup-test
+	$(PY) -m pytest -q -m slow
+
+lint: setup-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup-test
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

