@@ -1,0 +1,181 @@
+"""5-point face alignment to the ArcFace 112x112 template, as insightface's `norm_crop`.
+
+A similarity transform (rotation, uniform scale, translation; no reflection) is fitted with
+Umeyama's method, exactly what scikit-image's `SimilarityTransform.estimate` computes
+(spec adaface-clip-align.md c.3), and the face is warped with cv2.warpAffine (bilinear, zero
+border), as insightface and OpenCV's FaceRecognizerSF.alignCrop do (spec c.2).
+
+BlazeFace gives no mouth corners, so `align_face_4pt` fits eyes, nose and the mouth centre to
+the template's mouth-corner midpoint: an approximation no upstream source gives (spec c.5 (i)).
+The colour order each embedder expects (spec c.4) is data here, not a convention in comments.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import cv2
+import numpy as np
+
+from pipeline.errors import NpucamError
+
+ColourOrder = Literal["rgb", "bgr"]
+
+# ArcFace template in 112x112 pixel coordinates (x, y), in image order: image-left eye,
+# image-right eye, nose tip, image-left mouth corner, image-right mouth corner (spec c.1).
+ARCFACE_TEMPLATE = np.array(
+    [
+        [38.2946, 51.6963],
+        [73.5318, 51.5014],
+        [56.0252, 71.7366],
+        [41.5493, 92.3655],
+        [70.7299, 92.2041],
+    ],
+    dtype=np.float64,
+)
+
+# The 4-point template of BlazeFace's fit: eyes, nose, and the midpoint of the mouth corners.
+ARCFACE_TEMPLATE_4PT = np.vstack([ARCFACE_TEMPLATE[:3], ARCFACE_TEMPLATE[3:].mean(axis=0)])
+
+# Channel order each embedder's input expects (spec c.4). cvlface models (and the taconite
+# bundles, as documented) take RGB; the original AdaFace .ckpt checkpoints take BGR.
+EMBEDDER_COLOUR_ORDER: dict[str, ColourOrder] = {
+    "cvlface": "rgb",
+    "taconite-adaface": "rgb",
+    "adaface-ckpt": "bgr",
+    "insightface-arcface": "rgb",
+}
+
+
+class AlignError(NpucamError):
+    """Landmarks or image that cannot be aligned (wrong shape, non-finite, degenerate)."""
+
+
+def umeyama_similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Least-squares similarity src -> dst without reflection (Umeyama 1991), as skimage's.
+
+    src, dst: float [N, 2] point sets (N >= 2). Returns float64 [3, 3], the homogeneous
+    matrix; all NaN when src is degenerate (every point equal), as skimage returns.
+    """
+    src = np.asarray(src, dtype=np.float64)
+    dst = np.asarray(dst, dtype=np.float64)
+    n, dim = src.shape
+    src_mean = src.mean(axis=0)
+    dst_mean = dst.mean(axis=0)
+    src_d = src - src_mean
+    dst_d = dst - dst_mean
+    a = dst_d.T @ src_d / n
+    d = np.ones(dim)
+    if np.linalg.det(a) < 0:
+        d[dim - 1] = -1.0
+    t = np.eye(dim + 1)
+    u, s, vt = np.linalg.svd(a)
+    rank = np.linalg.matrix_rank(a)
+    if rank == 0:
+        return np.full((dim + 1, dim + 1), np.nan)
+    if rank == dim - 1:
+        if np.linalg.det(u) * np.linalg.det(vt) > 0:
+            r = u @ vt
+        else:
+            flip = np.ones(dim)
+            flip[dim - 1] = -1.0
+            r = u @ np.diag(flip) @ vt
+    else:
+        r = u @ np.diag(d) @ vt
+    scale = (s @ d) / src_d.var(axis=0).sum()
+    t[:dim, :dim] = scale * r
+    t[:dim, dim] = dst_mean - scale * (r @ src_mean)
+    return t
+
+
+def _check_image(image: np.ndarray) -> None:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        raise AlignError(f"image must be a uint8 numpy array, got {type(image).__name__}")
+    if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] < 1 or image.shape[1] < 1:
+        raise AlignError(f"image must be uint8 [H, W, 3], got shape {image.shape}")
+
+
+def _fit_and_warp(
+    image: np.ndarray, points: np.ndarray, template: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    _check_image(image)
+    if size < 8:
+        raise AlignError(f"crop size must be >= 8, got {size}")
+    pts = np.asarray(points, dtype=np.float64)
+    if pts.shape != template.shape:
+        raise AlignError(f"landmarks must be [{len(template)}, 2], got shape {pts.shape}")
+    if not np.all(np.isfinite(pts)):
+        raise AlignError("landmarks contain NaN or infinite values")
+    m = umeyama_similarity(pts, template * (size / 112.0))
+    if not np.all(np.isfinite(m)):
+        raise AlignError("degenerate landmarks (all points coincide): no similarity fits")
+    matrix = m[:2, :].astype(np.float64)
+    crop = cv2.warpAffine(
+        image,
+        matrix,
+        (size, size),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=0,
+    )
+    return crop, matrix
+
+
+def align_face(
+    image: np.ndarray, landmarks: np.ndarray, size: int = 112
+) -> tuple[np.ndarray, np.ndarray]:
+    """Warp a face onto the ArcFace template from 5 landmarks.
+
+    image: uint8 [H, W, 3] in any channel order; landmarks: float [5, 2] (x, y) in image
+    pixels in template order (image-left eye, image-right eye, nose, image-left mouth
+    corner, image-right mouth corner). Returns (crop uint8 [size, size, 3] in the image's
+    channel order, matrix float64 [2, 3] mapping image pixels -> crop pixels). The template
+    is scaled by size/112.
+    """
+    return _fit_and_warp(image, landmarks, ARCFACE_TEMPLATE, size)
+
+
+def align_face_4pt(
+    image: np.ndarray, points: np.ndarray, size: int = 112
+) -> tuple[np.ndarray, np.ndarray]:
+    """BlazeFace alignment: eyes, nose, mouth centre -> the template (an approximation).
+
+    points: float [4, 2] (x, y) in image pixels: image-left eye, image-right eye, nose tip,
+    mouth centre; the mouth centre is fitted to the midpoint of the template's mouth
+    corners (56.1396, 92.2848). Same outputs as `align_face`. The crop is close to, but not
+    the same as, a 5-point alignment; docs/face-id.md says by how much it can shift.
+    """
+    return _fit_and_warp(image, points, ARCFACE_TEMPLATE_4PT, size)
+
+
+def blazeface_alignment_points(keypoints: np.ndarray) -> np.ndarray:
+    """BlazeFace's 6 keypoints -> the 4 points of `align_face_4pt`.
+
+    keypoints: float [6, 2] in BlazeFace order (subject's right eye, left eye, nose tip,
+    mouth centre, right ear, left ear). A frontal, unmirrored face has the subject's right
+    eye on the image left, which is template point 0. Returns float64 [4, 2].
+    """
+    kp = np.asarray(keypoints, dtype=np.float64)
+    if kp.shape != (6, 2):
+        raise AlignError(f"BlazeFace keypoints must be [6, 2], got shape {kp.shape}")
+    return kp[:4].copy()
+
+
+def convert_colour(crop: np.ndarray, have: ColourOrder, want: ColourOrder) -> np.ndarray:
+    """Reorder the channels of crop: uint8 [H, W, 3] from `have` to `want` ("rgb"/"bgr")."""
+    for order in (have, want):
+        if order not in ("rgb", "bgr"):
+            raise AlignError(f"colour order must be 'rgb' or 'bgr', got {order!r}")
+    return crop if have == want else np.ascontiguousarray(crop[..., ::-1])
+
+
+def embedder_input(crop: np.ndarray, have: ColourOrder, want: ColourOrder = "rgb") -> np.ndarray:
+    """An aligned crop -> the AdaFace/cvlface input ((x/255) - 0.5)/0.5, CHW (spec a.4).
+
+    crop: uint8 [H, W, 3] with channels in `have` order; want: the order the embedder
+    expects (see EMBEDDER_COLOUR_ORDER). Returns float32 [3, H, W] in [-1, 1].
+    """
+    _check_image(crop)
+    x = convert_colour(crop, have, want).astype(np.float32)
+    x = (x / np.float32(255.0) - np.float32(0.5)) / np.float32(0.5)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
