@@ -1,0 +1,58 @@
+"""A .tflite SSD detector run with the LiteRT interpreter (ai-edge-litert), on CPU.
+
+Loading checks the model's input and output shapes against what the decoder expects, so a
+wrong file is an error naming it rather than garbage detections.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stages.detectors.detections import DetectorError
+
+
+class TfliteSsd:
+    """One loaded SSD .tflite: float32 [1, S, S, 3] input -> (regressors, score logits).
+
+    Not thread-safe (one interpreter per detector object).
+    """
+
+    def __init__(self, path: str | Path, size: int, num_anchors: int, num_coords: int) -> None:
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DetectorError(f"{self.path}: detector model not found")
+        try:
+            self._interp = Interpreter(model_path=str(self.path), num_threads=1)
+            self._interp.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise DetectorError(f"{self.path}: not a loadable .tflite model: {exc}") from exc
+        inputs = self._interp.get_input_details()
+        if len(inputs) != 1 or tuple(inputs[0]["shape"]) != (1, size, size, 3):
+            got = [tuple(d["shape"]) for d in inputs]
+            raise DetectorError(f"{self.path}: expected one input [1,{size},{size},3], got {got}")
+        self._input = inputs[0]["index"]
+        self._regressors = self._scores = None
+        for d in self._interp.get_output_details():
+            shape = tuple(d["shape"])
+            if shape == (1, num_anchors, num_coords):
+                self._regressors = d["index"]
+            elif shape == (1, num_anchors, 1):
+                self._scores = d["index"]
+        if self._regressors is None or self._scores is None:
+            got = [tuple(d["shape"]) for d in self._interp.get_output_details()]
+            raise DetectorError(
+                f"{self.path}: expected outputs [1,{num_anchors},{num_coords}] and "
+                f"[1,{num_anchors},1], got {got}"
+            )
+
+    def run(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x: float32 [1, S, S, 3] -> (float32 [A, C] regressors, float32 [A] logits)."""
+        self._interp.set_tensor(self._input, np.ascontiguousarray(x, dtype=np.float32))
+        self._interp.invoke()
+        reg = self._interp.get_tensor(self._regressors)[0]
+        logits = self._interp.get_tensor(self._scores)[0, :, 0]
+        return reg.copy(), logits.copy()
