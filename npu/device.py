@@ -1,0 +1,376 @@
+"""The device protocol both NPU devices implement (XRT over pyxrt, and the simulator).
+
+A device loads bundle kernels, allocates host-mapped buffers (and sub-buffers cut from a
+root), patches instruction words and runs a kernel over an argument tuple. Kernels that
+share an (xclbin, kernel name) share one hardware context, and resident contexts live in an
+LRU capped at 16 (`TACONITE_CTX_CACHE`) with evict-and-retry when creation fails, as
+taconite's shim and taconite-adaface do (specs/bundle-and-xrt.md §2).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline.errors import NpucamError
+
+DEFAULT_CTX_CACHE = 16
+# ert_cmd_state values of XRT's ert.h; the simulator reports the same numbers.
+ERT_CMD_STATE_COMPLETED = 4
+ERT_CMD_STATE_ERROR = 5
+ERT_CMD_STATE_TIMEOUT = 8
+
+
+class DeviceError(NpucamError):
+    """A device could not be opened, a kernel could not be loaded or a run failed."""
+
+
+def ctx_cache_cap(environ: Mapping[str, str] | None = None) -> int:
+    """The resident-context cap: `TACONITE_CTX_CACHE` if it is a usize >= 1, else 16.
+
+    Follows the Rust reader of taconite-adaface (`parse::<usize>()`: an optional leading
+    `+`, digits only), not the older C `strtol` one.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("TACONITE_CTX_CACHE")
+    if raw is None or not re.fullmatch(r"\+?[0-9]+", raw):
+        return DEFAULT_CTX_CACHE
+    value = int(raw)
+    return value if value >= 1 else DEFAULT_CTX_CACHE
+
+
+def timing_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """`TACONITE_TIMING` turns instrumentation on by its presence, even when empty."""
+    env = os.environ if environ is None else environ
+    return "TACONITE_TIMING" in env
+
+
+def context_key(xclbin: Path | str, kernel_name: str) -> str:
+    """The sharing key of a hardware context: xclbin path + "\\n" + kernel name."""
+    return f"{xclbin}\n{kernel_name}"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a device needs to load one bundle kernel.
+
+    kind: the kernel family the simulator executes ("gemm", "mha", ...): the record's
+    `kind=` field if present, else its tag. xclbin/kernel_name name the hardware context;
+    insts is the raw little-endian u32 instruction stream; fields are the record's `k=v`
+    fields (the simulator reads shapes from them); source names the manifest line.
+    """
+
+    key: str
+    kind: str
+    xclbin: Path
+    kernel_name: str
+    insts: bytes
+    fields: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def context_key(self) -> str:
+        return context_key(self.xclbin, self.kernel_name)
+
+    def where(self) -> str:
+        return self.source or f"kernel {self.key}"
+
+    def get_int(self, name: str, default: int | None = None) -> int:
+        """The record field `name` as an unsigned int; DeviceError names the record if bad."""
+        raw = self.fields.get(name)
+        if raw is None:
+            if default is None:
+                raise DeviceError(f"{self.where()}: `{name}=` missing")
+            return default
+        if not re.fullmatch(r"\+?[0-9]+", raw):
+            raise DeviceError(f"{self.where()}: `{name}={raw}` is malformed")
+        return int(raw)
+
+    def get_flag(self, name: str, default: bool = False) -> bool:
+        raw = self.fields.get(name)
+        if raw is None:
+            return default
+        if raw not in ("0", "1"):
+            raise DeviceError(f"{self.where()}: `{name}={raw}` is not 0 or 1")
+        return raw == "1"
+
+    def get_str(self, name: str, default: str | None = None) -> str:
+        raw = self.fields.get(name, default)
+        if raw is None:
+            raise DeviceError(f"{self.where()}: `{name}=` missing")
+        return raw
+
+
+def kernel_spec(bundle: Any, record: Any) -> KernelSpec:
+    """The KernelSpec of a manifest record of `bundle` (npu.bundle.Bundle).
+
+    The context comes from `ctx=<xclbin key>` (an `xclbin` record) or from `xclbin=<path>`
+    with `name=<kernel>` (default MLIR_AIE); the instruction stream from `insts=<path>`.
+    Paths resolve inside the bundle directory (the bundle refuses escapes).
+    """
+    where = f"manifest.txt:{record.line}"
+    fields = dict(record.map)
+    key = record.fields[0] if record.fields else record.tag
+    if "ctx" in fields:
+        xclbin_rec = bundle.xclbin(fields["ctx"])
+        xclbin, kernel_name = bundle.resolve(xclbin_rec.path), xclbin_rec.kernel
+    elif "xclbin" in fields:
+        xclbin, kernel_name = bundle.resolve(fields["xclbin"]), fields.get("name", "MLIR_AIE")
+    else:
+        raise DeviceError(f"{where}: kernel record {key} has neither `ctx=` nor `xclbin=`")
+    if "insts" not in fields:
+        raise DeviceError(f"{where}: `insts=` missing")
+    insts_path = bundle.resolve(fields["insts"])
+    try:
+        insts = insts_path.read_bytes()
+    except OSError as exc:
+        raise DeviceError(f"{insts_path}: {exc.strerror or exc}") from None
+    if len(insts) % 4 or not insts:
+        raise DeviceError(
+            f"{insts_path}: an instruction stream is whole u32 words, got {len(insts)} bytes"
+        )
+    return KernelSpec(
+        key=key,
+        kind=fields.get("kind", record.tag),
+        xclbin=xclbin,
+        kernel_name=kernel_name,
+        insts=insts,
+        fields=fields,
+        source=where,
+    )
+
+
+_buffer_ids = itertools.count(1)
+
+
+def next_buffer_id() -> int:
+    """A fresh buffer id: monotonic per process, so a reused address never matches a run."""
+    return next(_buffer_ids)
+
+
+class Buffer:
+    """A device data buffer (or a sub-buffer of a root) with its host mapping.
+
+    host: uint8 [nbytes], the root's mapping at this buffer's offset. Devices subclass it to
+    attach their handle; `root` is the buffer that owns the allocation.
+    """
+
+    def __init__(self, host: np.ndarray, root: Buffer | None = None, offset: int = 0) -> None:
+        self.id = next_buffer_id()
+        self.host = host
+        self.nbytes = int(host.nbytes)
+        self.root = self if root is None else root
+        self.offset = offset
+        self.freed = False
+        self.subs: list[Buffer] = []
+
+    def array(self, dtype: Any, shape: Sequence[int] | None = None) -> np.ndarray:
+        """A typed view of the host mapping (bytes past the last whole element are dropped)."""
+        dt = np.dtype(dtype)
+        a = self.host[: self.nbytes - self.nbytes % dt.itemsize].view(dt)
+        return a if shape is None else a[: int(np.prod(shape))].reshape(shape)
+
+    def write(self, data: np.ndarray, offset: int = 0) -> None:
+        """Copy `data`'s bytes into the host mapping at `offset` (one wide copy)."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if offset < 0 or offset + raw.nbytes > self.nbytes:
+            raise DeviceError(
+                f"write of {raw.nbytes} bytes at {offset} outside a buffer of {self.nbytes} bytes"
+            )
+        np.copyto(self.host[offset : offset + raw.nbytes], raw)
+
+    def check_live(self) -> None:
+        if self.freed or self.root.freed:
+            raise DeviceError(f"buffer {self.id} was freed")
+
+
+def check_sub_range(parent_nbytes: int, offset: int, nbytes: int) -> None:
+    """The shim's bound check for a sub-buffer [offset, +nbytes) of a parent."""
+    if offset < 0 or nbytes < 0 or offset + nbytes > parent_nbytes:
+        raise DeviceError(
+            f"sub-buffer [{offset}, +{nbytes}) outside a buffer of {parent_nbytes} bytes"
+        )
+
+
+def check_insts_words(nbytes: int, words: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Validate instruction-word patches: `(i+1)*4 <= bytes`, values fit u32."""
+    out = []
+    for i, v in words:
+        if i < 0 or (i + 1) * 4 > nbytes:
+            raise DeviceError(f"instruction word {i} is past the stream")
+        if not 0 <= v < 2**32:
+            raise DeviceError(f"instruction word {i}: value {v} does not fit 32 bits")
+        out.append((int(i), int(v)))
+    return out
+
+
+@dataclass
+class KernelTiming:
+    """Per-kernel dispatch counters (host wall time)."""
+
+    runs: int = 0
+    run_s: float = 0.0
+    wait_s: float = 0.0
+
+
+@dataclass
+class DeviceStats:
+    """Counters of the TACONITE_TIMING line: loads = context creations, hits = LRU hits,
+    evict = evictions; load_s = time creating contexts, run_s = host wall time of the
+    dispatches, wait_s = launch + wait time. Wall-clock seconds, on any backend."""
+
+    loads: int = 0
+    hits: int = 0
+    evict: int = 0
+    runs: int = 0
+    load_s: float = 0.0
+    run_s: float = 0.0
+    wait_s: float = 0.0
+    kernels: dict[str, KernelTiming] = field(default_factory=dict)
+
+    def line(self, backend: str) -> str:
+        return (
+            f"[{backend}] loads={self.loads} hits={self.hits} evict={self.evict} runs={self.runs}"
+            f"  load={self.load_s:.3f}s run={self.run_s:.3f}s (wait={self.wait_s:.3f}s)"
+        )
+
+
+def context_full(exc: BaseException) -> bool:
+    """Whether a context-creation failure means "no free slot": evict one more and retry."""
+    return isinstance(exc, RuntimeError) or "CREATE_HWCTX" in str(exc)
+
+
+class ContextCache:
+    """An LRU of resident hardware contexts keyed by context key, capped at `cap`.
+
+    A hit moves the entry to the most-recent end. A miss evicts from the least-recent end
+    while the cache is at the cap, then creates; when creation fails with "no free slot"
+    (context_full), it evicts one more and retries until the cache is empty, and only then
+    reports `load(<key>): ...` (taconite-adaface's policy).
+    """
+
+    def __init__(
+        self,
+        cap: int,
+        create: Callable[[str], Any],
+        release: Callable[[str, Any], None],
+        stats: DeviceStats,
+    ) -> None:
+        self.cap = cap
+        self._create = create
+        self._release = release
+        self._stats = stats
+        self._lru: OrderedDict[str, Any] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._lru
+
+    def keys(self) -> list[str]:
+        """Resident keys, least recently used first."""
+        return list(self._lru)
+
+    def acquire(self, key: str) -> Any:
+        if key in self._lru:
+            self._lru.move_to_end(key)
+            self._stats.hits += 1
+            return self._lru[key]
+        while len(self._lru) >= self.cap:
+            self.evict_lru()
+        t0 = time.perf_counter()
+        while True:
+            try:
+                ctx = self._create(key)
+                break
+            except Exception as exc:
+                if context_full(exc) and self._lru:
+                    self.evict_lru()
+                    continue
+                raise DeviceError(f"load({key.replace(chr(10), ' ')}): {exc}") from exc
+        self._stats.loads += 1
+        self._stats.load_s += time.perf_counter() - t0
+        self._lru[key] = ctx
+        return ctx
+
+    def evict_lru(self) -> None:
+        key, ctx = self._lru.popitem(last=False)
+        self._stats.evict += 1
+        self._release(key, ctx)
+
+    def drop(self, key: str) -> None:
+        """Free a context whose last kernel was freed (not counted as an eviction)."""
+        ctx = self._lru.pop(key, None)
+        if ctx is not None:
+            self._release(key, ctx)
+
+    def clear(self) -> None:
+        for key in list(self._lru):
+            self.drop(key)
+
+
+class Kernel(Protocol):
+    """A loaded kernel: its spec, and patches that survive context reloads."""
+
+    spec: KernelSpec
+
+    def set_insts_words(self, words: Iterable[tuple[int, int]]) -> None:
+        """Overwrite 32-bit instruction words [(index, value)]; they last for later runs."""
+        ...
+
+
+class Launch(Protocol):
+    """A started run; wait() blocks, checks the final state and returns wall seconds."""
+
+    def wait(self) -> float: ...
+
+
+class Device(Protocol):
+    """What DeviceOps and model runtimes need from a device (XrtDevice or SimDevice).
+
+    backend: "npu" for hardware, "sim" for the simulator. One thread at a time.
+    """
+
+    backend: str
+    stats: DeviceStats
+
+    def load(self, spec: KernelSpec) -> Kernel:
+        """Load a kernel: share or create its context (LRU), upload its instructions."""
+        ...
+
+    def free_kernel(self, kernel: Kernel) -> None: ...
+
+    def alloc(self, nbytes: int) -> Buffer:
+        """A zeroed host-mapped data buffer of nbytes."""
+        ...
+
+    def sub(self, buf: Buffer, offset: int, nbytes: int) -> Buffer:
+        """A sub-buffer [offset, +nbytes) of buf, always cut from buf's root."""
+        ...
+
+    def free(self, buf: Buffer) -> None:
+        """Free a buffer (and its sub-buffers); drops every cached run that uses it."""
+        ...
+
+    def to_device(self, buf: Buffer) -> None: ...
+
+    def from_device(self, buf: Buffer) -> None: ...
+
+    def start(self, kernel: Kernel, buffers: Sequence[Buffer]) -> Launch: ...
+
+    def run(self, kernel: Kernel, buffers: Sequence[Buffer]) -> float:
+        """start + wait: the wall seconds of the dispatch."""
+        ...
+
+    def resident_contexts(self) -> list[str]:
+        """Context keys resident now, least recently used first."""
+        ...
+
+    def close(self) -> None: ...

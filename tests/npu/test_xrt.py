@@ -1,0 +1,308 @@
+"""npu/xrt.py against a recording fake pyxrt: the call sequence of specs/bundle-and-xrt.md §2."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npu import xrt
+from npu.device import DeviceError, KernelSpec, ctx_cache_cap
+
+_spec = importlib.util.spec_from_file_location(
+    "fake_pyxrt", Path(__file__).with_name("fake_pyxrt.py")
+)
+fake = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fake)
+
+TO, FROM = "XCL_BO_SYNC_BO_TO_DEVICE", "XCL_BO_SYNC_BO_FROM_DEVICE"
+
+
+@pytest.fixture
+def node(tmp_path):
+    p = tmp_path / "accel0"
+    p.write_bytes(b"")
+    return str(p)
+
+
+@pytest.fixture
+def dev(monkeypatch, node):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    monkeypatch.delenv("TACONITE_CTX_CACHE", raising=False)
+    monkeypatch.delenv("TACONITE_TIMING", raising=False)
+    d = xrt.XrtDevice(node)
+    yield d
+    d.close()
+
+
+def spec(key="g0", xclbin="/b/kernels/gemm.xclbin", words=8, name="MLIR_AIE") -> KernelSpec:
+    insts = np.arange(1, words + 1, dtype=np.uint32).tobytes()
+    return KernelSpec(key=key, kind="gemm", xclbin=Path(xclbin), kernel_name=name, insts=insts)
+
+
+def test_missing_pyxrt_and_device_node_are_named_in_one_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pyxrt", None)
+    with pytest.raises(DeviceError) as err:
+        xrt.XrtDevice(str(tmp_path / "no-accel0"))
+    msg = str(err.value)
+    assert "pyxrt: not importable" in msg
+    assert f"no {tmp_path / 'no-accel0'}" in msg
+
+
+def test_missing_device_node_alone(monkeypatch, tmp_path):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    with pytest.raises(DeviceError, match="npu backend is unavailable: device: no .*no-accel0"):
+        xrt.XrtDevice(str(tmp_path / "no-accel0"))
+
+
+def test_load_alloc_run_call_sequence(dev):
+    k = dev.load(spec(words=6))
+    a, c = dev.alloc(64), dev.alloc(32)
+    assert (a.host == 0).all() and (c.host == 0).all()  # the fake fills 0xAB: zeroed by us
+    a.write(np.arange(16, dtype=np.float32))
+    dev.to_device(a)
+    dev.run(k, [a, c])
+    dev.from_device(c)
+    seq = [x for x in fake.calls if x[0] != "bo.write"]
+    ib, a_bo, c_bo = 100 + 1, None, None
+    assert seq[:4] == [
+        ("device", 0),
+        ("xclbin", "/b/kernels/gemm.xclbin"),
+        ("register_xclbin", "/b/kernels/gemm.xclbin"),
+        ("hw_context", "/b/kernels/gemm.xclbin"),
+    ]
+    assert seq[4] == ("kernel", "/b/kernels/gemm.xclbin", "MLIR_AIE")
+    # instruction BO: size in bytes, cacheable, the kernel's group_id(1) (the fake says 101)
+    assert seq[5][:4] == ("bo", 24, fake.bo.cacheable, ib)
+    insts_id = seq[5][4]
+    assert seq[6] == ("sync", insts_id, TO)
+    a_bo, c_bo = seq[7][4], seq[9][4]
+    assert seq[7][:4] == ("bo", 64, fake.bo.host_only, 0)
+    assert seq[8] == ("sync", a_bo, TO)
+    assert seq[9][:4] == ("bo", 32, fake.bo.host_only, 0)
+    assert seq[10] == ("sync", c_bo, TO)
+    assert seq[11] == ("sync", a_bo, TO)
+    run_id = seq[12][1]
+    assert seq[12:] == [
+        ("run", run_id, "MLIR_AIE"),
+        ("set_arg", run_id, 0, "int", 3),
+        ("set_arg", run_id, 1, "bo", insts_id),
+        ("set_arg", run_id, 2, "int", 24),
+        ("set_arg", run_id, 3, "bo", a_bo),
+        ("set_arg", run_id, 4, "bo", c_bo),
+        ("start", run_id),
+        ("wait", run_id),
+        ("sync", c_bo, FROM),
+    ]
+    # the instruction stream landed in the BO word for word
+    assert bytes(k.insts_bo.map()) == k.spec.insts
+
+
+def test_run_cache_per_argument_tuple(dev):
+    k = dev.load(spec())
+    a, b, c = dev.alloc(16), dev.alloc(16), dev.alloc(16)
+    dev.run(k, [a, c])
+    dev.run(k, [a, c])
+    assert len(fake.of("run")) == 1 and len(fake.of("start")) == 2
+    dev.run(k, [b, c])
+    assert len(fake.of("run")) == 2
+    dev.run(k, [a, c])
+    assert len(fake.of("run")) == 2 and len(fake.of("start")) == 4
+
+
+def test_same_tuple_in_flight_gets_a_one_off_run(dev):
+    k = dev.load(spec())
+    a, c = dev.alloc(16), dev.alloc(16)
+    first = dev.start(k, [a, c])
+    second = dev.start(k, [a, c])
+    runs = [r[1] for r in fake.of("run")]
+    assert len(runs) == 2
+    first.wait()
+    second.wait()
+    dev.run(k, [a, c])
+    assert len(fake.of("run")) == 2  # the cached (first) run restarted
+    assert fake.of("start")[-1] == ("start", runs[0])
+
+
+def test_freeing_a_buffer_drops_its_cached_runs(dev):
+    k = dev.load(spec())
+    root = dev.alloc(64)
+    a, c = dev.sub(root, 0, 32), dev.alloc(16)
+    dev.run(k, [a, c])
+    dev.free(root)  # frees its sub-buffer a too
+    assert k.runs == {}
+    with pytest.raises(DeviceError, match="was freed"):
+        dev.run(k, [a, c])
+    a2 = dev.alloc(32)
+    dev.run(k, [a2, c])
+    assert len(fake.of("run")) == 2
+
+
+def test_sub_of_a_sub_is_cut_from_the_root(dev):
+    root = dev.alloc(256)
+    s1 = dev.sub(root, 64, 128)
+    s2 = dev.sub(s1, 32, 16)
+    subs = fake.of("bo.sub")
+    assert subs[0][1:4] == (root.bo.id, 128, 64)
+    assert subs[1][1:4] == (root.bo.id, 16, 96)  # parent = root, offset re-based
+    s2.host[:] = 7
+    assert (root.host[96:112] == 7).all() and root.host[95] == 0 and root.host[112] == 0
+    with pytest.raises(
+        DeviceError, match=r"^sub-buffer \[120, \+16\) outside a buffer of 128 bytes$"
+    ):
+        dev.sub(s1, 120, 16)
+
+
+def test_kernels_of_one_xclbin_and_name_share_a_context_freed_with_the_last(dev):
+    k1, k2 = dev.load(spec("a")), dev.load(spec("b"))
+    k3 = dev.load(spec("c", name="OTHER"))
+    assert len(fake.of("hw_context")) == 2
+    assert len(fake.of("bo")) == 3  # each kernel has its own instruction BO
+    dev.free_kernel(k1)
+    assert fake.of("hw_context.free") == []
+    dev.free_kernel(k2)
+    assert fake.of("hw_context.free") == [("hw_context.free", "/b/kernels/gemm.xclbin")]
+    assert dev.resident_contexts() == [k3.spec.context_key]
+
+
+def test_lru_cap_from_env_evicts_least_recent_and_reloads(monkeypatch, node):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    monkeypatch.setenv("TACONITE_CTX_CACHE", "2")
+    dev = xrt.XrtDevice(node)
+    ks = [dev.load(spec(f"k{i}", f"/b/{i}.xclbin")) for i in range(3)]
+    assert dev.stats.evict == 1 and dev.stats.loads == 3
+    assert fake.of("hw_context.free") == [("hw_context.free", "/b/0.xclbin")]
+    a = dev.alloc(16)
+    dev.run(ks[2], [a])  # resident: a hit
+    dev.run(ks[0], [a])  # evicted: reload, evicting k1's context
+    assert fake.of("hw_context.free")[-1] == ("hw_context.free", "/b/1.xclbin")
+    assert dev.stats.loads == 4 and dev.stats.evict == 2 and dev.stats.hits == 1
+    assert fake.of("xclbin").count(("xclbin", "/b/0.xclbin")) == 1  # registered once
+    dev.close()
+
+
+def test_context_creation_failure_evicts_one_more_and_retries(dev):
+    fake.limit = 2  # another process holds the other slots
+    a = dev.load(spec("a", "/b/a.xclbin"))
+    dev.load(spec("b", "/b/b.xclbin"))
+    dev.load(spec("c", "/b/c.xclbin"))
+    assert fake.of("hw_context.full") == [("hw_context.full", "/b/c.xclbin")]
+    assert fake.of("hw_context.free") == [("hw_context.free", "/b/a.xclbin")]
+    assert dev.stats.evict == 1 and len(fake.live_contexts) == 2
+    assert a.xk is None and a.runs == {}
+
+
+def test_context_creation_fails_after_emptying_the_cache(dev):
+    dev.load(spec("a", "/b/a.xclbin"))
+    fake.limit = 0
+    with pytest.raises(DeviceError, match=r"^load\(/b/b.xclbin MLIR_AIE\): .*CREATE_HWCTX"):
+        dev.load(spec("b", "/b/b.xclbin"))
+    assert dev.resident_contexts() == [] and dev.stats.evict == 1
+
+
+def test_other_load_errors_are_reported_without_evicting(dev):
+    dev.load(spec("a", "/b/a.xclbin"))
+    fake.fail_contexts = 1
+    with pytest.raises(DeviceError, match=r"^load\(/b/b.xclbin MLIR_AIE\): xclbin is corrupt"):
+        dev.load(spec("b", "/b/b.xclbin"))
+    assert dev.stats.evict == 0 and len(dev.resident_contexts()) == 1
+
+
+def test_patches_are_written_and_reapplied_after_a_reload(monkeypatch, node):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    monkeypatch.setenv("TACONITE_CTX_CACHE", "1")
+    dev = xrt.XrtDevice(node)
+    k = dev.load(spec("mha", "/b/mha.xclbin", words=8))
+    k.set_insts_words([(2, 0xDEAD), (7, 5)])
+    words = np.frombuffer(k.insts_bo.map(), np.uint32)
+    assert words[2] == 0xDEAD and words[7] == 5 and words[0] == 1
+    assert fake.calls[-1] == ("sync", k.insts_bo.id, TO)
+    with pytest.raises(DeviceError, match=r"^instruction word 8 is past the stream$"):
+        k.set_insts_words([(8, 1)])
+    dev.load(spec("other", "/b/other.xclbin"))  # evicts mha's context
+    assert k.insts_bo is None
+    a = dev.alloc(16)
+    dev.run(k, [a])  # reload: fresh instruction BO, patches re-applied before the launch
+    words = np.frombuffer(k.insts_bo.map(), np.uint32)
+    assert list(words) == [1, 2, 0xDEAD, 4, 5, 6, 7, 5]
+    dev.close()
+
+
+def test_patch_refused_while_a_launch_is_in_flight(dev):
+    k = dev.load(spec())
+    a = dev.alloc(16)
+    launch = dev.start(k, [a])
+    with pytest.raises(DeviceError, match="in flight"):
+        k.set_insts_words([(0, 1)])
+    launch.wait()
+    k.set_insts_words([(0, 1)])
+
+
+def test_run_state_other_than_completed_is_an_error(dev):
+    k = dev.load(spec())
+    a = dev.alloc(16)
+    fake.next_states.append(fake.ert_cmd_state.ERT_CMD_STATE_ERROR)
+    with pytest.raises(DeviceError, match=r"^kernel finished in state 5$"):
+        dev.run(k, [a])
+    dev.run(k, [a])  # the device stays usable
+
+
+@pytest.mark.parametrize(
+    ("raw", "cap"),
+    [
+        (None, 16),
+        ("4", 4),
+        ("+3", 3),
+        ("1", 1),
+        ("0", 16),
+        ("-2", 16),
+        ("5x", 16),
+        ("", 16),
+        (" 4", 16),
+        ("1_0", 16),
+        ("64", 64),
+    ],
+)
+def test_ctx_cache_cap_parses_like_rusts_usize(raw, cap):
+    env = {} if raw is None else {"TACONITE_CTX_CACHE": raw}
+    assert ctx_cache_cap(env) == cap
+
+
+def test_timing_line_printed_on_close_when_env_present_even_empty(monkeypatch, node, capsys):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    monkeypatch.setenv("TACONITE_TIMING", "")
+    dev = xrt.XrtDevice(node)
+    k = dev.load(spec())
+    a = dev.alloc(16)
+    dev.run(k, [a])
+    dev.run(k, [a])
+    assert dev.stats.kernels["g0"].runs == 2
+    dev.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("[xrt] loads=1 hits=2 evict=0 runs=2  load=")
+    assert err[0].endswith("s)") and " run=" in err[0] and "(wait=" in err[0]
+
+
+def test_no_timing_line_without_env(dev, capsys):
+    dev.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_open_device_returns_one_device_per_process(monkeypatch, node):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    d1 = xrt.open_device(node)
+    assert xrt.open_device(node) is d1
+    d1.close()
+    d2 = xrt.open_device(node)
+    assert d2 is not d1 and len(fake.of("device")) == 2
+    d2.close()
