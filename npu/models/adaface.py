@@ -1,0 +1,413 @@
+"""AdaFace IR-18 / IR-101 (cvlface iresnet) as a program of taconite-adaface steps, run in f32.
+
+The network of spec adaface-clip-align.md a.7 (cvlface's `Backbone` with `BasicBlockIR`
+units) is lowered to the step records of spec a.2: `affine` (a unit's leading BN),
+`conv` (stride 1, BN folded into its weights) + `prelu_bias` or `bias`, `subsample` (stride
+2), `add` and `head` (BN2d + Linear + BN1d folded into one f32 mat-vec). The cpu backend
+runs the program in float32, each conv as im2col + `ops.gemm`; it matches the torch module
+up to float32 rounding. The output is the un-normalised 512-d embedding, as cvlface's
+Backbone and taconite's head return it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from npu.ops import GemmWeights, NumpyOps, Ops
+from pipeline.errors import NpucamError
+
+ColourOrder = Literal["rgb", "bgr"]
+BN_EPS = 1e-5  # torch BatchNorm's default, used by cvlface's iresnet
+INPUT_SIZE = 112
+
+
+class AdaFaceError(NpucamError):
+    """A checkpoint that is not a cvlface-style IR network, or an input the forward rejects."""
+
+
+# ---- the step program (the records of spec a.2, with f32 parameters) -----------------------
+
+
+@dataclass(frozen=True)
+class Affine:
+    """out = x·scale + shift per channel (a unit's leading BatchNorm)."""
+
+    src: str
+    dst: str
+    scale: np.ndarray
+    shift: np.ndarray
+
+
+@dataclass(frozen=True)
+class Conv:
+    """dst = conv(src) with stride 1 and padding k//2, no bias; weights float32 [O, I, k, k]."""
+
+    src: str
+    dst: str
+    key: str
+    weight: np.ndarray
+
+
+@dataclass(frozen=True)
+class PreluBias:
+    """In place: prelu(x + bias) with per-channel alpha (a folded BN shift, then PReLU)."""
+
+    buf: str
+    alpha: np.ndarray
+    bias: np.ndarray
+
+
+@dataclass(frozen=True)
+class Bias:
+    """In place: x + bias per channel (a folded BN shift)."""
+
+    buf: str
+    bias: np.ndarray
+
+
+@dataclass(frozen=True)
+class Subsample:
+    """dst = src[:, ::stride, ::stride] (a stride-2 conv's or MaxPool2d(1, 2)'s output)."""
+
+    src: str
+    dst: str
+    stride: int
+
+
+@dataclass(frozen=True)
+class Add:
+    """dst = a + b (a unit's residual + shortcut)."""
+
+    a: str
+    b: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class Head:
+    """e = b2 + flatten(src)·bT, flatten in (c, h, w) order; bT float32 [k, n], b2 [n]."""
+
+    src: str
+    bT: np.ndarray
+    b2: np.ndarray
+
+
+Step = Affine | Conv | PreluBias | Bias | Subsample | Add | Head
+
+
+@dataclass
+class IrProgram:
+    """A lowered IR network: its steps in order, the input buffer name and its meta data."""
+
+    name: str
+    units: tuple[int, ...]
+    widths: tuple[int, ...]
+    steps: list[Step] = field(default_factory=list)
+    input: str = "input"
+
+    @property
+    def embed_dim(self) -> int:
+        head = self.steps[-1]
+        assert isinstance(head, Head)
+        return int(head.b2.shape[0])
+
+    def conv_gemms(self) -> dict[str, GemmWeights]:
+        """Every conv as a GEMM over im2col rows: w float32 [I·k·k, O], bound by key."""
+        out = {}
+        for s in self.steps:
+            if isinstance(s, Conv):
+                o = s.weight.shape[0]
+                out[s.key] = GemmWeights(np.ascontiguousarray(s.weight.reshape(o, -1).T))
+        return out
+
+
+# ---- lowering a cvlface state dict ---------------------------------------------------------
+
+
+def _bn_fold(sd: dict[str, np.ndarray], prefix: str, affine: bool = True):
+    """A BatchNorm's eval-mode per-channel (scale, shift) in float64."""
+    try:
+        mean = sd[prefix + "running_mean"].astype(np.float64)
+        var = sd[prefix + "running_var"].astype(np.float64)
+        if affine:
+            gamma = sd[prefix + "weight"].astype(np.float64)
+            beta = sd[prefix + "bias"].astype(np.float64)
+        else:
+            gamma, beta = np.ones_like(mean), np.zeros_like(mean)
+    except KeyError as exc:
+        raise AdaFaceError(f"checkpoint lacks BatchNorm tensor {exc.args[0]}") from None
+    scale = gamma / np.sqrt(var + BN_EPS)
+    return scale, beta - mean * scale
+
+
+def _tensor(sd: dict[str, np.ndarray], key: str, ndim: int) -> np.ndarray:
+    if key not in sd:
+        raise AdaFaceError(f"checkpoint lacks tensor {key}")
+    t = sd[key]
+    if t.ndim != ndim:
+        raise AdaFaceError(f"checkpoint tensor {key} has shape {t.shape}, expected {ndim} dims")
+    return t
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _strip_prefix(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Drop a wrapper prefix ('net.', 'model.net.', ...) in front of `input_layer.0.weight`."""
+    stems = [k for k in sd if k.endswith("input_layer.0.weight")]
+    if len(stems) != 1:
+        raise AdaFaceError(
+            "not a cvlface iresnet state dict: expected one '...input_layer.0.weight', "
+            f"found {len(stems)}"
+        )
+    prefix = stems[0][: -len("input_layer.0.weight")]
+    return {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def lower_iresnet(state_dict: dict[str, np.ndarray], name: str = "IR") -> IrProgram:
+    """A cvlface iresnet state dict (numpy arrays) -> its IrProgram.
+
+    Widths and units per stage are read from the weights (IR-18 is [2,2,2,2], IR-101
+    [3,13,30,3] at widths 64..512; smaller test networks work the same). A unit whose first
+    conv changes the spatial size is the first of its stage and has stride 2.
+    """
+    sd = _strip_prefix(state_dict)
+    steps: list[Step] = []
+    stem_w = _tensor(sd, "input_layer.0.weight", 4)
+    if stem_w.shape[1] != 3 or stem_w.shape[2:] != (3, 3):
+        raise AdaFaceError(f"stem conv must be [C, 3, 3, 3], got {stem_w.shape}")
+    scale, shift = _bn_fold(sd, "input_layer.1.")
+    steps.append(Conv("input", "x0", "stem", _f32(stem_w * scale[:, None, None, None])))
+    steps.append(PreluBias("x0", _f32(_tensor(sd, "input_layer.2.weight", 1)), _f32(shift)))
+
+    n_units = 0
+    while f"body.{n_units}.res_layer.1.weight" in sd:
+        n_units += 1
+    if n_units == 0:
+        raise AdaFaceError("checkpoint has no body units (body.0.res_layer.1.weight)")
+
+    cur, width, size = "x0", stem_w.shape[0], INPUT_SIZE
+    units: list[int] = []
+    widths: list[int] = []
+    for i in range(n_units):
+        p = f"body.{i}."
+        w1 = _tensor(sd, p + "res_layer.1.weight", 4)
+        w2 = _tensor(sd, p + "res_layer.4.weight", 4)
+        depth = w1.shape[0]
+        if w1.shape[1] != width or w2.shape[:2] != (depth, depth):
+            raise AdaFaceError(f"{p}res_layer: conv shapes {w1.shape}, {w2.shape} do not chain")
+        has_conv_shortcut = p + "shortcut_layer.0.weight" in sd
+        # cvlface starts each stage with a stride-2 unit: a new width, or the very first unit
+        stride = 2 if (i == 0 or depth != width) else 1
+        if stride == 2:
+            units.append(0)
+            widths.append(depth)
+            size //= 2
+        units[-1] += 1
+        if depth != width and not has_conv_shortcut:
+            raise AdaFaceError(f"{p}: width {width}->{depth} needs a conv shortcut")
+
+        scale, shift = _bn_fold(sd, p + "res_layer.0.")
+        steps.append(Affine(cur, f"u{i}.bn", _f32(scale), _f32(shift)))
+        scale, shift = _bn_fold(sd, p + "res_layer.2.")
+        steps.append(
+            Conv(f"u{i}.bn", f"u{i}.c1", f"u{i}.conv1", _f32(w1 * scale[:, None, None, None]))
+        )
+        alpha = _f32(_tensor(sd, p + "res_layer.3.weight", 1))
+        steps.append(PreluBias(f"u{i}.c1", alpha, _f32(shift)))
+        scale, shift = _bn_fold(sd, p + "res_layer.5.")
+        steps.append(
+            Conv(f"u{i}.c1", f"u{i}.c2", f"u{i}.conv2", _f32(w2 * scale[:, None, None, None]))
+        )
+        steps.append(Bias(f"u{i}.c2", _f32(shift)))
+        res = f"u{i}.c2"
+        if stride == 2:
+            steps.append(Subsample(res, f"u{i}.res", 2))
+            res = f"u{i}.res"
+
+        short = cur
+        if stride == 2:
+            steps.append(Subsample(cur, f"u{i}.sub", 2))
+            short = f"u{i}.sub"
+        if has_conv_shortcut:
+            ws = _tensor(sd, p + "shortcut_layer.0.weight", 4)
+            if ws.shape != (depth, width, 1, 1):
+                raise AdaFaceError(f"{p}shortcut_layer.0.weight: shape {ws.shape}")
+            scale, shift = _bn_fold(sd, p + "shortcut_layer.1.")
+            steps.append(
+                Conv(short, f"u{i}.sc", f"u{i}.shortcut", _f32(ws * scale[:, None, None, None]))
+            )
+            steps.append(Bias(f"u{i}.sc", _f32(shift)))
+            short = f"u{i}.sc"
+        steps.append(Add(res, short, f"u{i}.out"))
+        cur, width = f"u{i}.out", depth
+
+    lin_w = _tensor(sd, "output_layer.3.weight", 2).astype(np.float64)
+    lin_b = _tensor(sd, "output_layer.3.bias", 1).astype(np.float64)
+    k = width * size * size
+    if lin_w.shape[1] != k:
+        raise AdaFaceError(
+            f"output_layer.3.weight is {lin_w.shape}; the body ends at {width}x{size}x{size}"
+        )
+    s2, t2 = _bn_fold(sd, "output_layer.0.")
+    s1, t1 = _bn_fold(sd, "output_layer.4.", affine=False)
+    per_flat_scale = np.repeat(s2, size * size)
+    per_flat_shift = np.repeat(t2, size * size)
+    w = lin_w * per_flat_scale[None, :]
+    b = lin_b + lin_w @ per_flat_shift
+    bT = (w * s1[:, None]).T
+    b2 = b * s1 + t1
+    steps.append(Head(cur, _f32(bT), _f32(b2)))
+    return IrProgram(name, tuple(units), tuple(widths), steps)
+
+
+# ---- the f32 executor ----------------------------------------------------------------------
+
+
+def im2col(x: np.ndarray, k: int) -> np.ndarray:
+    """x: float32 [C, H, W] -> float32 [H·W, C·k·k] patches for a stride-1, pad k//2 conv.
+
+    Column order (c, ky, kx) matches a torch weight [O, C, k, k] reshaped to [O, C·k·k].
+    """
+    c, h, w = x.shape
+    if k == 1:
+        return x.reshape(c, h * w).T
+    p = k // 2
+    xp = np.pad(x, ((0, 0), (p, p), (p, p)))
+    cols = np.empty((c, k, k, h, w), dtype=np.float32)
+    for dy in range(k):
+        for dx in range(k):
+            cols[:, dy, dx] = xp[:, dy : dy + h, dx : dx + w]
+    return cols.reshape(c * k * k, h * w).T
+
+
+def run_program(program: IrProgram, x: np.ndarray, ops: Ops) -> np.ndarray:
+    """Run program in float32 on input x: float32 [3, 112, 112] -> float32 [embed_dim]."""
+    bufs: dict[str, np.ndarray] = {program.input: x}
+    for s in program.steps:
+        if isinstance(s, Conv):
+            src = bufs[s.src]
+            _, h, w = src.shape
+            out = ops.gemm(s.key, im2col(src, s.weight.shape[-1]))
+            bufs[s.dst] = np.ascontiguousarray(out.T.reshape(-1, h, w))
+        elif isinstance(s, Affine):
+            bufs[s.dst] = bufs[s.src] * s.scale[:, None, None] + s.shift[:, None, None]
+        elif isinstance(s, PreluBias):
+            t = bufs[s.buf] + s.bias[:, None, None]
+            bufs[s.buf] = np.where(t < 0, t * s.alpha[:, None, None], t)
+        elif isinstance(s, Bias):
+            bufs[s.buf] = bufs[s.buf] + s.bias[:, None, None]
+        elif isinstance(s, Subsample):
+            bufs[s.dst] = bufs[s.src][:, :: s.stride, :: s.stride]
+        elif isinstance(s, Add):
+            bufs[s.dst] = bufs[s.a] + bufs[s.b]
+        elif isinstance(s, Head):
+            flat = bufs[s.src].reshape(-1).astype(np.float32)
+            return (s.b2 + flat @ s.bT).astype(np.float32)
+    raise AdaFaceError(f"{program.name}: program has no head step")
+
+
+# ---- the loaded model ----------------------------------------------------------------------
+
+
+def l2_normalize(e: np.ndarray) -> np.ndarray:
+    """e: float [..., D] -> float32 rows scaled to unit L2 norm (all-zero rows stay zero)."""
+    e = np.asarray(e, dtype=np.float32)
+    n = np.linalg.norm(e, axis=-1, keepdims=True)
+    return (e / np.where(n > 0, n, 1)).astype(np.float32)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """f64 dot / (|a| |b|); 0.0 if either is all zero (as taconite's cosine)."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    return 0.0 if na == 0 or nb == 0 else float(a @ b / (na * nb))
+
+
+def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        raise AdaFaceError(f"{path}: cannot read safetensors: {exc}") from exc
+
+
+class AdaFaceCpu:
+    """AdaFace on the cpu backend: `embed(chw) -> float32 [512]`, one face per call.
+
+    colour_order is the channel order the backbone was trained on ("rgb" for cvlface's
+    ir18/ir101 configs; "bgr" for the original AdaFace .ckpt weights): callers convert the
+    aligned crop to it before `stages.align.embedder_input`.
+    """
+
+    backend = "cpu"
+
+    def __init__(self, program: IrProgram, colour_order: ColourOrder = "rgb") -> None:
+        self.program = program
+        self.colour_order = colour_order
+        self.model = program.name
+        self._ops = NumpyOps(program.conv_gemms())
+
+    @property
+    def embed_dim(self) -> int:
+        return self.program.embed_dim
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> AdaFaceCpu:
+        """Load a cvlface-style dir: model.safetensors (or one *.safetensors) and optional
+        config.json ({"color_space": "RGB"|"BGR", "name": ...}). A .safetensors file works too.
+        """
+        path = Path(model_dir)
+        config: dict = {}
+        if path.is_dir():
+            files = sorted(path.glob("*.safetensors"))
+            if (path / "model.safetensors").is_file():
+                files = [path / "model.safetensors"]
+            if len(files) != 1:
+                raise AdaFaceError(
+                    f"{path}: expected model.safetensors (or exactly one *.safetensors), "
+                    f"found {[f.name for f in files]}"
+                )
+            weights = files[0]
+            cfg_path = path / "config.json"
+            if cfg_path.is_file():
+                try:
+                    config = json.loads(cfg_path.read_text())
+                except (OSError, json.JSONDecodeError) as exc:
+                    raise AdaFaceError(f"{cfg_path}: not valid JSON: {exc}") from exc
+                if not isinstance(config, dict):
+                    raise AdaFaceError(f"{cfg_path}: expected a JSON object")
+        elif path.is_file():
+            weights = path
+        else:
+            raise AdaFaceError(f"{path}: no such model directory or file")
+        space = str(config.get("color_space", "RGB")).lower()
+        if space not in ("rgb", "bgr"):
+            raise AdaFaceError(f"{path}: config.json color_space must be RGB or BGR: {space!r}")
+        try:
+            program = lower_iresnet(_load_safetensors(weights), str(config.get("name", "IR")))
+        except AdaFaceError as exc:
+            raise AdaFaceError(f"{weights}: {exc}") from None
+        return cls(program, space)  # type: ignore[arg-type]
+
+    def embed(self, chw: np.ndarray) -> np.ndarray:
+        """chw: float32 [3, 112, 112], ((x/255) − 0.5)/0.5 in `colour_order` -> float32 [D]."""
+        x = np.asarray(chw)
+        if x.shape != (3, INPUT_SIZE, INPUT_SIZE):
+            raise AdaFaceError(f"input must be [3, 112, 112], got {x.shape}")
+        if not np.all(np.isfinite(x)):
+            raise AdaFaceError("input contains NaN or infinite values")
+        return run_program(self.program, x.astype(np.float32), self._ops)
+
+    def embed_normalized(self, chw: np.ndarray) -> np.ndarray:
+        """`embed` scaled to unit L2 norm: float32 [D]."""
+        return l2_normalize(self.embed(chw))

@@ -1,0 +1,84 @@
+"""The cpu AdaFace forward against a torch IR network (spec a.7) built in the test.
+
+Tolerance: cosine >= 0.99999 (the issue's gate). Both run in float32; BN folding and the
+im2col GEMM order change rounding only, so in practice the cosine is ~1 - 1e-9.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from adaface_torch_ref import save_cvlface_dir, tiny_ir  # beside this file
+
+from npu.models.adaface import AdaFaceCpu, AdaFaceError, cosine, l2_normalize
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    net = tiny_ir(seed=1)
+    path = save_cvlface_dir(net, tmp_path_factory.mktemp("ir") / "tiny", name="IR-tiny")
+    return net, path
+
+
+def _torch_embed(net, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return net(torch.from_numpy(x)[None]).numpy()[0]
+
+
+def test_cpu_forward_matches_torch(tiny):
+    net, path = tiny
+    model = AdaFaceCpu.from_pretrained(path)
+    assert model.program.units == (1, 1, 1, 1)
+    assert model.program.widths == (8, 16, 24, 32)
+    assert model.embed_dim == 512 and model.colour_order == "rgb" and model.model == "IR-tiny"
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.uniform(-1, 1, (3, 112, 112)).astype(np.float32)
+        ours, ref = model.embed(x), _torch_embed(net, x)
+        assert ours.dtype == np.float32 and ours.shape == (512,)
+        assert cosine(ours, ref) >= 0.99999
+        np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+
+def test_two_units_per_stage_and_no_prefix_and_bgr_config(tmp_path):
+    net = tiny_ir(seed=2, stem=8, widths=(8, 16, 16 + 8, 32), units=(2, 2, 1, 2))
+    path = save_cvlface_dir(net, tmp_path / "m", prefix="", color_space="BGR")
+    model = AdaFaceCpu.from_pretrained(path)
+    assert model.program.units == (2, 2, 1, 2)
+    assert model.colour_order == "bgr"
+    x = np.random.default_rng(1).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
+    assert cosine(model.embed(x), _torch_embed(net, x)) >= 0.99999
+
+
+def test_normalized_embedding_and_cosine_helpers(tiny):
+    model = AdaFaceCpu.from_pretrained(tiny[1])
+    x = np.zeros((3, 112, 112), np.float32)
+    e = model.embed_normalized(x)
+    assert abs(np.linalg.norm(e) - 1.0) < 1e-5
+    assert cosine(np.zeros(4), np.ones(4)) == 0.0
+    np.testing.assert_array_equal(l2_normalize(np.zeros((2, 3))), np.zeros((2, 3)))
+
+
+def test_bad_inputs_and_checkpoints_are_clear_errors(tiny, tmp_path):
+    model = AdaFaceCpu.from_pretrained(tiny[1])
+    with pytest.raises(AdaFaceError, match=r"\[3, 112, 112\]"):
+        model.embed(np.zeros((3, 100, 100), np.float32))
+    with pytest.raises(AdaFaceError, match="NaN"):
+        model.embed(np.full((3, 112, 112), np.nan, np.float32))
+    with pytest.raises(AdaFaceError, match="no such model"):
+        AdaFaceCpu.from_pretrained(tmp_path / "missing")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(AdaFaceError, match="cannot read safetensors"):
+        AdaFaceCpu.from_pretrained(bad)
+    from safetensors.numpy import save_file
+
+    other = tmp_path / "other"
+    other.mkdir()
+    save_file({"encoder.weight": np.zeros((2, 2), np.float32)}, str(other / "model.safetensors"))
+    with pytest.raises(AdaFaceError, match="not a cvlface iresnet"):
+        AdaFaceCpu.from_pretrained(other)
