@@ -1,0 +1,206 @@
+"""Frames between processes: the ZeroMQ wire format of a Frame (`zmq` sink PUSH, source PULL).
+
+A frame travels as one ZeroMQ multipart message of exactly two parts:
+
+1. header: a UTF-8 JSON object with the fields
+
+   | field           | JSON type | meaning                                                    |
+   |-----------------|-----------|------------------------------------------------------------|
+   | `v`             | integer   | wire version, `1`                                          |
+   | `camera`        | string    | camera name at the sender                                  |
+   | `seq`           | integer   | sender's per-camera frame number, >= 0                     |
+   | `capture_ts_ns` | integer   | wall-clock grab time, ns since the Unix epoch              |
+   | `deadline_ns`   | integer   | capture_ts_ns + the sender's staleness budget, ns          |
+   | `source`        | string    | the sender's description of its source                     |
+   | `encoding`      | string    | `"jpeg"` or `"raw"`                                        |
+   | `shape`         | array     | `[H, W, 3]`, 1 <= H, W <= 16384                            |
+   | `dtype`         | string    | `"uint8"`                                                  |
+
+   Booleans are not integers here. Unknown fields are ignored, so a later version can add
+   fields without breaking version-1 readers.
+
+2. payload: the image, BGR channel order (OpenCV's).
+   - `raw`: the H*W*3 bytes of a C-contiguous uint8 [H, W, 3] array (row-major, no padding;
+     byte order does not apply to uint8).
+   - `jpeg`: a baseline/progressive JPEG (as cv2.imencode writes it) whose decoded size is
+     exactly H x W; a colour JPEG decodes to BGR, a greyscale one is expanded to 3 channels.
+
+decode_frame checks every field and the payload against the header and raises FrameWireError
+naming what is wrong; it raises nothing else, whatever the input bytes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import cv2
+import numpy as np
+
+from pipeline.errors import NpucamError
+from pipeline.messages import Frame
+
+WIRE_VERSION = 1
+ENCODINGS = ("jpeg", "raw")
+MAX_SIDE = 16384
+
+# SOFn markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+class FrameWireError(NpucamError):
+    """A frame message that does not follow the wire format, or a frame that cannot be sent."""
+
+
+def encode_frame(frame: Frame, fmt: str = "jpeg", quality: int = 90) -> list[bytes]:
+    """[header JSON, payload] for frame; image uint8 [H, W, 3] BGR; fmt "jpeg" or "raw"."""
+    image = frame.image
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3:
+        raise FrameWireError(
+            f"camera {frame.camera!r} seq {frame.seq}: image must be uint8 [H, W, 3], got "
+            f"{getattr(image, 'dtype', type(image).__name__)} {getattr(image, 'shape', '')}"
+        )
+    h, w, c = image.shape
+    if c != 3 or not (1 <= h <= MAX_SIDE and 1 <= w <= MAX_SIDE):
+        raise FrameWireError(
+            f"camera {frame.camera!r} seq {frame.seq}: image shape {image.shape} is not "
+            f"[H, W, 3] with 1 <= H, W <= {MAX_SIDE}"
+        )
+    if fmt == "raw":
+        payload = np.ascontiguousarray(image).tobytes()
+    elif fmt == "jpeg":
+        if not 1 <= quality <= 100:
+            raise FrameWireError(f"jpeg quality must be in 1..100, got {quality}")
+        ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+        if not ok:
+            raise FrameWireError(f"camera {frame.camera!r} seq {frame.seq}: JPEG encode failed")
+        payload = buf.tobytes()
+    else:
+        raise FrameWireError(f"frame encoding must be one of {ENCODINGS}, got {fmt!r}")
+    header = {
+        "v": WIRE_VERSION,
+        "camera": frame.camera,
+        "seq": int(frame.seq),
+        "capture_ts_ns": int(frame.capture_ts_ns),
+        "deadline_ns": int(frame.deadline_ns),
+        "source": frame.source,
+        "encoding": fmt,
+        "shape": [h, w, 3],
+        "dtype": "uint8",
+    }
+    return [json.dumps(header, separators=(",", ":")).encode(), payload]
+
+
+def decode_frame(parts: list[bytes]) -> Frame:
+    """The Frame a [header, payload] message carries; FrameWireError for any malformed input."""
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2:
+        n = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
+        raise FrameWireError(f"frame message must have 2 parts (header, payload), got {n}")
+    if not all(isinstance(p, (bytes, bytearray, memoryview)) for p in parts):
+        raise FrameWireError("frame message parts must be bytes")
+    raw_header, payload = bytes(parts[0]), bytes(parts[1])
+    try:
+        header = json.loads(raw_header.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FrameWireError(f"frame header is not UTF-8 JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise FrameWireError(f"frame header must be a JSON object, got {type(header).__name__}")
+
+    version = _field(header, "v", int)
+    if version != WIRE_VERSION:
+        raise FrameWireError(f"frame header v: unsupported version {version} (expected 1)")
+    camera = _field(header, "camera", str)
+    seq = _field(header, "seq", int)
+    if seq < 0:
+        raise FrameWireError(f"frame header seq: must be >= 0, got {seq}")
+    capture_ts_ns = _field(header, "capture_ts_ns", int)
+    deadline_ns = _field(header, "deadline_ns", int)
+    source = _field(header, "source", str)
+    encoding = _field(header, "encoding", str)
+    if encoding not in ENCODINGS:
+        raise FrameWireError(
+            f"frame header encoding: expected one of {ENCODINGS}, got {encoding!r}"
+        )
+    dtype = _field(header, "dtype", str)
+    if dtype != "uint8":
+        raise FrameWireError(f"frame header dtype: expected 'uint8', got {dtype!r}")
+    shape = _field(header, "shape", list)
+    if (
+        len(shape) != 3
+        or not all(type(s) is int for s in shape)
+        or shape[2] != 3
+        or not (1 <= shape[0] <= MAX_SIDE and 1 <= shape[1] <= MAX_SIDE)
+    ):
+        raise FrameWireError(
+            f"frame header shape: expected [H, W, 3] with 1 <= H, W <= {MAX_SIDE}, got {shape!r}"
+        )
+    h, w = shape[0], shape[1]
+
+    if encoding == "raw":
+        if len(payload) != h * w * 3:
+            raise FrameWireError(
+                f"camera {camera!r} seq {seq}: raw payload has {len(payload)} bytes, "
+                f"shape {shape} needs {h * w * 3}"
+            )
+        image = np.frombuffer(payload, np.uint8).reshape(h, w, 3).copy()
+    else:
+        image = _decode_jpeg(payload, h, w, f"camera {camera!r} seq {seq}")
+    return Frame(camera, seq, capture_ts_ns, deadline_ns, image, source)
+
+
+def _field(header: dict, key: str, kind: type):
+    if key not in header:
+        raise FrameWireError(f"frame header: missing field {key!r}")
+    value = header[key]
+    if type(value) is not kind:
+        raise FrameWireError(
+            f"frame header {key}: expected {kind.__name__}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from the first SOF segment of a JPEG, None if there is none."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length field
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if length < 2:
+            return None
+        if marker in _SOF_MARKERS:
+            if i + 9 > len(data):
+                return None
+            return (
+                int.from_bytes(data[i + 5 : i + 7], "big"),
+                int.from_bytes(data[i + 7 : i + 9], "big"),
+            )
+        if marker == 0xDA:  # start of scan before any SOF
+            return None
+        i += 2 + length
+    return None
+
+
+def _decode_jpeg(payload: bytes, h: int, w: int, what: str) -> np.ndarray:
+    # The size is read from the SOF segment first so a hostile JPEG cannot make the decoder
+    # allocate a huge image the header did not announce.
+    size = _jpeg_size(payload)
+    if size is None:
+        raise FrameWireError(f"{what}: payload is not a JPEG (no SOI/SOF marker)")
+    if size != (h, w):
+        raise FrameWireError(f"{what}: JPEG is {size[0]}x{size[1]}, header shape says {h}x{w}")
+    try:
+        image = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as exc:
+        raise FrameWireError(f"{what}: JPEG decode failed: {exc}") from None
+    if image is None or image.shape != (h, w, 3):
+        raise FrameWireError(f"{what}: JPEG payload could not be decoded")
+    return image
