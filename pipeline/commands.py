@@ -1,0 +1,142 @@
+"""`npucam run`, `npucam validate` and `npucam subscribe`: the engine's commands.
+
+run exits 0 when the sources end, --duration passes or SIGINT/SIGTERM arrives (after the
+drain), 1 when a stage died, 2 for a bad config (pipeline.cli maps NpucamError to 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+
+from pipeline import wire
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run a pipeline config")
+    p.add_argument("config", help="TOML config file (docs/configuration.md)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop after S seconds (default: until the sources end or a signal)",
+    )
+    p.set_defaults(func=cmd_run)
+
+    p = subparsers.add_parser("validate", help="check a config without running it")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_validate)
+
+    p = subparsers.add_parser("subscribe", help="print published messages as JSON lines")
+    p.add_argument("endpoint", help="ZeroMQ endpoint to connect to, e.g. tcp://127.0.0.1:5560")
+    p.add_argument("--topic", default="", metavar="PREFIX", help="topic prefix (default: all)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="exit after N messages")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="exit (status 1) if no message arrives for S seconds",
+    )
+    p.set_defaults(func=cmd_subscribe)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.graph import Pipeline, load
+
+    config, _ = load(args.config)
+    pipeline = Pipeline(config)
+    code = asyncio.run(pipeline.run(duration=args.duration))
+    if pipeline.abandoned:
+        # A stage stuck in a blocking call cannot be joined; do not hang the process on it.
+        log.error(
+            "stages %s did not stop; exiting without waiting for them",
+            ", ".join(pipeline.abandoned),
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(code or 1)
+    return code
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline.graph import load
+
+    config, _ = load(args.config)
+    print(
+        f"{args.config}: ok ({len(config.cameras)} camera(s): "
+        f"{', '.join(c.name for c in config.cameras) or '-'}; stages: "
+        f"{', '.join(config.stage_names)})"
+    )
+    return 0
+
+
+def summarise(array: np.ndarray, desc: dict) -> dict:
+    """A JSON-sized view of one binary part: dtype, shape, and its values or their range."""
+    out = {"dtype": desc["dtype"], "shape": desc["shape"]}
+    if desc.get("encoding") == "jpeg":
+        import cv2
+
+        image = cv2.imdecode(array, cv2.IMREAD_COLOR)
+        out["encoding"] = "jpeg"
+        out["bytes"] = int(array.size)
+        out["decoded"] = list(image.shape) if image is not None else "undecodable"
+    elif array.size <= 16:
+        out["values"] = array.tolist()
+    elif array.size:
+        out["min"] = float(array.min())
+        out["max"] = float(array.max())
+        out["mean"] = round(float(array.mean(dtype=np.float64)), 6)
+    return out
+
+
+def describe(msg: wire.Message) -> dict:
+    """The JSON line subscribe prints for one message."""
+    header = {k: v for k, v in msg.header.items() if k != "parts"}
+    parts = {
+        desc["name"]: summarise(msg.arrays[desc["name"]], desc)
+        for desc in msg.header.get("parts", [])
+    }
+    return {"topic": msg.topic, **header, "parts": parts}
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
+    sock.connect(args.endpoint)
+    received = 0
+    timeout_ms = None if args.timeout is None else int(args.timeout * 1000)
+    try:
+        while args.count is None or received < args.count:
+            if not sock.poll(timeout_ms):
+                print(f"npucam: no message for {args.timeout:g} s", file=sys.stderr)
+                return 1
+            parts = sock.recv_multipart()
+            try:
+                line = describe(wire.decode(parts))
+            except wire.WireError as exc:
+                print(f"npucam: skipped malformed message: {exc}", file=sys.stderr)
+                continue
+            print(json.dumps(line, separators=(",", ":")), flush=True)
+            received += 1
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:  # `npucam subscribe ... | head`
+        sys.stderr.close()
+    finally:
+        sock.close()
+        ctx.term()
+    return 0

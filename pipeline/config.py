@@ -1,0 +1,258 @@
+"""Pipeline configuration: a TOML file validated on load (docs/configuration.md).
+
+Every error names the file, the key path and what was expected, e.g.
+`configs/x.toml: cameras[1].url: expected a string (got 5)`; unknown keys are errors.
+Stage-specific keys sit in the stage's own table and are checked against the stage class's
+Options model by pipeline.graph (which imports stage classes lazily by kind).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import NpucamError
+
+NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
+
+
+class ConfigError(NpucamError):
+    """A config file that cannot be used; one line per problem, each naming file and key."""
+
+
+class _Strict(BaseModel):
+    """TOML values are typed: no "5" for 5, and no key the model does not declare."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class InboxConfig(_Strict):
+    """A stage's input queue: how many items wait, and what happens when it is full."""
+
+    size: int = Field(8, ge=1, le=100_000)
+    policy: Literal["drop_oldest", "block", "latest"] = "drop_oldest"
+
+
+class CameraConfig(_Strict):
+    """One [[cameras]] entry; stages.capture turns it into a stages.sources.CameraSpec."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    url: str = Field(min_length=1)
+    loop: bool = False
+    realtime: bool = True
+    fps: float | None = Field(None, gt=0)
+    staleness_ms: float = Field(500.0, gt=0)
+    stall_timeout_s: float = Field(5.0, gt=0)
+    reconnect_min_s: float = Field(0.5, gt=0)
+    reconnect_max_s: float = Field(30.0, gt=0)
+    end: Literal["stop", "reconnect"] | None = None
+
+
+class StageConfig(BaseModel):
+    """One [[stages]] entry. Keys other than kind/name/to/inbox are the stage's options."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    kind: str = Field(min_length=1)
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    to: list[str] | None = None
+    inbox: InboxConfig | None = None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class PipelineSection(_Strict):
+    drain_timeout_s: float = Field(3.0, ge=0)
+
+
+class MetricsSection(_Strict):
+    stats_interval_s: float = Field(5.0, ge=0)
+    prometheus: str | None = Field(None, pattern=r"^[^:\s]*:\d{1,5}$")
+
+
+class _ConfigModel(_Strict):
+    pipeline: PipelineSection = PipelineSection()
+    metrics: MetricsSection = MetricsSection()
+    cameras: list[CameraConfig] = []
+    stages: list[StageConfig] = Field(min_length=1)
+
+
+class Config:
+    """A loaded config: its sections plus the file it came from.
+
+    path: the file as given (used in messages); base_dir: its directory, against which
+    relative paths in it resolve. stage_names[i] is the name of stages[i] (name or kind).
+    """
+
+    def __init__(self, model: _ConfigModel, path: Path) -> None:
+        self.path = path
+        self.base_dir = path.resolve().parent
+        self.pipeline = model.pipeline
+        self.metrics = model.metrics
+        self.cameras = model.cameras
+        self.stages = model.stages
+        self.stage_names = [s.name or s.kind for s in model.stages]
+
+    def error(self, lines: Iterable[str]) -> ConfigError:
+        """A ConfigError of `key: problem` lines, each prefixed with this file."""
+        return ConfigError("\n".join(f"{self.path}: {line}" for line in lines))
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and check a config file's structure; ConfigError lists every problem found."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return parse_config(data, path)
+
+
+def parse_config(data: dict, path: Path) -> Config:
+    """Check an already-parsed TOML document (path is only used in messages and paths)."""
+    try:
+        model = _ConfigModel.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(f"{path}: {line}" for line in explain(exc))) from None
+    config = Config(model, path)
+    problems = _check_names(config)
+    if problems:
+        raise config.error(problems)
+    return config
+
+
+def _check_names(config: Config) -> list[str]:
+    problems = []
+    seen: dict[str, int] = {}
+    for i, cam in enumerate(config.cameras):
+        if cam.name in seen:
+            problems.append(
+                f"cameras[{i}].name: duplicate camera name {cam.name!r} "
+                f"(also cameras[{seen[cam.name]}])"
+            )
+        seen.setdefault(cam.name, i)
+        if cam.reconnect_min_s > cam.reconnect_max_s:
+            problems.append(
+                f"cameras[{i}].reconnect_min_s: expected at most reconnect_max_s "
+                f"({cam.reconnect_max_s:g}), got {cam.reconnect_min_s:g}"
+            )
+    stages: dict[str, int] = {}
+    for i, name in enumerate(config.stage_names):
+        if name in stages:
+            problems.append(
+                f"stages[{i}]: duplicate stage name {name!r} (also stages[{stages[name]}]); "
+                "give each stage a distinct `name`"
+            )
+        stages.setdefault(name, i)
+    for i, stage in enumerate(config.stages):
+        for j, target in enumerate(stage.to or []):
+            if target not in stages:
+                problems.append(
+                    f"stages[{i}].to[{j}]: no stage named {target!r} "
+                    f"(stages: {', '.join(config.stage_names)})"
+                )
+            elif target == config.stage_names[i]:
+                problems.append(f"stages[{i}].to[{j}]: a stage cannot send to itself")
+    return problems
+
+
+def key_path(loc: Sequence[str | int]) -> str:
+    """('cameras', 1, 'url') -> 'cameras[1].url'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+_TOML_TYPES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "a table",
+}
+
+_EXPECTED = {
+    "string_type": "expected a string",
+    "int_type": "expected an integer",
+    "float_type": "expected a number",
+    "bool_type": "expected true or false",
+    "list_type": "expected an array",
+    "dict_type": "expected a table",
+    "model_type": "expected a table",
+    "model_attributes_type": "expected a table",
+    "int_from_float": "expected an integer",
+    "finite_number": "expected a finite number",
+}
+
+
+def explain(exc: ValidationError, prefix: Sequence[str | int] = ()) -> list[str]:
+    """pydantic errors as `key.path: expected ... (got ...)` lines, one per problem."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = [*prefix, *(p for p in err["loc"] if not _is_union_tag(p))]
+        kind, ctx = err["type"], err.get("ctx") or {}
+        if kind == "missing":
+            lines.append(f"{key_path(loc)}: required key is missing")
+            continue
+        if kind == "extra_forbidden":
+            lines.append(f"{key_path(loc)}: unknown key")
+            continue
+        if kind in _EXPECTED:
+            what = _EXPECTED[kind]
+        elif kind == "literal_error":
+            what = f"expected one of {ctx.get('expected')}"
+        elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+                  "less_than_equal": "<="}[kind]  # fmt: skip
+            bound = next(iter(ctx.values()))
+            what = f"expected a value {op} {bound}"
+        elif kind == "string_pattern_mismatch":
+            what = _pattern_text(loc, ctx.get("pattern", ""))
+        elif kind == "string_too_short":
+            what = "expected a non-empty string"
+        elif kind == "too_short":
+            what = f"expected at least {ctx.get('min_length')} item(s)"
+        else:
+            what = err["msg"]
+        lines.append(f"{key_path(loc)}: {what}{_got(err.get('input'))}")
+    # A value of the wrong type can fail several union branches; say each thing once.
+    return list(dict.fromkeys(lines))
+
+
+def _is_union_tag(part: str | int) -> bool:
+    # pydantic names the branch of an Optional/Literal union it tried ("float", "literal[...]").
+    return isinstance(part, str) and (
+        part in ("float", "int", "str", "bool", "none") or part.startswith(("literal[", "list["))
+    )
+
+
+def _pattern_text(loc: Sequence[str | int], pattern: str) -> str:
+    if pattern == NAME_PATTERN:
+        return "expected a name of letters, digits, '_' and '-'"
+    if loc and loc[-1] == "prometheus":
+        return "expected HOST:PORT (e.g. 127.0.0.1:9108)"
+    return f"expected a string matching {pattern}"
+
+
+def _got(value: object) -> str:
+    if isinstance(value, dict):
+        return ""
+    for py, name in _TOML_TYPES.items():
+        if type(value) is py:
+            shown = repr(value)
+            if len(shown) > 60:
+                shown = shown[:57] + "..."
+            return f" (got {name}: {shown})"
+    return ""

@@ -1,0 +1,406 @@
+"""The graph runner: builds the stages a config names, joins them with bounded queues and
+runs each as an asyncio task until the sources end, a signal or --duration stops it, or a
+stage dies.
+
+How a stage plugs in
+--------------------
+A stage is a small class (subclass of Stage) registered by kind name in STAGE_KINDS as
+"module:Class" and imported only when a config uses it, so pipeline/ never imports model
+code. A config may also name any class directly: `kind = "mypkg.mystage:MyStage"`.
+
+    class Align(MapStage):
+        kind = "align"
+        accepts = (FaceJob,)              # what its inbox takes; () makes it a source
+
+        class Options(StageOptions):      # the stage's own keys in its [[stages]] table
+            size: int = 112
+
+        def process(self, item):          # runs in a worker thread
+            return [aligned_face(item, self.options.size)]
+
+- `run(inbox, out)` is the whole life of a stage: take items with `async for item in inbox`
+  (items past their deadline are already dropped and counted `stale`), send results with
+  `await out.send(item)`. MapStage implements run() for the common case: process() in a
+  thread, one item at a time; an exception on one item is logged and counted `error`.
+- A stage with accepts = () is a source (capture): it has no inbox, and stop() must make its
+  run() return soon (the runner calls it on SIGINT/SIGTERM or --duration).
+- `to` in the config lists where a stage's output goes (default: the next stage). out.send
+  delivers an item to every target whose `accepts` matches its type, so detect can send
+  Detections (to publish) and crops (to align) from one outbox.
+- check(config, index) may return extra `key: problem` lines at validation time (capture
+  checks its cameras' urls and files there).
+
+Shutdown: sources stop; each stage's outbox closes when its run() returns, which closes the
+next inbox once all its producers are done, so in-flight items drain stage by stage and
+publish flushes last. Whatever has not drained after [pipeline] drain_timeout_s is cancelled.
+A stage whose run() raises has died: the runner logs which and why, stops the others the
+same way and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+import time
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pipeline.config import Config, ConfigError, InboxConfig, explain, load_config
+from pipeline.metrics import Metrics, start_prometheus
+from pipeline.queues import BoundedQueue, camera_of
+
+log = logging.getLogger(__name__)
+
+# kind -> "module:Class"; add a line when a stage module lands.
+STAGE_KINDS: dict[str, str] = {
+    "capture": "stages.capture:Capture",
+    "publish": "stages.publish:Publish",
+    "zmq_push": "stages.publish:FramePush",
+}
+
+
+class StageOptions(BaseModel):
+    """Base of a stage's Options: typed like TOML, unknown keys are errors."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Context:
+    """What a stage may use beyond its options: the whole config and the run's metrics."""
+
+    def __init__(self, config: Config, metrics: Metrics) -> None:
+        self.config = config
+        self.metrics = metrics
+
+
+class Stage:
+    """Base of every stage; see the module docstring for the contract."""
+
+    kind: ClassVar[str] = ""
+    accepts: ClassVar[tuple[type, ...]] = ()
+    Options: ClassVar[type[StageOptions]] = StageOptions
+
+    def __init__(self, name: str, options: StageOptions, context: Context) -> None:
+        self.name = name
+        self.options = options
+        self.context = context
+        self.metrics = context.metrics
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Sources: stop producing soon. Called from the event loop."""
+
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        """Extra `key: problem` lines for this stage's part of the config."""
+        return []
+
+
+class MapStage(Stage):
+    """A stage that turns each item into zero or more items with a blocking process()."""
+
+    def process(self, item: Any) -> Iterable[Any]:
+        raise NotImplementedError
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        assert inbox is not None
+        async for item in inbox:
+            start = time.perf_counter()
+            try:
+                results = await asyncio.to_thread(lambda it=item: list(self.process(it)))
+            except Exception:
+                log.exception(
+                    "stage %s: failed on %s #%s",
+                    self.name,
+                    camera_of(item),
+                    getattr(item, "seq", "?"),
+                )
+                self.metrics.drop(self.name, camera_of(item), "error")
+                continue
+            finally:
+                self.metrics.observe_work(self.name, time.perf_counter() - start)
+            for result in results:
+                await out.send(result)
+
+
+class Outbox:
+    """Where a stage's items go: the inboxes of its `to` stages, chosen by accepted type."""
+
+    def __init__(
+        self,
+        stage: str,
+        targets: list[tuple[str, tuple[type, ...], BoundedQueue]],
+        metrics: Metrics,
+    ) -> None:
+        self.stage = stage
+        self.targets = targets
+        self.metrics = metrics
+        self._routes: dict[type, list[BoundedQueue]] = {}
+
+    def _route(self, item: Any) -> list[BoundedQueue]:
+        cls = type(item)
+        queues = self._routes.get(cls)
+        if queues is None:
+            queues = [q for _, accepts, q in self.targets if issubclass(cls, accepts)]
+            if not queues:
+                names = ", ".join(name for name, _, _ in self.targets) or "none"
+                log.error(
+                    "stage %s: no target takes %s (targets: %s); dropping",
+                    self.stage,
+                    cls.__name__,
+                    names,
+                )
+            self._routes[cls] = queues
+        return queues
+
+    async def send(self, item: Any) -> None:
+        """Deliver to every matching target (waits only for `block` inboxes)."""
+        queues = self._route(item)
+        if not queues:
+            self.metrics.drop(self.stage, camera_of(item), "error")
+            return
+        self.metrics.count_out(self.stage, camera_of(item))
+        for q in queues:
+            await q.put(item)
+
+    def send_threadsafe(self, item: Any, give_up=lambda: False) -> bool:
+        """send() from a non-loop thread (capture readers); False if no target took it."""
+        queues = self._route(item)
+        if not queues:
+            self.metrics.drop(self.stage, camera_of(item), "error")
+            return False
+        self.metrics.count_out(self.stage, camera_of(item))
+        taken = [q.put_threadsafe(item, give_up) for q in queues]
+        return any(taken)
+
+    def close(self) -> None:
+        for _, _, q in self.targets:
+            q.producer_done()
+
+
+def stage_class(kind: str) -> type[Stage]:
+    """Import the class of a stage kind (a STAGE_KINDS name or "module:Class")."""
+    target = STAGE_KINDS.get(kind, kind)
+    module_name, sep, cls_name = target.partition(":")
+    if not sep:
+        raise LookupError(
+            f"unknown stage kind {kind!r} (known: {', '.join(STAGE_KINDS)}; or give module:Class)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LookupError(f"stage kind {kind!r}: cannot import {module_name}: {exc}") from None
+    cls = getattr(module, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Stage)):
+        raise LookupError(f"stage kind {kind!r}: {target} is not a Stage class")
+    return cls
+
+
+def check_stages(config: Config) -> list[tuple[type[Stage], StageOptions]]:
+    """Each stage's class and validated options; ConfigError lists every problem."""
+    problems: list[str] = []
+    built: list[tuple[type[Stage], StageOptions]] = []
+    for i, stage in enumerate(config.stages):
+        try:
+            cls = stage_class(stage.kind)
+        except LookupError as exc:
+            problems.append(f"stages[{i}].kind: {exc}")
+            continue
+        try:
+            options = cls.Options.model_validate(stage.options)
+        except ValidationError as exc:
+            problems.extend(explain(exc, ("stages", i)))
+            continue
+        if not cls.accepts and stage.inbox is not None:
+            problems.append(f"stages[{i}].inbox: a {stage.kind} stage is a source and has no inbox")
+        problems.extend(cls.check(config, i))
+        built.append((cls, options))
+    for i, (cls, _) in enumerate(built if not problems else []):
+        name = config.stage_names[i]
+        for j, target in enumerate(_targets(config, i)):
+            t_index = config.stage_names.index(target)
+            if not built[t_index][0].accepts:
+                problems.append(f"stages[{i}].to[{j}]: {target!r} is a source; it takes no input")
+        if cls.accepts and not any(i in _targets_index(config, k) for k in range(len(built))):
+            problems.append(f"stages[{i}]: nothing sends to stage {name!r}")
+    if problems:
+        raise config.error(problems)
+    return built
+
+
+def _targets(config: Config, i: int) -> list[str]:
+    stage = config.stages[i]
+    if stage.to is not None:
+        return list(stage.to)
+    return [config.stage_names[i + 1]] if i + 1 < len(config.stages) else []
+
+
+def _targets_index(config: Config, i: int) -> list[int]:
+    return [config.stage_names.index(t) for t in _targets(config, i)]
+
+
+def load(path: str) -> tuple[Config, list[tuple[type[Stage], StageOptions]]]:
+    """load_config + check_stages: everything `npucam validate` checks."""
+    config = load_config(path)
+    return config, check_stages(config)
+
+
+class Pipeline:
+    """One run of a config. `await run(duration)` returns the exit code (0 ok, 1 a stage died).
+
+    After run(): stages (by name), inboxes (by stage name) and metrics stay inspectable.
+    """
+
+    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.classes = check_stages(config)
+        self.stages: dict[str, Stage] = {}
+        self.inboxes: dict[str, BoundedQueue] = {}
+        self.abandoned: list[str] = []
+        self._stop = asyncio.Event()
+        self._force = False
+
+    def stop(self) -> None:
+        """Ask the run to end as on SIGTERM (safe to call from the loop; idempotent)."""
+        if self._stop.is_set():
+            self._force = True
+        self._stop.set()
+
+    def _build(self) -> list[tuple[Stage, BoundedQueue | None, Outbox]]:
+        context = Context(self.config, self.metrics)
+        names = self.config.stage_names
+        for name, (cls, options) in zip(names, self.classes, strict=True):
+            self.stages[name] = cls(name, options, context)
+        for i, (name, (cls, _)) in enumerate(zip(names, self.classes, strict=True)):
+            if cls.accepts:
+                inbox = self.config.stages[i].inbox or InboxConfig()
+                q = BoundedQueue(name, inbox.size, inbox.policy, self.metrics)
+                self.inboxes[name] = q
+                self.metrics.add_queue(name, q.__len__)
+        wired = []
+        for i, name in enumerate(names):
+            targets = []
+            for target in _targets(self.config, i):
+                q = self.inboxes[target]
+                q.add_producer()
+                targets.append((target, type(self.stages[target]).accepts, q))
+            wired.append(
+                (self.stages[name], self.inboxes.get(name), Outbox(name, targets, self.metrics))
+            )
+        return wired
+
+    async def run(self, duration: float | None = None, handle_signals: bool = True) -> int:
+        loop = asyncio.get_running_loop()
+        wired = self._build()
+        server = None
+        if self.config.metrics.prometheus:
+            server = start_prometheus(self.metrics, self.config.metrics.prometheus)
+            log.info("prometheus metrics on http://%s:%d/metrics", *server.server_address[:2])
+        signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        tasks = {asyncio.create_task(self._run_stage(*w), name=w[0].name): w[0] for w in wired}
+        died: list[tuple[str, BaseException]] = []
+        try:
+            await self._wait(tasks, duration, died)
+            for stage in self.stages.values():
+                if not stage.accepts:
+                    stage.stop()
+            await self._drain(tasks, died)
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        if died:
+            for name, exc in died:
+                log.error("stage %s died: %s: %s", name, type(exc).__name__, exc)
+            log.error("pipeline stopped because stage %s died", died[0][0])
+            return 1
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        log.info(
+            "%s: stopping (drain up to %.1f s)%s",
+            signal.Signals(sig).name,
+            self.config.pipeline.drain_timeout_s,
+            "; second signal: cancelling now" if self._stop.is_set() else "",
+        )
+        self.stop()
+
+    async def _run_stage(self, stage: Stage, inbox: BoundedQueue | None, out: Outbox) -> None:
+        try:
+            await stage.run(inbox, out)
+        finally:
+            out.close()
+            if inbox is not None:
+                lost = inbox.discard()
+                if lost:
+                    log.warning("stage %s ended with %d item(s) in its inbox", stage.name, lost)
+
+    async def _wait(self, tasks: dict, duration: float | None, died: list) -> None:
+        """Until stop(), the duration, every stage ending, or one dying."""
+        deadline = None if duration is None else time.monotonic() + duration
+        stop_wait = asyncio.create_task(self._stop.wait())
+        pending = set(tasks)
+        try:
+            while pending:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, pending = await asyncio.wait(
+                    pending | {stop_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(stop_wait)
+                for task in done - {stop_wait}:
+                    if not task.cancelled() and task.exception() is not None:
+                        died.append((tasks[task].name, task.exception()))
+                if died or stop_wait in done:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    log.info("duration %.1f s reached: stopping", duration)
+                    return
+        finally:
+            stop_wait.cancel()
+
+    async def _drain(self, tasks: dict, died: list) -> None:
+        timeout = self.config.pipeline.drain_timeout_s
+        pending = {t for t in tasks if not t.done()}
+        end = time.monotonic() + timeout
+        while pending and not self._force and time.monotonic() < end:
+            done, pending = await asyncio.wait(pending, timeout=min(0.1, timeout))
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    died.append((tasks[task].name, task.exception()))
+        for task in pending:
+            log.warning(
+                "stage %s did not drain within %.1f s: cancelling", tasks[task].name, timeout
+            )
+            task.cancel()
+        if pending:
+            done, still = await asyncio.wait(pending, timeout=2.0)
+            self.abandoned = [tasks[t].name for t in still]
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    died.append((tasks[task].name, task.exception()))
+
+
+__all__ = [
+    "STAGE_KINDS",
+    "ConfigError",
+    "Context",
+    "MapStage",
+    "Outbox",
+    "Pipeline",
+    "Stage",
+    "StageOptions",
+    "check_stages",
+    "load",
+    "stage_class",
+]

@@ -1,0 +1,201 @@
+"""Bounded queues between stages, each with a declared policy for when it is full.
+
+- `drop_oldest`: the oldest waiting item is dropped (reason queue_full) so the newest gets in;
+  live cameras: latency stays bounded, the latest frame wins.
+- `block`: the producer waits for room; files and offline runs: nothing is lost.
+- `latest`: at most one waiting item per camera; a newer item replaces the waiting one
+  (queue_full); a stage that only ever wants the current frame of each camera.
+
+The consumer side drops items past their deadline (reason stale) instead of handing them
+on, counts items in per (stage, camera) and records the time each item waited.
+Producers may be asyncio tasks (`await put`) or threads (`put_threadsafe`, e.g. capture
+reader threads); `close()` ends the queue: getters drain what is left, putters give up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from pipeline.errors import NpucamError
+from pipeline.messages import now_ns
+from pipeline.metrics import Metrics
+
+
+class Policy(StrEnum):
+    DROP_OLDEST = "drop_oldest"
+    BLOCK = "block"
+    LATEST = "latest"
+
+
+class QueueClosed(NpucamError):
+    """get() on a queue that is closed and empty: the producers are done."""
+
+
+def camera_of(item: Any) -> str:
+    return getattr(item, "camera", "")
+
+
+class BoundedQueue:
+    """The inbox of one stage. Items are anything with `camera` (and `deadline_ns` to expire).
+
+    Must be created inside the running event loop that its consumer runs on.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        size: int,
+        policy: Policy | str,
+        metrics: Metrics,
+        drop_stale: bool = True,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"queue of stage {stage!r}: size must be >= 1, got {size}")
+        self.stage = stage
+        self.size = size
+        self.policy = Policy(policy)
+        self.metrics = metrics
+        self.drop_stale = drop_stale
+        self._loop = asyncio.get_running_loop()
+        self._items: deque[tuple[Any, float]] = deque()
+        self._getters: deque[asyncio.Future] = deque()
+        self._putters: deque[asyncio.Future] = deque()
+        self._closed = False
+        self._producers = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add_producer(self) -> None:
+        """Register one producer; the queue closes when every producer has called done()."""
+        self._producers += 1
+
+    def producer_done(self) -> None:
+        self._producers -= 1
+        if self._producers <= 0:
+            self.close()
+
+    def close(self) -> None:
+        """No more items will be accepted; waiting getters drain, waiting putters give up."""
+        self._closed = True
+        for fut in (*self._getters, *self._putters):
+            if not fut.done():
+                fut.set_result(None)
+        self._getters.clear()
+        self._putters.clear()
+
+    def discard(self) -> int:
+        """Close and throw away what is waiting (the consumer is gone); returns the count."""
+        n = len(self._items)
+        self._items.clear()
+        self.close()
+        return n
+
+    async def put(self, item: Any) -> bool:
+        """Add an item by the queue's policy; False if the queue is closed (item not taken)."""
+        if self.policy is Policy.BLOCK:
+            while not self._closed and len(self._items) >= self.size:
+                fut = self._loop.create_future()
+                self._putters.append(fut)
+                try:
+                    await fut
+                except asyncio.CancelledError:
+                    if fut in self._putters:
+                        self._putters.remove(fut)
+                    raise
+        return self.put_nowait(item)
+
+    def put_nowait(self, item: Any) -> bool:
+        """Add an item without waiting: full `drop_oldest`/`latest` queues drop to make room;
+        a full `block` queue refuses (False, counted queue_full)."""
+        if self._closed:
+            return False
+        if self.policy is Policy.LATEST:
+            cam = camera_of(item)
+            for i, (old, _) in enumerate(self._items):
+                if camera_of(old) == cam:
+                    del self._items[i]
+                    self.metrics.drop(self.stage, cam, "queue_full")
+                    break
+        if len(self._items) >= self.size:
+            if self.policy is Policy.BLOCK:
+                self.metrics.drop(self.stage, camera_of(item), "queue_full")
+                return False
+            old, _ = self._items.popleft()
+            self.metrics.drop(self.stage, camera_of(old), "queue_full")
+        self._items.append((item, time.perf_counter()))
+        _wake_one(self._getters)
+        return True
+
+    def put_threadsafe(self, item: Any, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """put() from a thread that is not the loop's. For `block` it waits for room, checking
+        give_up() (and the queue closing) every 100 ms so a stopping producer never hangs."""
+        if self._closed:
+            return False
+        try:
+            if self.policy is not Policy.BLOCK:
+                self._loop.call_soon_threadsafe(self.put_nowait, item)
+                return True
+            fut = asyncio.run_coroutine_threadsafe(self.put(item), self._loop)
+        except RuntimeError:  # the loop is closed: the pipeline is gone
+            return False
+        while True:
+            try:
+                return fut.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if self._closed or give_up() or self._loop.is_closed():
+                    fut.cancel()
+                    return False
+            except concurrent.futures.CancelledError:
+                return False
+
+    async def get(self) -> Any:
+        """The next item that is not past its deadline; QueueClosed once closed and empty."""
+        while True:
+            while not self._items:
+                if self._closed:
+                    raise QueueClosed(f"inbox of stage {self.stage!r} is closed")
+                fut = self._loop.create_future()
+                self._getters.append(fut)
+                try:
+                    await fut
+                except asyncio.CancelledError:
+                    if fut in self._getters:
+                        self._getters.remove(fut)
+                    raise
+            item, put_at = self._items.popleft()
+            _wake_one(self._putters)
+            cam = camera_of(item)
+            self.metrics.count_in(self.stage, cam)
+            self.metrics.observe_queue_wait(self.stage, time.perf_counter() - put_at)
+            if self.drop_stale and now_ns() > getattr(item, "deadline_ns", 1 << 63):
+                self.metrics.drop(self.stage, cam, "stale")
+                continue
+            return item
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.get()
+        except QueueClosed:
+            raise StopAsyncIteration from None
+
+
+def _wake_one(waiters: deque[asyncio.Future]) -> None:
+    while waiters:
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(None)
+            return

@@ -1,0 +1,166 @@
+"""The ZeroMQ output contract: multipart `[topic, header JSON, *binary parts]` (docs/protocol.md).
+
+The header carries the schema version `v`, `kind`, `camera`, `seq`, `capture_ts` and
+`publish_ts` (wall clock, ns), `backend`, `model`, `synthetic`, kind-specific fields, and
+`parts`: one descriptor per binary part with its name, dtype, shape and byte order, so a
+subscriber in any language can rebuild each array without knowing npucam.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.errors import NpucamError
+from pipeline.messages import Result
+
+SCHEMA_VERSION = 1
+COMMON_FIELDS = (
+    "v",
+    "kind",
+    "camera",
+    "seq",
+    "capture_ts",
+    "publish_ts",
+    "backend",
+    "model",
+    "synthetic",
+)
+DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "uint32", "int64", "float32", "float64")
+# Encoded images (preview JPEGs) travel as uint8 [nbytes] with "encoding": "jpeg".
+ENCODINGS = ("jpeg",)
+
+
+class WireError(NpucamError):
+    """A message does not follow the protocol; the text says which part and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A decoded message: its topic, header and binary parts by name."""
+
+    topic: str
+    header: dict
+    arrays: dict[str, np.ndarray]
+
+
+def _byteorder(dtype: np.dtype) -> str:
+    if dtype.itemsize == 1:
+        return "none"
+    order = dtype.byteorder
+    if order == "=":
+        order = "<" if sys.byteorder == "little" else ">"
+    return "little" if order == "<" else "big"
+
+
+def part_descriptor(name: str, array: np.ndarray, encoding: str | None = None) -> dict:
+    """The header entry that describes one binary part."""
+    desc = {
+        "name": name,
+        "dtype": array.dtype.name,
+        "shape": list(array.shape),
+        "byteorder": _byteorder(array.dtype),
+    }
+    if encoding is not None:
+        desc["encoding"] = encoding
+    return desc
+
+
+def encode(
+    topic: str,
+    header: dict,
+    arrays: Sequence[tuple[str, np.ndarray]] = (),
+    encodings: dict[str, str] | None = None,
+) -> list:
+    """[topic, header JSON, *parts]; header gets `v` and the `parts` descriptors.
+
+    arrays: named numpy arrays in wire order; each is sent C-contiguous, in native byte order.
+    encodings: part name -> encoding ("jpeg") for parts that hold an encoded image.
+    """
+    encodings = encodings or {}
+    contiguous = [(name, np.ascontiguousarray(a)) for name, a in arrays]
+    full = {"v": SCHEMA_VERSION, **header}
+    full["parts"] = [part_descriptor(n, a, encodings.get(n)) for n, a in contiguous]
+    parts: list = [topic.encode(), json.dumps(full, separators=(",", ":")).encode()]
+    parts.extend(a.data if a.nbytes else b"" for _, a in contiguous)
+    return parts
+
+
+def encode_result(result: Result, publish_ts_ns: int) -> list:
+    """The wire form of one result, on topic `<kind>/<camera>`."""
+    header = {
+        "kind": result.kind,
+        "camera": result.camera,
+        "seq": result.seq,
+        "capture_ts": result.capture_ts_ns,
+        "publish_ts": publish_ts_ns,
+        "backend": result.backend,
+        "model": result.model,
+        "synthetic": result.synthetic,
+        **result.header_fields(),
+    }
+    return encode(result.topic, header, result.arrays())
+
+
+def decode(parts: Sequence[bytes]) -> Message:
+    """Parse and check one multipart message; WireError names what is wrong."""
+    if len(parts) < 2:
+        raise WireError(f"message has {len(parts)} part(s); expected [topic, header, *parts]")
+    try:
+        topic = bytes(parts[0]).decode()
+    except UnicodeDecodeError as exc:
+        raise WireError(f"topic is not UTF-8: {exc}") from None
+    try:
+        header = json.loads(bytes(parts[1]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"{topic}: header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError(f"{topic}: header is not a JSON object")
+    missing = [k for k in COMMON_FIELDS if k not in header]
+    if missing:
+        raise WireError(f"{topic}: header lacks {', '.join(missing)}")
+    if header["v"] != SCHEMA_VERSION:
+        raise WireError(
+            f"{topic}: schema version {header['v']!r}; this reader knows {SCHEMA_VERSION}"
+        )
+    descs = header.get("parts", [])
+    if not isinstance(descs, list) or len(descs) != len(parts) - 2:
+        raise WireError(
+            f"{topic}: header describes {len(descs) if isinstance(descs, list) else '?'} "
+            f"binary part(s), message has {len(parts) - 2}"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for i, (desc, raw) in enumerate(zip(descs, parts[2:], strict=True)):
+        arrays[_part_name(topic, i, desc)] = _decode_part(topic, i, desc, raw)
+    return Message(topic, header, arrays)
+
+
+def _part_name(topic: str, i: int, desc: object) -> str:
+    if not isinstance(desc, dict) or not isinstance(desc.get("name"), str):
+        raise WireError(f"{topic}: parts[{i}] has no name")
+    return desc["name"]
+
+
+def _decode_part(topic: str, i: int, desc: dict, raw: bytes) -> np.ndarray:
+    where = f"{topic}: parts[{i}] ({desc['name']})"
+    dtype_name, shape, order = desc.get("dtype"), desc.get("shape"), desc.get("byteorder")
+    if dtype_name not in DTYPES:
+        raise WireError(f"{where}: dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise WireError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    dtype = np.dtype(dtype_name)
+    if order not in ("little", "big", "none") or (order == "none") != (dtype.itemsize == 1):
+        raise WireError(f"{where}: byteorder {order!r} does not fit dtype {dtype_name}")
+    if "encoding" in desc and desc["encoding"] not in ENCODINGS:
+        raise WireError(f"{where}: unknown encoding {desc['encoding']!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = memoryview(raw)
+    if buf.nbytes != expected:
+        raise WireError(f"{where}: {buf.nbytes} bytes; dtype and shape say {expected}")
+    if order != "none":
+        dtype = dtype.newbyteorder("<" if order == "little" else ">")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)

@@ -1,0 +1,151 @@
+"""The capture stage: one stages.sources.CameraReader thread per configured camera, feeding
+the pipeline's first queues.
+
+Readers timestamp, number and pace frames (stages/sources.py); this stage turns [[cameras]]
+into CameraSpecs, hands every frame to the outbox from the reader's thread (waiting only for
+`block` inboxes, and never once the pipeline is stopping), reports each camera's stats
+(fps, health, reconnects...) to the metrics, and ends when every camera has ended or the
+runner calls stop(). One camera failing never stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+
+from pipeline import assets
+from pipeline.config import CameraConfig, Config
+from pipeline.graph import Outbox, Stage, StageOptions
+from pipeline.messages import Frame
+from pipeline.queues import BoundedQueue
+from stages.sources import CameraReader, CameraSpec, SourceError
+
+log = logging.getLogger(__name__)
+
+# How often the stage looks whether every camera has ended; readers have no end callback.
+END_POLL_S = 0.2
+READER_STOP_TIMEOUT_S = 2.0
+
+
+class CaptureOptions(StageOptions):
+    cameras: list[str] | None = None  # names of the [[cameras]] this stage reads; None = all
+
+
+def camera_spec(camera: CameraConfig, config: Config) -> CameraSpec:
+    """The reader's view of one [[cameras]] entry; relative paths resolve against the
+    config file's directory."""
+    return CameraSpec(
+        name=camera.name,
+        url=camera.url,
+        base_dir=config.base_dir,
+        loop=camera.loop,
+        realtime=camera.realtime,
+        fps=camera.fps,
+        staleness_ms=camera.staleness_ms,
+        stall_timeout_s=camera.stall_timeout_s,
+        reconnect_min_s=camera.reconnect_min_s,
+        reconnect_max_s=camera.reconnect_max_s,
+        end=camera.end,
+    )
+
+
+class Capture(Stage):
+    """Source stage: frames from every selected camera."""
+
+    kind = "capture"
+    accepts = ()
+    Options = CaptureOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.readers: dict[str, CameraReader] = {}
+        self._stopping = threading.Event()
+        self._stop_requested: asyncio.Event | None = None
+
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        problems = []
+        wanted = config.stages[index].options.get("cameras")
+        names = [c.name for c in config.cameras]
+        for j, name in enumerate(wanted or []):
+            if name not in names:
+                problems.append(f"stages[{index}].cameras[{j}]: no camera named {name!r}")
+        if not config.cameras:
+            problems.append("cameras: a capture stage needs at least one [[cameras]] entry")
+        for i, cam in enumerate(config.cameras):
+            try:
+                spec = camera_spec(cam, config)
+            except SourceError as exc:
+                problems.append(f"cameras[{i}].url: {exc}")
+                continue
+            missing = _missing_input(spec, cam.url)
+            if missing:
+                problems.append(f"cameras[{i}].url: {missing}")
+        return problems
+
+    def selected(self) -> list[CameraConfig]:
+        wanted = self.options.cameras
+        return [c for c in self.context.config.cameras if wanted is None or c.name in wanted]
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        self._stop_requested = asyncio.Event()
+        for cam in self.selected():
+            reader = CameraReader(camera_spec(cam, self.context.config), self._emitter(out))
+            self.readers[cam.name] = reader
+            self.metrics.add_camera(cam.name, reader.stats)
+        for reader in self.readers.values():
+            reader.start()
+        log.info(
+            "capture %s: %s",
+            self.name,
+            ", ".join(f"{n} ({r.spec.url})" for n, r in self.readers.items()),
+        )
+        try:
+            while not self._stop_requested.is_set():
+                if all(r.health == "ended" for r in self.readers.values()):
+                    log.info("capture %s: every camera has ended", self.name)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_requested.wait(), END_POLL_S)
+        finally:
+            self._stopping.set()
+            await asyncio.to_thread(self._stop_readers)
+
+    def _emitter(self, out: Outbox):
+        stopping = self._stopping.is_set
+
+        def emit(frame: Frame) -> None:
+            if not stopping():
+                out.send_threadsafe(frame, give_up=stopping)
+
+        return emit
+
+    def _stop_readers(self) -> None:
+        for name, reader in self.readers.items():
+            if not reader.stop(READER_STOP_TIMEOUT_S):
+                log.warning("capture %s: camera %s did not stop in time", self.name, name)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._stop_requested is not None:
+            self._stop_requested.set()
+
+
+def _missing_input(spec: CameraSpec, url: str) -> str | None:
+    """Why a file, sample or image folder source cannot be read now (None if it can)."""
+    scheme, sep, rest = url.partition(":")
+    if spec.kind == "file":
+        if sep and scheme.lower() == "sample":
+            try:
+                assets.asset_path(rest)
+            except assets.AssetError as exc:
+                return str(exc)
+            return None
+        path = spec.base_dir / (rest if sep and scheme.lower() == "file" else url)
+        return None if path.is_file() else f"file not found: {path}"
+    if spec.kind == "images":
+        path = spec.base_dir / rest
+        return None if path.is_dir() else f"folder not found: {path}"
+    return None

@@ -1,0 +1,245 @@
+"""The publish stages: results out on a ZeroMQ PUB socket (docs/protocol.md), and frames
+PUSHed to a remote process (the `zmq` frame sink that a `zmq:` camera PULLs from).
+
+Publish never blocks the pipeline: every send is NOBLOCK on a socket with a bounded SNDHWM,
+so a slow subscriber costs messages, never latency. PUB drops past the high-water mark
+silently (ZeroMQ gives no signal; zeromq/libzmq#4394); a PUSH send that would block raises
+zmq.Again and is counted as a `queue_full` drop of that camera.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Literal
+
+import cv2
+import zmq
+import zmq.asyncio
+from pydantic import Field, model_validator
+
+from pipeline import wire
+from pipeline.errors import NpucamError
+from pipeline.graph import Outbox, Stage, StageOptions
+from pipeline.messages import Detections, Frame, Result, now_ns
+from pipeline.queues import BoundedQueue, camera_of
+from stages.frame_wire import encode_frame
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(NpucamError):
+    """A publish socket that cannot be set up (address in use, bad endpoint)."""
+
+
+class PublishOptions(StageOptions):
+    bind: str = Field("tcp://127.0.0.1:5560", min_length=1)
+    sndhwm: int = Field(1000, ge=1)
+    linger_ms: int = Field(1000, ge=0)
+    frame_meta: bool = True  # a Frame that reaches publish goes out as det/<camera>, no boxes
+    preview: bool = False  # JPEG of each Frame on preview/<camera>
+    preview_quality: int = Field(80, ge=1, le=100)
+    preview_max_width: int = Field(640, ge=16)
+    stats: bool = True  # the `stats` topic every [metrics] stats_interval_s
+
+
+class Publish(Stage):
+    """Results -> ZeroMQ PUB, topics `<kind>/<camera>` and `stats`."""
+
+    kind = "publish"
+    accepts = (Result, Frame)
+    Options = PublishOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.endpoint: str | None = None
+        self.bound = asyncio.Event()
+        self._stats_seq = 0
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
+        sock.setsockopt(zmq.LINGER, self.options.linger_ms)
+        try:
+            sock.bind(self.options.bind)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            ctx.term()
+            raise PublishError(
+                f"publish {self.name}: cannot bind {self.options.bind}: {exc}"
+            ) from None
+        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.bound.set()
+        log.info("publish %s: bound %s", self.name, self.endpoint)
+        interval = self.context.config.metrics.stats_interval_s
+        ticker = None
+        if self.options.stats and interval > 0:
+            ticker = asyncio.create_task(self._publish_stats_every(sock, interval))
+        try:
+            async for item in inbox:
+                start = time.perf_counter()
+                try:
+                    for parts in await self._messages(item):
+                        await sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+                    self.metrics.count_out(self.name, camera_of(item))
+                except zmq.Again:
+                    self.metrics.drop(self.name, camera_of(item), "queue_full")
+                except Exception:
+                    log.exception(
+                        "publish %s: cannot send %s #%s",
+                        self.name,
+                        camera_of(item),
+                        getattr(item, "seq", "?"),
+                    )
+                    self.metrics.drop(self.name, camera_of(item), "error")
+                finally:
+                    self.metrics.observe_work(self.name, time.perf_counter() - start)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+            if self.options.stats:
+                await self._send_stats(sock)  # the final numbers, after the drain
+            sock.close(self.options.linger_ms)
+            await asyncio.to_thread(ctx.term)  # waits up to linger_ms for queued messages
+
+    async def _messages(self, item: Result | Frame) -> list[list]:
+        if isinstance(item, Result):
+            return [wire.encode_result(item, now_ns())]
+        messages = []
+        if self.options.frame_meta:
+            messages.append(wire.encode_result(Detections.without_detector(item), now_ns()))
+        if self.options.preview:
+            jpeg, (h, w) = await asyncio.to_thread(self._preview_jpeg, item.image)
+            header = {
+                "kind": "preview",
+                "camera": item.camera,
+                "seq": item.seq,
+                "capture_ts": item.capture_ts_ns,
+                "publish_ts": now_ns(),
+                "backend": "none",
+                "model": "none",
+                "synthetic": False,
+                "width": w,
+                "height": h,
+            }
+            messages.append(
+                wire.encode(f"preview/{item.camera}", header, [("jpeg", jpeg)], {"jpeg": "jpeg"})
+            )
+        return messages
+
+    def _preview_jpeg(self, image):
+        """image: uint8 [H, W, 3] BGR -> (JPEG bytes as uint8 [n], (h, w) after downscale)."""
+        h, w = image.shape[:2]
+        if w > self.options.preview_max_width:
+            scale = self.options.preview_max_width / w
+            image = cv2.resize(
+                image,
+                (self.options.preview_max_width, max(1, round(h * scale))),
+                interpolation=cv2.INTER_AREA,
+            )
+        ok, jpeg = cv2.imencode(
+            ".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, self.options.preview_quality]
+        )
+        if not ok:
+            raise PublishError(f"publish {self.name}: JPEG encode failed")
+        return jpeg.reshape(-1), image.shape[:2]
+
+    async def _publish_stats_every(self, sock, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self._send_stats(sock)
+
+    async def _send_stats(self, sock) -> None:
+        ts = now_ns()
+        header = {
+            "kind": "stats",
+            "camera": "",
+            "seq": self._stats_seq,
+            "capture_ts": ts,
+            "publish_ts": ts,
+            "backend": "none",
+            "model": "none",
+            "synthetic": False,
+            "stats": self.metrics.snapshot(),
+        }
+        self._stats_seq += 1
+        try:
+            await sock.send_multipart(wire.encode("stats", header), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.debug("publish %s: stats message dropped at the high-water mark", self.name)
+
+
+class FramePushOptions(StageOptions):
+    connect: str | None = None
+    bind: str | None = None
+    format: Literal["jpeg", "raw"] = "jpeg"
+    quality: int = Field(90, ge=1, le=100)
+    sndhwm: int = Field(8, ge=1)
+    linger_ms: int = Field(500, ge=0)
+
+    @model_validator(mode="after")
+    def _one_endpoint(self):
+        if (self.connect is None) == (self.bind is None):
+            raise ValueError("give exactly one of `connect` or `bind` (a ZeroMQ endpoint)")
+        return self
+
+
+class FramePush(Stage):
+    """Frames -> ZeroMQ PUSH (stages.frame_wire format), for a `zmq:` camera elsewhere."""
+
+    kind = "zmq_push"
+    accepts = (Frame,)
+    Options = FramePushOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.endpoint: str | None = None
+        self.bound = asyncio.Event()
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
+        sock.setsockopt(zmq.LINGER, self.options.linger_ms)
+        try:
+            if self.options.bind:
+                sock.bind(self.options.bind)
+            else:
+                sock.connect(self.options.connect)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            ctx.term()
+            where = self.options.bind or self.options.connect
+            raise PublishError(f"zmq_push {self.name}: cannot use {where}: {exc}") from None
+        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode() or self.options.connect
+        self.bound.set()
+        log.info(
+            "zmq_push %s: %s %s (%s)",
+            self.name,
+            "bound" if self.options.bind else "connected to",
+            self.endpoint,
+            self.options.format,
+        )
+        try:
+            async for frame in inbox:
+                start = time.perf_counter()
+                try:
+                    parts = await asyncio.to_thread(
+                        encode_frame, frame, self.options.format, self.options.quality
+                    )
+                    await sock.send_multipart(parts, flags=zmq.NOBLOCK)
+                    self.metrics.count_out(self.name, frame.camera)
+                except zmq.Again:
+                    self.metrics.drop(self.name, frame.camera, "queue_full")
+                except Exception:
+                    log.exception(
+                        "zmq_push %s: cannot send %s #%s", self.name, frame.camera, frame.seq
+                    )
+                    self.metrics.drop(self.name, frame.camera, "error")
+                finally:
+                    self.metrics.observe_work(self.name, time.perf_counter() - start)
+        finally:
+            sock.close(self.options.linger_ms)
+            await asyncio.to_thread(ctx.term)  # waits up to linger_ms for queued messages
