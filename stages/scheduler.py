@@ -1,0 +1,724 @@
+"""The NPU stage's batching scheduler: per-model queues -> fixed-size batches, chosen by cost.
+
+Pure, deterministic logic with an injectable clock (ns, the clock of `deadline_ns`); no
+device, no asyncio. It packs jobs into batches of exactly each model's export size (Triton's
+"size or max delay" rule, with padded slots masked), budgets the one device by estimated
+device-seconds (not job count), keeps per-camera fairness (virtual-time fair queueing over
+device-seconds), prefers models whose hardware contexts are resident in a 16-slot LRU unless
+that would break a deadline, and drops work that is stale or can no longer finish in time.
+Design and the overlap protocol: docs/scheduler.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipeline.errors import NpucamError
+from pipeline.messages import now_ns
+
+QueuePolicy = Literal["drop_oldest", "reject_new"]
+QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new")
+
+# Why a job was dropped: past its deadline; still in time but unable to finish before it
+# because of the device's backlog; its model's queue was full; its device run failed.
+DROP_REASONS: tuple[str, ...] = ("stale", "npu_busy", "queue_full", "error")
+
+NPU2_CONTEXT_SLOTS = 16
+CONTEXT_LOAD_S = 0.0025  # per context load/switch on NPU2 (~2-3 ms)
+
+_NS = 1_000_000_000
+
+
+class SchedulerError(NpucamError):
+    """A model profile, job or batch report the scheduler cannot accept."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """What the scheduler needs to know about one loaded model.
+
+    batch_size: the export batch size from its bundle (items per device pass).
+    max_wait_ms: a partial batch closes once its oldest job has waited this long.
+    contexts: the hardware-context keys its kernels need (shared keys are shared contexts).
+    cost_s: initial estimate of one batch's device time with its contexts resident.
+    queue_size / queue_policy: the bound of its queue and what happens when it is full.
+    """
+
+    name: str
+    batch_size: int
+    max_wait_ms: float
+    contexts: tuple[str, ...]
+    cost_s: float
+    queue_size: int = 64
+    queue_policy: QueuePolicy = "drop_oldest"
+
+    def __post_init__(self) -> None:
+        where = f"model profile {self.name!r}"
+        if not self.name:
+            raise SchedulerError("model profile: field 'name' is empty")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise SchedulerError(f"{where}: field 'batch_size' must be an int >= 1")
+        if not (self.max_wait_ms >= 0 and math.isfinite(self.max_wait_ms)):
+            raise SchedulerError(f"{where}: field 'max_wait_ms' must be finite and >= 0")
+        if not (self.cost_s > 0 and math.isfinite(self.cost_s)):
+            raise SchedulerError(f"{where}: field 'cost_s' must be finite and > 0")
+        if not isinstance(self.queue_size, int) or self.queue_size < 1:
+            raise SchedulerError(f"{where}: field 'queue_size' must be an int >= 1")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise SchedulerError(
+                f"{where}: field 'queue_policy' is {self.queue_policy!r}, "
+                f"expected one of {QUEUE_POLICIES}"
+            )
+        if isinstance(self.contexts, str) or len(set(self.contexts)) != len(self.contexts):
+            raise SchedulerError(f"{where}: field 'contexts' must be a tuple of distinct keys")
+
+
+@dataclass(slots=True)
+class Job:
+    """One unit of work for one model.
+
+    deadline_ns: capture_ts + the staleness budget; no result is returned after it.
+    priority: lower runs first within a camera (e.g. the ns time a track's pose was last
+        refreshed, so the oldest pose goes first); ties go to the earliest deadline.
+    key: optional identity (e.g. (camera, track_id)); submitting a job whose key is already
+        queued replaces that job's payload, deadline and priority (latest crop wins).
+    enqueue_ns: set by `submit`.
+    """
+
+    model: str
+    camera: str
+    payload: Any
+    deadline_ns: int
+    priority: int = 0
+    key: Hashable | None = None
+    enqueue_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A batch handed to the device: `size` slots, the first len(jobs) real, the rest padding.
+
+    The stage fills padded slots with any valid input (e.g. a copy of the first item); their
+    outputs are discarded by `BatchScheduler.complete`. loads/evictions are the contexts the
+    LRU model loads and evicts for this batch, in order; switch_s is their modelled time.
+    """
+
+    seq: int
+    model: str
+    size: int
+    jobs: tuple[Job, ...]
+    loads: tuple[str, ...]
+    evictions: tuple[str, ...]
+    switch_s: float
+    cost_s: float
+    dispatch_ns: int
+    est_start_ns: int
+    est_finish_ns: int
+
+    @property
+    def padded(self) -> int:
+        """Number of padded slots."""
+        return self.size - len(self.jobs)
+
+    @property
+    def mask(self) -> tuple[bool, ...]:
+        """Per slot: True for a real job, False for padding."""
+        return (True,) * len(self.jobs) + (False,) * self.padded
+
+    def slot_payloads(self) -> list[Any]:
+        """The payload of every slot; padded slots repeat the first real payload."""
+        payloads = [job.payload for job in self.jobs]
+        return payloads + [payloads[0]] * self.padded
+
+
+class ContextLRU:
+    """A model of the device's resident hardware contexts: `capacity` slots, LRU eviction."""
+
+    def __init__(self, capacity: int = NPU2_CONTEXT_SLOTS) -> None:
+        if capacity < 1:
+            raise SchedulerError(f"context LRU: capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._resident: OrderedDict[str, None] = OrderedDict()
+        self.loads = 0
+        self.evictions = 0
+
+    @property
+    def resident(self) -> tuple[str, ...]:
+        """Resident keys, least recently used first."""
+        return tuple(self._resident)
+
+    def missing(self, keys: Iterable[str], after: Iterable[str] = ()) -> int:
+        """How many of `keys` would have to be loaded, if `after` were used first."""
+        after = tuple(after)
+        if not after:
+            return sum(key not in self._resident for key in keys)
+        trial = ContextLRU(self.capacity)
+        trial._resident = OrderedDict(self._resident)
+        trial.use(after)
+        return trial.missing(keys)
+
+    def use(self, keys: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Make `keys` resident (most recent); returns (loaded, evicted), in order."""
+        keys = tuple(keys)
+        if len(set(keys)) > self.capacity:
+            raise SchedulerError(
+                f"context LRU: {len(set(keys))} contexts needed at once, capacity {self.capacity}"
+            )
+        needed = set(keys)
+        loaded: list[str] = []
+        evicted: list[str] = []
+        for key in keys:
+            if key in self._resident:
+                self._resident.move_to_end(key)
+                continue
+            if len(self._resident) >= self.capacity:
+                victim = next(k for k in self._resident if k not in needed)
+                del self._resident[victim]
+                evicted.append(victim)
+            self._resident[key] = None
+            loaded.append(key)
+        self.loads += len(loaded)
+        self.evictions += len(evicted)
+        return tuple(loaded), tuple(evicted)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """Plain counters for one model."""
+
+    batches: int = 0
+    slots: int = 0
+    filled: int = 0
+    padding_waste_s: float = 0.0
+    wait_s_sum: float = 0.0
+    wait_s_max: float = 0.0
+    waits: int = 0
+    results: int = 0
+    replaced: int = 0
+    cost_estimate_s: float = 0.0
+
+    @property
+    def fill_ratio(self) -> float:
+        """Real slots over all slots dispatched (1.0 before the first batch)."""
+        return self.filled / self.slots if self.slots else 1.0
+
+    @property
+    def mean_wait_s(self) -> float:
+        """Mean queue wait (submit -> dispatch) of dispatched jobs."""
+        return self.wait_s_sum / self.waits if self.waits else 0.0
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters and gauges the stage exports (metrics, `stats` topic)."""
+
+    started_ns: int
+    busy_s: float = 0.0
+    context_loads: int = 0
+    context_evictions: int = 0
+    drops: Counter = field(default_factory=Counter)  # (model, camera, reason) -> count
+    results: Counter = field(default_factory=Counter)  # (model, camera) -> count
+    models: dict[str, ModelStats] = field(default_factory=dict)
+
+    def busy_fraction(self, at_ns: int) -> float:
+        """Reported device run time over wall time since the scheduler started."""
+        elapsed = (at_ns - self.started_ns) / _NS
+        return self.busy_s / elapsed if elapsed > 0 else 0.0
+
+    def drops_by_reason(self) -> Counter:
+        """reason -> count, over all models and cameras."""
+        out: Counter = Counter()
+        for (_, _, reason), n in self.drops.items():
+            out[reason] += n
+        return out
+
+    def snapshot(self, at_ns: int) -> dict[str, Any]:
+        """Every counter and gauge as plain JSON-able values."""
+        return {
+            "device_busy_fraction": self.busy_fraction(at_ns),
+            "device_busy_s": self.busy_s,
+            "context_loads": self.context_loads,
+            "context_evictions": self.context_evictions,
+            "drops": [
+                {"model": m, "camera": c, "reason": r, "count": n}
+                for (m, c, r), n in sorted(self.drops.items())
+            ],
+            "results": [
+                {"model": m, "camera": c, "count": n} for (m, c), n in sorted(self.results.items())
+            ],
+            "models": {
+                name: {
+                    "batches": s.batches,
+                    "fill_ratio": s.fill_ratio,
+                    "padded_slots": s.slots - s.filled,
+                    "padding_waste_s": s.padding_waste_s,
+                    "queue_wait_mean_s": s.mean_wait_s,
+                    "queue_wait_max_s": s.wait_s_max,
+                    "results": s.results,
+                    "replaced": s.replaced,
+                    "cost_estimate_s": s.cost_estimate_s,
+                }
+                for name, s in sorted(self.models.items())
+            },
+        }
+
+
+@dataclass(slots=True)
+class _Candidate:
+    profile: ModelProfile
+    jobs: list[Job]
+    switch_s: float
+    cost_s: float
+    finish_ns: int
+    min_deadline_ns: int
+    lead_served: float
+
+
+class BatchScheduler:
+    """Per-model bounded queues -> batches of exactly the export size, one device.
+
+    Protocol (docs/scheduler.md): `submit` jobs as they arrive; call `next_batch` whenever
+    fewer than `max_in_flight` batches are outstanding (by default one running + one being
+    prepared, so the host glue of the next batch overlaps the device run of the current one);
+    when it returns None, call it again at `wake_ns()` or on the next submit/complete; report
+    every batch, in dispatch order, with `complete` (outputs per slot, measured device time)
+    or `fail`. Only `complete`'s return value may be published.
+    """
+
+    def __init__(
+        self,
+        profiles: Iterable[ModelProfile],
+        *,
+        clock: Callable[[], int] = now_ns,
+        context_slots: int = NPU2_CONTEXT_SLOTS,
+        context_load_s: float = CONTEXT_LOAD_S,
+        cost_alpha: float = 0.2,
+        fairness_window_s: float | None = None,
+        camera_weights: dict[str, float] | None = None,
+        prefer_resident: bool = True,
+        max_stay_s: float | None = None,
+        max_in_flight: int = 2,
+    ) -> None:
+        self.profiles: dict[str, ModelProfile] = {}
+        for profile in profiles:
+            if profile.name in self.profiles:
+                raise SchedulerError(f"model profile {profile.name!r}: declared twice")
+            if len(profile.contexts) > context_slots:
+                raise SchedulerError(
+                    f"model profile {profile.name!r}: field 'contexts' needs "
+                    f"{len(profile.contexts)} contexts, the device holds {context_slots}"
+                )
+            self.profiles[profile.name] = profile
+        if not self.profiles:
+            raise SchedulerError("scheduler: no model profiles")
+        if not 0 < cost_alpha <= 1:
+            raise SchedulerError(f"scheduler: cost_alpha must be in (0, 1], got {cost_alpha}")
+        if max_in_flight < 1:
+            raise SchedulerError(f"scheduler: max_in_flight must be >= 1, got {max_in_flight}")
+        for camera, weight in (camera_weights or {}).items():
+            if not weight > 0:
+                raise SchedulerError(f"camera {camera!r}: weight must be > 0, got {weight}")
+        self.clock = clock
+        self.context_load_s = context_load_s
+        self.cost_alpha = cost_alpha
+        self.fairness_window_s = (
+            max(p.cost_s for p in self.profiles.values())
+            if fairness_window_s is None
+            else fairness_window_s
+        )
+        self.camera_weights = dict(camera_weights or {})
+        self.prefer_resident = prefer_resident
+        self.max_stay_s = self.fairness_window_s if max_stay_s is None else max_stay_s
+        self._current: str | None = None
+        self._run_s = 0.0
+        self.max_in_flight = max_in_flight
+        self.lru = ContextLRU(context_slots)
+        self._queues: dict[str, list[Job]] = {name: [] for name in self.profiles}
+        self._cost: dict[str, float] = {name: p.cost_s for name, p in self.profiles.items()}
+        self._served: dict[str, float] = {}
+        self._in_flight: list[Batch] = []
+        self._seq = 0
+        self.stats = SchedulerStats(started_ns=clock())
+        for name, p in self.profiles.items():
+            self.stats.models[name] = ModelStats(cost_estimate_s=p.cost_s)
+
+    # -- intake ---------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job; False if it was dropped at once (counted: stale or queue_full)."""
+        profile = self.profiles.get(job.model)
+        if profile is None:
+            raise SchedulerError(
+                f"camera {job.camera!r}: job for unknown model {job.model!r} "
+                f"(known: {sorted(self.profiles)})"
+            )
+        now = self.clock()
+        if now > job.deadline_ns:
+            self._drop(job, "stale")
+            return False
+        queue = self._queues[job.model]
+        if job.key is not None:
+            for queued in queue:
+                if queued.key == job.key:
+                    queued.payload = job.payload
+                    queued.deadline_ns = job.deadline_ns
+                    queued.priority = job.priority
+                    queued.camera = job.camera
+                    self.stats.models[job.model].replaced += 1
+                    return True
+        if len(queue) >= profile.queue_size:
+            if profile.queue_policy == "reject_new":
+                self._drop(job, "queue_full")
+                return False
+            self._drop_oldest_of_largest_camera(queue)
+        self._lift_returning_camera(job.camera)
+        job.enqueue_ns = now
+        queue.append(job)
+        return True
+
+    def _drop_oldest_of_largest_camera(self, queue: list[Job]) -> None:
+        # drop_oldest takes from the camera holding most of the queue, so a flooding camera
+        # cannot push the others' work out.
+        per_camera = Counter(job.camera for job in queue)
+        top = max(per_camera.values())
+        victim = min(
+            (job for job in queue if per_camera[job.camera] == top), key=lambda j: j.enqueue_ns
+        )
+        queue.remove(victim)
+        self._drop(victim, "queue_full")
+
+    def _lift_returning_camera(self, camera: str) -> None:
+        # A camera that had nothing queued does not bank credit for its idle time: it rejoins
+        # at the lowest virtual time of the cameras that are waiting (start-time fair queueing).
+        waiting = {job.camera for queue in self._queues.values() for job in queue}
+        if camera in waiting:
+            return
+        floor = min((self._served.get(c, 0.0) for c in waiting), default=None)
+        served = self._served.get(camera, 0.0)
+        self._served[camera] = served if floor is None else max(served, floor)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def pending(self, model: str | None = None) -> int:
+        """Queued (not dispatched) jobs, of one model or of all."""
+        if model is not None:
+            return len(self._queues[model])
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def in_flight(self) -> tuple[Batch, ...]:
+        """Dispatched batches not yet reported, in dispatch order."""
+        return tuple(self._in_flight)
+
+    def cost_estimate_s(self, model: str) -> float:
+        """Current device-time estimate of one batch of `model` (contexts resident)."""
+        return self._cost[model]
+
+    def wake_ns(self) -> int | None:
+        """When the next partial batch closes by max_wait (None if no job is queued)."""
+        times = [
+            queue[0].enqueue_ns + _ms_to_ns(self.profiles[name].max_wait_ms)
+            for name, queue in self._queues.items()
+            if queue
+        ]
+        return min(times, default=None)
+
+    def next_batch(self) -> Batch | None:
+        """The batch the device should run next, or None (nothing ready, or enough in flight).
+
+        Drops queued jobs that are stale or cannot finish before their deadline if their batch
+        started when the device frees up; then, among models with a ready batch (full, or its
+        oldest job waited max_wait_ms), picks by camera fairness, residency and deadline.
+        """
+        if len(self._in_flight) >= self.max_in_flight:
+            return None
+        now = self.clock()
+        start_ns = max([now] + [b.est_finish_ns for b in self._in_flight])
+        self._drop_infeasible(now, start_ns)
+        candidates = [
+            c
+            for name, queue in self._queues.items()
+            if queue and self._ready(name, now)
+            for c in [self._candidate(self.profiles[name], start_ns)]
+        ]
+        if not candidates:
+            return None
+        chosen = self._choose(candidates, start_ns)
+        return self._dispatch(chosen, now, start_ns)
+
+    def _ready(self, model: str, now: int) -> bool:
+        profile = self.profiles[model]
+        queue = self._queues[model]
+        oldest = min(job.enqueue_ns for job in queue)
+        return len(queue) >= profile.batch_size or now - oldest >= _ms_to_ns(profile.max_wait_ms)
+
+    def _switch_s(self, profile: ModelProfile, after: Iterable[str] = ()) -> float:
+        return self.lru.missing(profile.contexts, after) * self.context_load_s
+
+    def _drop_infeasible(self, now: int, start_ns: int) -> None:
+        for name, queue in self._queues.items():
+            if not queue:
+                continue
+            profile = self.profiles[name]
+            finish = start_ns + _s_to_ns(self._switch_s(profile) + self._cost[name])
+            keep: list[Job] = []
+            for job in queue:
+                if now > job.deadline_ns:
+                    self._drop(job, "stale")
+                elif finish > job.deadline_ns:
+                    self._drop(job, "npu_busy")
+                else:
+                    keep.append(job)
+            queue[:] = keep
+
+    def _weight(self, camera: str) -> float:
+        return self.camera_weights.get(camera, 1.0)
+
+    def _candidate(self, profile: ModelProfile, start_ns: int) -> _Candidate:
+        """The batch this model would run now: jobs taken camera by camera, least served
+        camera first (charging each taken job its share of the batch cost), and within a
+        camera by (priority, deadline, arrival)."""
+        cost = self._cost[profile.name]
+        switch = self._switch_s(profile)
+        by_camera: dict[str, list[Job]] = {}
+        for job in sorted(
+            self._queues[profile.name], key=lambda j: (j.priority, j.deadline_ns, j.enqueue_ns)
+        ):
+            by_camera.setdefault(job.camera, []).append(job)
+        served = {c: self._served.get(c, 0.0) for c in by_camera}
+        lead = min(served.values())
+        share = (switch + cost) / profile.batch_size
+        jobs: list[Job] = []
+        while len(jobs) < profile.batch_size and by_camera:
+            camera = min(by_camera, key=lambda c: (served[c], c))
+            jobs.append(by_camera[camera].pop(0))
+            if not by_camera[camera]:
+                del by_camera[camera]
+            served[camera] += share / self._weight(camera)
+        return _Candidate(
+            profile=profile,
+            jobs=jobs,
+            switch_s=switch,
+            cost_s=cost,
+            finish_ns=start_ns + _s_to_ns(switch + cost),
+            min_deadline_ns=min(job.deadline_ns for job in jobs),
+            lead_served=lead,
+        )
+
+    def _choose(self, candidates: list[_Candidate], start_ns: int) -> _Candidate:
+        floor = min(c.lead_served for c in candidates)
+        eligible = [c for c in candidates if c.lead_served <= floor + self.fairness_window_s]
+        if not self.prefer_resident:
+            return min(eligible, key=lambda c: (c.lead_served, c.min_deadline_ns, c.profile.name))
+        # Stay on resident contexts, but not for more than max_stay_s of device time in a row
+        # while another model has a ready batch: no model starves behind a resident one.
+        rotate = self._run_s >= self.max_stay_s and any(
+            c.profile.name != self._current for c in eligible
+        )
+        best = min(
+            eligible,
+            key=lambda c: (
+                c.profile.name == self._current if rotate else c.switch_s > 0,
+                c.lead_served,
+                c.min_deadline_ns,
+                c.profile.name,
+            ),
+        )
+        # Residency must not break a deadline: if running `best` first makes another batch
+        # miss a deadline it can still meet, and running that batch first keeps `best` within
+        # its own, run the most urgent such batch first. When one of the two misses either
+        # way, `best` stays (no context switch spent on it).
+        best_total = best.switch_s + best.cost_s
+        threatened = []
+        for c in eligible:
+            if c is best or c.finish_ns > c.min_deadline_ns:
+                continue
+            c_after = best_total + self._switch_s(c.profile, best.profile.contexts) + c.cost_s
+            best_after = c.switch_s + c.cost_s + self._switch_s(best.profile, c.profile.contexts)
+            if (
+                start_ns + _s_to_ns(c_after) > c.min_deadline_ns
+                and start_ns + _s_to_ns(best_after + best.cost_s) <= best.min_deadline_ns
+            ):
+                threatened.append(c)
+        if threatened:
+            return min(threatened, key=lambda c: (c.min_deadline_ns, c.profile.name))
+        return best
+
+    def _dispatch(self, chosen: _Candidate, now: int, start_ns: int) -> Batch:
+        profile = chosen.profile
+        taken = {id(job) for job in chosen.jobs}
+        queue = self._queues[profile.name]
+        queue[:] = [job for job in queue if id(job) not in taken]
+        loads, evictions = self.lru.use(profile.contexts)
+        switch_s = len(loads) * self.context_load_s
+        if profile.name != self._current:
+            self._current, self._run_s = profile.name, 0.0
+        self._run_s += switch_s + chosen.cost_s
+        self.stats.context_loads += len(loads)
+        self.stats.context_evictions += len(evictions)
+        share = (switch_s + chosen.cost_s) / profile.batch_size
+        stats = self.stats.models[profile.name]
+        stats.batches += 1
+        stats.slots += profile.batch_size
+        stats.filled += len(chosen.jobs)
+        stats.padding_waste_s += share * (profile.batch_size - len(chosen.jobs))
+        for job in chosen.jobs:
+            self._served[job.camera] = self._served.get(job.camera, 0.0) + share / self._weight(
+                job.camera
+            )
+            wait = (now - job.enqueue_ns) / _NS
+            stats.wait_s_sum += wait
+            stats.wait_s_max = max(stats.wait_s_max, wait)
+            stats.waits += 1
+        self._seq += 1
+        batch = Batch(
+            seq=self._seq,
+            model=profile.name,
+            size=profile.batch_size,
+            jobs=tuple(chosen.jobs),
+            loads=loads,
+            evictions=evictions,
+            switch_s=switch_s,
+            cost_s=chosen.cost_s,
+            dispatch_ns=now,
+            est_start_ns=start_ns,
+            est_finish_ns=start_ns + _s_to_ns(switch_s + chosen.cost_s),
+        )
+        self._in_flight.append(batch)
+        return batch
+
+    # -- results --------------------------------------------------------------------------
+
+    def complete(self, batch: Batch, outputs: Sequence[Any], device_s: float) -> list[tuple]:
+        """Report a finished batch: one output per slot and its measured device time (s,
+        context loads included). Returns [(job, output)] for the real jobs still within their
+        deadline; padded slots are discarded and late results are counted as `stale` drops."""
+        self._retire(batch)
+        if len(outputs) != batch.size:
+            raise SchedulerError(
+                f"model {batch.model!r}: batch {batch.seq} has {batch.size} slots, "
+                f"got {len(outputs)} outputs"
+            )
+        if not (device_s >= 0 and math.isfinite(device_s)):
+            raise SchedulerError(
+                f"model {batch.model!r}: batch {batch.seq} device time {device_s!r} is invalid"
+            )
+        self.stats.busy_s += device_s
+        measured = max(device_s - batch.switch_s, 0.0)
+        cost = self._cost[batch.model]
+        cost += self.cost_alpha * (measured - cost)
+        self._cost[batch.model] = cost
+        self.stats.models[batch.model].cost_estimate_s = cost
+        now = self.clock()
+        out: list[tuple] = []
+        for job, output in zip(batch.jobs, outputs, strict=False):
+            if now > job.deadline_ns:
+                self._drop(job, "stale")
+                continue
+            out.append((job, output))
+            self.stats.results[(job.model, job.camera)] += 1
+            self.stats.models[job.model].results += 1
+        return out
+
+    def fail(self, batch: Batch, device_s: float = 0.0) -> None:
+        """Report a batch whose device run failed: its jobs are dropped with reason `error`."""
+        self._retire(batch)
+        self.stats.busy_s += max(device_s, 0.0)
+        for job in batch.jobs:
+            self._drop(job, "error")
+
+    def _retire(self, batch: Batch) -> None:
+        if not self._in_flight or self._in_flight[0] is not batch:
+            expected = self._in_flight[0].seq if self._in_flight else None
+            raise SchedulerError(
+                f"model {batch.model!r}: batch {batch.seq} reported out of order or twice "
+                f"(expected batch {expected})"
+            )
+        self._in_flight.pop(0)
+
+    def _drop(self, job: Job, reason: str) -> None:
+        self.stats.drops[(job.model, job.camera, reason)] += 1
+
+
+def _ms_to_ns(ms: float) -> int:
+    return round(ms * 1_000_000)
+
+
+def _s_to_ns(s: float) -> int:
+    return round(s * _NS)
+
+
+class SimClock:
+    """A settable ns clock for discrete-event simulation and tests."""
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self.t = start_ns
+
+    def __call__(self) -> int:
+        return self.t
+
+
+@dataclass(slots=True)
+class SimReport:
+    """What a simulated run produced: published results and the device's timeline."""
+
+    results: list[tuple[int, Job, Any]] = field(default_factory=list)  # (publish ns, job, out)
+    batches: list[tuple[int, int, Batch]] = field(default_factory=list)  # (start, end, batch)
+
+
+def simulate(
+    scheduler: BatchScheduler,
+    clock: SimClock,
+    events: Iterable[tuple[int, Callable[[], None]]],
+    device_s: Callable[[Batch], float],
+    until_ns: int,
+    run_batch: Callable[[Batch], Sequence[Any]] | None = None,
+    on_result: Callable[[Job, Any], None] | None = None,
+) -> SimReport:
+    """Drive `scheduler` as the inference stage would, on a simulated device, until until_ns.
+
+    events: (time ns, callback) pairs, e.g. a camera frame that submits jobs; callbacks may
+    submit. device_s(batch): the simulated device time of a batch (context loads included).
+    run_batch(batch): the outputs per slot (default: the slot payloads). The device runs
+    one batch at a time; up to max_in_flight batches are dispatched ahead (host glue overlap).
+    """
+    pending = sorted(events, key=lambda e: e[0])
+    report = SimReport()
+    prepared: list[Batch] = []
+    running: tuple[Batch, int] | None = None
+    i = 0
+    while True:
+        while (batch := scheduler.next_batch()) is not None:
+            prepared.append(batch)
+        if running is None and prepared:
+            batch = prepared.pop(0)
+            running = (batch, clock.t + _s_to_ns(device_s(batch)))
+            report.batches.append((clock.t, running[1], batch))
+        times = []
+        if i < len(pending):
+            times.append(pending[i][0])
+        if running is not None:
+            times.append(running[1])
+        wake = scheduler.wake_ns()
+        if wake is not None and wake > clock.t:
+            times.append(wake)
+        if not times or min(times) > until_ns:
+            clock.t = until_ns
+            return report
+        clock.t = max(clock.t, min(times))
+        if running is not None and running[1] <= clock.t:
+            batch = running[0]
+            outputs = run_batch(batch) if run_batch else batch.slot_payloads()
+            elapsed_s = (running[1] - report.batches[-1][0]) / _NS
+            running = None
+            for job, output in scheduler.complete(batch, outputs, elapsed_s):
+                report.results.append((clock.t, job, output))
+                if on_result is not None:
+                    on_result(job, output)
+        while i < len(pending) and pending[i][0] <= clock.t:
+            pending[i][1]()
+            i += 1
