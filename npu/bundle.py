@@ -68,7 +68,11 @@ def parse_uint(text: str, limit: int = USIZE_MAX) -> int | None:
     """An unsigned integer as Rust's FromStr reads it (optional '+', digits only), or None."""
     if not _UINT.fullmatch(text):
         return None
-    value = int(text)
+    digits = text.lstrip("+").lstrip("0") or "0"
+    # Checked before int(): Python refuses to convert strings of more than 4300 digits.
+    if len(digits) > len(str(limit)):
+        return None
+    value = int(digits)
     return value if value <= limit else None
 
 

@@ -129,8 +129,13 @@ def test_integers_parse_as_rust(tmp_path):
     assert r.get("b", str) == "1_0"
 
 
-def test_version_with_plus_sign_and_u32_limit(tmp_path):
+def test_version_with_plus_sign_leading_zeros_and_u32_limit(tmp_path):
     assert open_manifest(tmp_path / "x", "version +3\n").version == 3
+    assert open_manifest(tmp_path / "y", "version " + "0" * 5000 + "3\n").version == 3
+    long = "9" * 5000
+    assert error_of(tmp_path, f"version {long}\n") == (
+        f"manifest.txt:1: field 1 ({long}) is malformed, in: version {long}"
+    )
     msg = error_of(tmp_path, "version 4294967296\n", version=None)
     assert msg == "manifest.txt:1: field 1 (4294967296) is malformed, in: version 4294967296"
 
@@ -410,6 +415,8 @@ MANIFEST_WORDS = st.sampled_from(
         "é",
         "\x00",
         "x=",
+        "9" * 5000,
+        "inf",
     ]
 )
 TENSOR_WORDS = st.sampled_from(
@@ -437,6 +444,7 @@ TENSOR_WORDS = st.sampled_from(
         "\r\n",
         "\t",
         "#",
+        "1" * 5000,
     ]
 )
 FUZZ = settings(
