@@ -1,0 +1,664 @@
+"""Camera sources: one reader thread per camera turns a file, device, stream, image folder,
+ZeroMQ feed or test pattern into timestamped Frames, and keeps itself alive.
+
+A CameraSpec names the camera and its url; CameraReader reads it on its own thread and hands
+each Frame to `emit`. The grab time (pipeline.messages.now_ns) is taken as the image leaves
+the source; seq counts frames per camera and keeps increasing across loops and reconnects.
+Live sources (usb, rtsp/http, zmq) are read as fast as they deliver, so OpenCV's and FFmpeg's
+buffers never hold old frames (opencv/opencv#13145: CAP_PROP_BUFFERSIZE is ignored for
+RTSP); keeping only the newest is the queue policy of whoever `emit` feeds. Files, image
+folders and the test pattern are paced at their frame rate when `realtime`, else read as fast
+as `emit` accepts them. A live source that fails to open, ends, or delivers nothing for
+stall_timeout_s is reopened with capped exponential backoff and jitter, as DeepStream's
+nvurisrcbin and Frigate's ffmpeg watchdog do (field-notes.md §1-2).
+
+url forms:
+    PATH, file:PATH          video file (relative to base_dir)
+    sample:NAME              pipeline.assets.asset_path(NAME), e.g. sample:bikes.mp4
+    usb:N                    USB/V4L2 device index N
+    rtsp://, rtsps://, http://, https://
+                             anything FFmpeg opens through cv2.VideoCapture (incl. HTTP MJPEG)
+    images:DIR               the image files of DIR in sorted order, paced by `fps`
+    zmq:tcp://HOST:PORT      PULL frames a remote capture process PUSHes (stages.frame_wire);
+                             connects, does not bind; every frame it gets belongs to this camera
+    synthetic:[?width=W&height=H&fps=F]
+                             a deterministic moving test card with the seq drawn in it
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import zmq
+
+from pipeline import assets
+from pipeline.errors import NpucamError
+from pipeline.messages import Frame, now_ns
+from stages.frame_wire import FrameWireError, decode_frame
+
+log = logging.getLogger(__name__)
+
+HEALTH_STATES = ("starting", "online", "stale", "reconnecting", "ended")
+LIVE_KINDS = ("usb", "stream", "zmq")
+STREAM_SCHEMES = ("rtsp", "rtsps", "http", "https")
+IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".pgm", ".ppm", ".tif", ".tiff", ".webp")
+SYNTHETIC_DEFAULTS = {"width": 320, "height": 240, "fps": 25.0}
+FPS_WINDOW_S = 2.0
+# cv2.VideoCapture.read fails once per undecodable frame and keeps failing at the end of the
+# source; this many failures in a row are the end.
+MAX_FAILED_READS = 5
+
+
+class SourceError(NpucamError):
+    """A camera spec that cannot describe a source; the message names the camera and url."""
+
+
+@dataclass
+class CameraSpec:
+    """One camera as the config gives it. Times are in seconds unless the name says ms.
+
+    loop: restart a file or image folder at its end (seq continues).
+    realtime: pace files, folders and the test card at their frame rate (`fps` overrides the
+        file's own); when False they are read as fast as emit accepts.
+    staleness_ms: deadline budget added to each frame's capture time.
+    stall_timeout_s: a live source without a frame this long is "stale" and is reopened.
+    end: what a failure or the end of the source does: "stop" (health "ended") or
+        "reconnect" (reopen with backoff); None = "stop" for files, folders and the test
+        card, "reconnect" for live sources.
+    """
+
+    name: str
+    url: str
+    base_dir: Path = field(default_factory=Path.cwd)
+    loop: bool = False
+    realtime: bool = True
+    fps: float | None = None
+    staleness_ms: float = 500
+    stall_timeout_s: float = 5.0
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    end: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SourceError(f"camera {self.name!r}: name must be a non-empty string")
+        if not isinstance(self.url, str) or not self.url.strip():
+            raise SourceError(f"camera {self.name!r}: url must be a non-empty string")
+        self.base_dir = Path(self.base_dir)
+        positive = ("staleness_ms", "stall_timeout_s", "reconnect_min_s", "reconnect_max_s")
+        for key in positive:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise self._error(f"{key} must be a positive number, got {value!r}")
+        if self.fps is not None and (
+            isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not self.fps > 0
+        ):
+            raise self._error(f"fps must be a positive number, got {self.fps!r}")
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise self._error(
+                f"reconnect_min_s ({self.reconnect_min_s}) exceeds reconnect_max_s "
+                f"({self.reconnect_max_s})"
+            )
+        if self.end not in (None, "stop", "reconnect"):
+            raise self._error(f"end must be 'stop' or 'reconnect', got {self.end!r}")
+        self._parsed = _parse_url(self)
+
+    @property
+    def kind(self) -> str:
+        """file, usb, stream, images, zmq or synthetic."""
+        return self._parsed[0]
+
+    @property
+    def live(self) -> bool:
+        """True for sources that deliver at their own pace (usb, stream, zmq)."""
+        return self.kind in LIVE_KINDS
+
+    @property
+    def reconnects(self) -> bool:
+        """Whether a failure or end of this source reopens it (the `end` policy)."""
+        if self.end is None:
+            return self.live
+        return self.end == "reconnect"
+
+    def _error(self, what: str) -> SourceError:
+        return SourceError(f"camera {self.name!r} ({redact(self.url)}): {what}")
+
+
+def redact(url: str) -> str:
+    """url with any password replaced by ***, for logs and frame descriptions."""
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def _parse_url(spec: CameraSpec) -> tuple[str, object]:
+    """(kind, target) of spec.url; SourceError names the camera and url when it is invalid."""
+    url = spec.url.strip()
+    scheme, sep, rest = url.partition(":")
+    scheme = scheme.lower() if sep else ""
+    if scheme in STREAM_SCHEMES:
+        parts = urllib.parse.urlsplit(url)
+        if not rest.startswith("//") or not parts.hostname:
+            raise spec._error(f"a {scheme} url needs a host: {scheme}://HOST[:PORT]/PATH")
+        return "stream", url
+    if scheme == "usb":
+        if not re.fullmatch(r"\d+", rest):
+            raise spec._error("usb needs a device index: usb:N with N >= 0")
+        return "usb", int(rest)
+    if scheme == "zmq":
+        m = re.fullmatch(r"tcp://([^\s:/]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", rest)
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise spec._error("zmq needs a ZeroMQ tcp endpoint: zmq:tcp://HOST:PORT")
+        return "zmq", rest
+    if scheme == "synthetic":
+        return "synthetic", _parse_synthetic(spec, rest)
+    if scheme == "images":
+        if not rest:
+            raise spec._error("images needs a folder: images:DIR")
+        return "images", rest
+    if scheme == "sample":
+        if not rest or "/" in rest or "\\" in rest:
+            raise spec._error("sample needs an asset name: sample:NAME (e.g. sample:bikes.mp4)")
+        return "file", ("sample", rest)
+    if scheme == "file":
+        if not rest:
+            raise spec._error("file needs a path: file:PATH")
+        return "file", ("path", rest)
+    if "://" in url or (sep and re.fullmatch(r"[a-z][a-z0-9+.-]+", scheme)):
+        raise spec._error(
+            f"unknown source scheme {scheme!r}; expected a file path, file:, sample:, usb:, "
+            "rtsp://, rtsps://, http://, https://, images:, zmq:tcp:// or synthetic:"
+        )
+    return "file", ("path", url)
+
+
+def _parse_synthetic(spec: CameraSpec, rest: str) -> dict:
+    query = rest[1:] if rest.startswith("?") else rest
+    if rest and not rest.startswith("?"):
+        raise spec._error("synthetic takes only a query: synthetic:?width=W&height=H&fps=F")
+    params = dict(SYNTHETIC_DEFAULTS)
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise spec._error(f"synthetic query: {exc}") from None
+    for key, value in pairs:
+        if key not in params:
+            raise spec._error(f"synthetic query: unknown key {key!r} (width, height, fps)")
+        try:
+            number = float(value) if key == "fps" else int(value)
+        except ValueError:
+            raise spec._error(f"synthetic query {key}: expected a number, got {value!r}") from None
+        limit = 1000.0 if key == "fps" else 8192
+        if not 0 < number <= limit:
+            raise spec._error(f"synthetic query {key}: must be in (0, {limit}], got {value}")
+        params[key] = number
+    return params
+
+
+class _SourceFailed(Exception):
+    """The source could not be opened, or it ended or failed while reading."""
+
+
+class _BadFrame(Exception):
+    """One item could not be turned into an image; it is skipped and counted under `key`."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class _Source:
+    """How a reader talks to one kind of source; only the reader thread calls these."""
+
+    description = ""
+    native_fps: float | None = None
+
+    def open(self) -> None:
+        """Raise _SourceFailed if the source cannot be opened now."""
+        raise NotImplementedError
+
+    def read(self, seq: int) -> tuple[np.ndarray, int | None, str] | None:
+        """(image BGR uint8 [H, W, 3], capture_ts_ns or None = now, description) of the next
+        item; None at the end; _SourceFailed on a failure, _BadFrame to skip one item."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the source; idempotent."""
+
+
+def _as_bgr(image: np.ndarray | None) -> np.ndarray:
+    """image as uint8 [H, W, 3], or _BadFrame when it is not an 8-bit image."""
+    if image is None or image.size == 0 or image.dtype != np.uint8:
+        raise _BadFrame("bad_frames", "empty or non-8-bit frame")
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+    if image.ndim == 3 and image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise _BadFrame("bad_frames", f"frame of shape {image.shape} is not an image")
+    return image
+
+
+class _CaptureSource(_Source):
+    """A cv2.VideoCapture: a video file, a USB device or a URL FFmpeg opens."""
+
+    def __init__(self, target: str | int, description: str, params: list[int] | None = None):
+        self.target = target
+        self.description = description
+        self.params = params
+        self.cap: cv2.VideoCapture | None = None
+
+    def open(self) -> None:
+        if isinstance(self.target, int):
+            cap = cv2.VideoCapture(self.target)
+        elif self.params:
+            cap = cv2.VideoCapture(self.target, cv2.CAP_FFMPEG, self.params)
+        else:
+            cap = cv2.VideoCapture(self.target, cv2.CAP_FFMPEG)
+        if not cap.isOpened():
+            cap.release()
+            raise _SourceFailed(f"cannot open {self.description}")
+        self.cap = cap
+        fps = cap.get(cv2.CAP_PROP_FPS)
+        self.native_fps = fps if 0 < fps < 1000 else None
+
+    def read(self, seq: int) -> tuple[np.ndarray, None, str] | None:
+        ok, image = self.cap.read()
+        if not ok:
+            return None
+        return _as_bgr(image), None, self.description
+
+    def close(self) -> None:
+        if self.cap is not None:
+            self.cap.release()
+            self.cap = None
+
+
+class _FileSource(_CaptureSource):
+    def __init__(self, path: Path):
+        super().__init__(str(path), f"file:{path}")
+        self.path = path
+
+    def open(self) -> None:
+        if not self.path.is_file():
+            raise _SourceFailed(f"{self.path}: no such file")
+        super().open()
+
+
+class _ImageFolderSource(_Source):
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.description = f"images:{folder}"
+        self.files: list[Path] = []
+        self.index = 0
+
+    def open(self) -> None:
+        if not self.folder.is_dir():
+            raise _SourceFailed(f"{self.folder}: no such folder")
+        self.files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not self.files:
+            raise _SourceFailed(f"{self.folder}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+        self.index = 0
+
+    def read(self, seq: int) -> tuple[np.ndarray, None, str] | None:
+        if self.index >= len(self.files):
+            return None
+        path = self.files[self.index]
+        self.index += 1
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None:
+            raise _BadFrame("bad_frames", f"{path}: cannot decode image")
+        return image, None, f"images:{path}"
+
+
+class _ZmqSource(_Source):
+    """PULL socket that connects to a remote PUSH; frames keep their remote capture time."""
+
+    RCVHWM = 4
+    POLL_MS = 50
+
+    def __init__(self, endpoint: str, stop: threading.Event):
+        self.endpoint = endpoint
+        self.description = f"zmq:{endpoint}"
+        self.stop = stop
+        self.ctx: zmq.Context | None = None
+        self.sock: zmq.Socket | None = None
+
+    def open(self) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self.sock.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise _SourceFailed(f"cannot connect to {self.endpoint}: {exc}") from None
+
+    def read(self, seq: int) -> tuple[np.ndarray, int, str] | None:
+        while not self.stop.is_set():
+            if self.sock.poll(self.POLL_MS, zmq.POLLIN):
+                parts = self.sock.recv_multipart()
+                try:
+                    remote = decode_frame(parts)
+                except FrameWireError as exc:
+                    raise _BadFrame("bad_messages", str(exc)) from None
+                return (
+                    remote.image,
+                    remote.capture_ts_ns,
+                    f"{self.description} {remote.camera}#{remote.seq} ({remote.source})",
+                )
+        return None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+
+
+class _SyntheticSource(_Source):
+    def __init__(self, width: int, height: int, fps: float):
+        self.width, self.height = width, height
+        self.native_fps = fps
+        self.description = f"synthetic:{width}x{height}@{fps:g}"
+
+    def open(self) -> None:
+        pass
+
+    def read(self, seq: int) -> tuple[np.ndarray, None, str]:
+        return synthetic_image(seq, self.width, self.height), None, self.description
+
+
+def synthetic_image(seq: int, width: int, height: int) -> np.ndarray:
+    """The synthetic source's frame seq: uint8 [height, width, 3] BGR, a function of its args.
+
+    A diagonal gradient scrolls with seq, a white square crosses the frame, and seq is
+    written in the top-left corner.
+    """
+    y, x = np.mgrid[0:height, 0:width]
+    image = np.empty((height, width, 3), np.uint8)
+    image[..., 0] = (x + 3 * seq) % 256
+    image[..., 1] = (y + 2 * seq) % 256
+    image[..., 2] = ((x + y) // 2) % 256
+    side = max(4, min(width, height) // 6)
+    x0 = (seq * 5) % max(1, width - side)
+    y0 = (height - side) // 2
+    image[y0 : y0 + side, x0 : x0 + side] = 255
+    scale = max(0.4, height / 240)
+    cv2.putText(
+        image,
+        str(seq),
+        (4, int(24 * scale)),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        0.7 * scale,
+        (0, 0, 0),
+        max(1, int(2 * scale)),
+    )
+    return image
+
+
+def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
+    """The source object of spec (not opened yet); SourceError if a sample is not fetched."""
+    kind, target = spec._parsed
+    if kind == "file":
+        how, value = target
+        if how == "sample":
+            try:
+                path = assets.asset_path(value)
+            except assets.AssetError as exc:
+                raise spec._error(str(exc)) from None
+        else:
+            path = spec.base_dir / Path(value).expanduser()
+        return _FileSource(path)
+    if kind == "images":
+        return _ImageFolderSource(spec.base_dir / Path(target).expanduser())
+    if kind == "usb":
+        return _CaptureSource(target, f"usb:{target}")
+    if kind == "stream":
+        timeout_ms = int(spec.stall_timeout_s * 1000)
+        # A read that times out leaves FFmpeg's context dead, so the read timeout is the stall
+        # timeout itself: the stream is reopened exactly when it counts as stalled.
+        params = [
+            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+            timeout_ms,
+            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+            timeout_ms,
+        ]
+        return _CaptureSource(target, redact(target), params)
+    if kind == "zmq":
+        return _ZmqSource(target, stop)
+    return _SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
+
+
+class CameraReader:
+    """Reads one camera on its own thread and calls emit(frame) for every frame.
+
+    emit may block (the back-pressure of a `block` queue); it must return promptly once the
+    engine stops. health is one of HEALTH_STATES; stats() is a snapshot for metrics.
+    """
+
+    def __init__(self, spec: CameraSpec, emit: Callable[[Frame], None]) -> None:
+        self.spec = spec
+        self.emit = emit
+        self._stop = threading.Event()
+        self._source = make_source(spec, self._stop)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._state = "starting"
+        self._reading_since: float | None = None
+        self._grabs: collections.deque[float] = collections.deque()
+        self._counts = {
+            "frames": 0,
+            "reconnects": 0,
+            "bad_frames": 0,
+            "bad_messages": 0,
+            "size_changes": 0,
+            "emit_errors": 0,
+        }
+        self._last_grab_ns: int | None = None
+        self._frame_size: tuple[int, int] | None = None
+        self._last_error: str | None = None
+        self._seq = 0
+
+    def start(self) -> None:
+        """Start the reader thread (once)."""
+        if self._thread is not None:
+            raise SourceError(f"camera {self.spec.name!r}: reader already started")
+        self._thread = threading.Thread(
+            target=self._run, name=f"capture-{self.spec.name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> bool:
+        """Ask the thread to stop and join it for up to timeout s; True once it has ended.
+
+        A live stream blocked inside FFmpeg returns by its read timeout (stall_timeout_s) at
+        the latest; the thread is a daemon, so it never holds up the process.
+        """
+        self._stop.set()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning(
+                "camera %s: reader still inside a blocking read after %.1f s",
+                self.spec.name,
+                timeout,
+            )
+            return False
+        return True
+
+    @property
+    def health(self) -> str:
+        state = self._state
+        since = self._reading_since
+        if (
+            state == "online"
+            and since is not None
+            and time.monotonic() - since > self.spec.stall_timeout_s
+        ):
+            return "stale"
+        return state
+
+    def stats(self) -> dict:
+        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, fps,
+        last_grab_ns, frame_size [H, W], health, last_error, source."""
+        now = time.monotonic()
+        with self._lock:
+            grabs = [t for t in self._grabs if now - t <= FPS_WINDOW_S]
+        fps = 0.0
+        if len(grabs) >= 2 and grabs[-1] > grabs[0]:
+            fps = (len(grabs) - 1) / (grabs[-1] - grabs[0])
+        return {
+            **self._counts,
+            "fps": round(fps, 2),
+            "last_grab_ns": self._last_grab_ns,
+            "frame_size": list(self._frame_size) if self._frame_size else None,
+            "health": self.health,
+            "last_error": self._last_error,
+            "source": self._source.description,
+        }
+
+    def _fail(self, message: str) -> None:
+        self._last_error = message
+        log.warning("camera %s: %s", self.spec.name, message)
+
+    def _run(self) -> None:
+        attempt = 0
+        retry = False
+        try:
+            while not self._stop.is_set():
+                if retry:
+                    self._counts["reconnects"] += 1
+                    self._state = "reconnecting"
+                retry = True
+                outcome = "failed"
+                try:
+                    self._source.open()
+                except _SourceFailed as exc:
+                    self._fail(str(exc))
+                else:
+                    try:
+                        flowed, outcome = self._pump()
+                    finally:
+                        self._source.close()
+                    if self._stop.is_set():
+                        break
+                    if flowed:
+                        attempt = 0
+                        if outcome == "ended" and self.spec.loop and not self.spec.live:
+                            retry = False
+                            continue
+                if not self.spec.reconnects:
+                    break
+                # A stalled camera shows "stale" until the first reopen attempt begins.
+                self._state = "stale" if outcome == "stalled" else "reconnecting"
+                if self._stop.wait(self._backoff(attempt)):
+                    break
+                attempt += 1
+        except Exception as exc:
+            # A bug in one camera's reader ends that camera only, never the process.
+            log.exception("camera %s: reader failed", self.spec.name)
+            self._last_error = f"reader failed: {exc!r}"
+        finally:
+            self._source.close()
+            self._state = "ended"
+
+    def _backoff(self, attempt: int) -> float:
+        delay = min(self.spec.reconnect_max_s, self.spec.reconnect_min_s * 2.0 ** min(attempt, 30))
+        return max(self.spec.reconnect_min_s, delay * random.uniform(0.5, 1.0))
+
+    def _pump(self) -> tuple[bool, str]:
+        """Read until the source ends, fails or stop: (a frame was read, outcome), outcome
+        one of "stop", "ended" (end of file or folder, or a stream closed), "stalled" (a live
+        read that waited stall_timeout_s) or "failed"."""
+        spec = self.spec
+        rate = spec.fps or self._source.native_fps
+        paced = spec.realtime and not spec.live and rate is not None
+        period = 1.0 / rate if paced else 0.0
+        due = time.monotonic()
+        flowed = False
+        failed_reads = 0
+        while not self._stop.is_set():
+            if paced:
+                delay = due - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    break
+                due = max(due + period, time.monotonic() - period)
+            started = self._reading_since = time.monotonic()
+            try:
+                item = self._source.read(self._seq)
+            except _BadFrame as exc:
+                self._counts[exc.key] += 1
+                self._last_error = str(exc)
+                continue
+            except _SourceFailed as exc:
+                self._fail(str(exc))
+                return flowed, "failed"
+            finally:
+                self._reading_since = None
+            if item is None:
+                if self._stop.is_set():
+                    break
+                waited = time.monotonic() - started
+                if spec.live and waited >= 0.9 * spec.stall_timeout_s:
+                    self._fail(f"{self._source.description}: no frame for {waited:.1f} s (stalled)")
+                    return flowed, "stalled"
+                failed_reads += 1
+                if failed_reads < MAX_FAILED_READS:
+                    continue
+                if spec.live:
+                    self._fail(f"{self._source.description}: stream ended")
+                return flowed, "ended"
+            # Reads that failed between two good frames were frames FFmpeg could not decode.
+            self._counts["bad_frames"] += failed_reads
+            failed_reads = 0
+            grab_ns = now_ns()
+            image, capture_ns, description = item
+            capture_ns = grab_ns if capture_ns is None else capture_ns
+            self._note_grab(image, grab_ns)
+            frame = Frame(
+                camera=spec.name,
+                seq=self._seq,
+                capture_ts_ns=capture_ns,
+                deadline_ns=capture_ns + int(spec.staleness_ms * 1_000_000),
+                image=image,
+                source=description,
+            )
+            self._seq += 1
+            flowed = True
+            self._state = "online"
+            try:
+                self.emit(frame)
+            except Exception as exc:
+                # The engine's bug is counted and reported; the camera keeps reading.
+                self._counts["emit_errors"] += 1
+                self._last_error = f"emit failed: {exc!r}"
+                log.exception("camera %s: emit failed", spec.name)
+        return flowed, "stop"
+
+    def _note_grab(self, image: np.ndarray, grab_ns: int) -> None:
+        now = time.monotonic()
+        self._last_grab_ns = grab_ns
+        self._counts["frames"] += 1
+        size = image.shape[:2]
+        if self._frame_size is not None and size != self._frame_size:
+            self._counts["size_changes"] += 1
+            log.info("camera %s: frame size %s -> %s", self.spec.name, self._frame_size, size)
+        self._frame_size = size
+        with self._lock:
+            self._grabs.append(now)
+            while self._grabs and now - self._grabs[0] > FPS_WINDOW_S:
+                self._grabs.popleft()
