@@ -1,0 +1,172 @@
+"""Person boxes -> Sapiens2 input crops, as HF Sapiens2ImageProcessor's crop_and_resize.
+
+Each COCO box is padded by 1.25, widened or heightened to the crop's aspect, and sampled on
+an align-corners grid with torch.grid_sample semantics (zero padding; bilinear when the crop
+shrinks the region, bicubic with A = -0.75 when it grows it), then ImageNet-normalised.
+Reference: transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (spec sapiens2 §2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import NpucamError
+
+CROP_SIZE = (1024, 768)
+BOX_PADDING = 1.25
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BICUBIC_A = -0.75
+
+
+class CropError(NpucamError):
+    """A crop request with an unusable image or box."""
+
+
+def _check_image(image_rgb: np.ndarray) -> None:
+    if not isinstance(image_rgb, np.ndarray):
+        raise CropError(f"image_rgb must be a numpy array, got {type(image_rgb).__name__}")
+    if image_rgb.dtype != np.uint8:
+        raise CropError(f"image_rgb must be uint8, got dtype {image_rgb.dtype}")
+    if image_rgb.ndim != 3 or image_rgb.shape[2] != 3:
+        raise CropError(f"image_rgb must be [H, W, 3] RGB, got shape {image_rgb.shape}")
+    if image_rgb.shape[0] < 2 or image_rgb.shape[1] < 2:
+        raise CropError(f"image_rgb must be at least 2x2, got shape {image_rgb.shape}")
+
+
+def _check_boxes(boxes_xywh: np.ndarray | list) -> np.ndarray:
+    boxes = np.asarray(boxes_xywh, dtype=np.float64)
+    if boxes.ndim == 1 and boxes.shape == (4,):
+        boxes = boxes[None]
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise CropError(f"boxes_xywh must be [N, 4] (x, y, w, h), got shape {boxes.shape}")
+    if boxes.shape[0] == 0:
+        raise CropError("boxes_xywh is empty: at least one box is needed")
+    for i, box in enumerate(boxes):
+        if not np.all(np.isfinite(box)):
+            raise CropError(f"boxes_xywh[{i}] = {box.tolist()} is not finite")
+        if box[2] <= 0 or box[3] <= 0:
+            raise CropError(f"boxes_xywh[{i}] = {box.tolist()} has a non-positive width or height")
+    return boxes.astype(np.float32)
+
+
+def crop_windows(boxes_xywh: np.ndarray, output_size: tuple[int, int] = CROP_SIZE) -> np.ndarray:
+    """The sampled window of each box: float32 [N, 4] as (cx, cy, w, h) in image pixels.
+
+    boxes_xywh: float [N, 4] COCO boxes. Computed in float32 like HF's boxes_to_crop_params
+    (box_xywh_to_cxcywh, then padding and aspect correction), so crops and keypoints built
+    from these windows round exactly as HF's do.
+    """
+    boxes = _check_boxes(boxes_xywh)
+    out_h, out_w = output_size
+    x, y, w, h = boxes.T
+    half = np.float32(0.5)
+    cx = x + half * w
+    cy = y + half * h
+    sw = w * np.float32(BOX_PADDING)
+    sh = h * np.float32(BOX_PADDING)
+    aspect = np.float32(out_w / out_h)
+    wider = sw > sh * aspect
+    win_w = np.where(wider, sw, sh * aspect)
+    win_h = np.where(wider, sw / aspect, sh)
+    return np.stack([cx, cy, win_w, win_h], axis=1).astype(np.float32)
+
+
+def _source_coords(
+    center: np.float32, size: np.float32, n_out: int, n_in: int
+) -> tuple[np.ndarray, bool]:
+    """Image coordinates sampled along one axis, float32 [n_out], with HF's rounding.
+
+    HF builds the grid in float32 (j / scale + c - size/2), normalises it to [-1, 1] and
+    grid_sample un-normalises it ((g + 1) * (n_in - 1) / 2); repeating that round trip keeps
+    every sample point bit-identical. Also returns whether this axis shrinks (scale < 1).
+    """
+    # torch evaluates `int / tensor` as reciprocal(tensor) * int
+    scale = (np.float32(1.0) / size) * np.float32(n_out - 1)
+    grid = np.arange(n_out, dtype=np.float32) / scale + center - np.float32(0.5) * size
+    norm = np.float32(2.0) * grid / np.float32(n_in - 1) - np.float32(1.0)
+    coords = (norm + np.float32(1.0)) * np.float32((n_in - 1) / 2)
+    return coords.astype(np.float32), bool(scale < 1)
+
+
+def _cubic_weights(t: np.ndarray) -> np.ndarray:
+    """Keys cubic convolution weights (A = -0.75) for taps -1, 0, 1, 2: float32 [..., 4]."""
+    a = np.float32(BICUBIC_A)
+
+    def near(x: np.ndarray) -> np.ndarray:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    one = np.float32(1.0)
+    return np.stack([far(t + one), near(t), near(one - t), far(2 * one - t)], axis=-1)
+
+
+def _taps(coords: np.ndarray, n_in: int, bicubic: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Source indices and weights along one axis: int [n_out, T], float32 [n_out, T].
+
+    Taps outside the image get weight 0 (grid_sample's zero padding); their indices are
+    clamped so the gather stays in bounds.
+    """
+    base = np.floor(coords)
+    t = (coords - base).astype(np.float32)
+    base = base.astype(np.int64)
+    if bicubic:
+        idx = base[:, None] + np.arange(-1, 3)[None, :]
+        wts = _cubic_weights(t)
+    else:
+        idx = base[:, None] + np.arange(0, 2)[None, :]
+        wts = np.stack([np.float32(1.0) - t, t], axis=-1)
+    inside = (idx >= 0) & (idx < n_in)
+    return np.clip(idx, 0, n_in - 1), np.where(inside, wts, np.float32(0.0)).astype(np.float32)
+
+
+def crop_persons(
+    image_rgb: np.ndarray,
+    boxes_xywh: np.ndarray,
+    output_size: tuple[int, int] = CROP_SIZE,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Crop and normalise one Sapiens2 input per person box.
+
+    image_rgb: uint8 [H, W, 3] in RGB order (convert OpenCV's BGR frames first).
+    boxes_xywh: float [N, 4] COCO boxes (x, y, w, h) in image pixels.
+    output_size: (height, width) of the crops; 1024 x 768 for the released models.
+    Returns crops float32 [N, 3, out_h, out_w] = (v - 255 mean) / (255 std) of the sampled
+    values v (0..255 scale, bicubic may overshoot), and windows float32 [N, 4] as
+    (cx, cy, w, h) of the sampled region, for mapping keypoints back.
+
+    The grid is separable (x depends only on the column, y only on the row), so each crop
+    is one horizontal pass over the rows it touches and one vertical pass; both are exact
+    reformulations of grid_sample's per-pixel sum.
+    """
+    _check_image(image_rgb)
+    windows = crop_windows(boxes_xywh, output_size)
+    out_h, out_w = output_size
+    in_h, in_w = image_rgb.shape[:2]
+    mean255 = np.asarray(mean, dtype=np.float32) * np.float32(255.0)
+    std255 = np.asarray(std, dtype=np.float32) * np.float32(255.0)
+    crops = np.empty((len(windows), 3, out_h, out_w), dtype=np.float32)
+    for n, (cx, cy, win_w, win_h) in enumerate(windows):
+        xs, shrink_x = _source_coords(cx, win_w, out_w, in_w)
+        ys, shrink_y = _source_coords(cy, win_h, out_h, in_h)
+        bicubic = not (shrink_x or shrink_y)
+        x_idx, x_w = _taps(xs, in_w, bicubic)
+        y_idx, y_w = _taps(ys, in_h, bicubic)
+        rows, row_tap = np.unique(y_idx, return_inverse=True)
+        cols, col_tap = np.unique(x_idx, return_inverse=True)
+        row_tap = row_tap.reshape(y_idx.shape)
+        col_tap = col_tap.reshape(x_idx.shape)
+        # only the pixels some tap reads, channel-first: float32 [3, R, C]
+        src = image_rgb[rows[:, None], cols[None, :]].transpose(2, 0, 1).astype(np.float32)
+        horiz = src[:, :, col_tap[:, 0]] * x_w[:, 0]
+        for t in range(1, x_w.shape[1]):
+            horiz += src[:, :, col_tap[:, t]] * x_w[:, t]
+        vert = horiz[:, row_tap[:, 0], :] * y_w[:, 0, None]
+        for t in range(1, y_w.shape[1]):
+            vert += horiz[:, row_tap[:, t], :] * y_w[:, t, None]
+        np.subtract(vert, mean255[:, None, None], out=vert)
+        np.divide(vert, std255[:, None, None], out=crops[n])
+    return crops, windows
