@@ -110,41 +110,44 @@ class KernelSpec:
         return raw
 
 
+def kernel_key(record: Any) -> str:
+    """A kernel record's key: its first field unless that is a `k=v` field, else its tag."""
+    if record.fields and "=" not in record.fields[0]:
+        return record.fields[0]
+    return record.tag
+
+
 def kernel_spec(bundle: Any, record: Any) -> KernelSpec:
-    """The KernelSpec of a manifest record of `bundle` (npu.bundle.Bundle).
+    """The KernelSpec of a manifest record (npu.bundle.Record) of `bundle` (npu.bundle.Bundle).
 
     The context comes from `ctx=<xclbin key>` (an `xclbin` record) or from `xclbin=<path>`
     with `name=<kernel>` (default MLIR_AIE); the instruction stream from `insts=<path>`.
-    Paths resolve inside the bundle directory (the bundle refuses escapes).
+    Paths stay inside the bundle directory (the bundle refuses escapes with a BundleError).
     """
     where = f"manifest.txt:{record.line}"
-    fields = dict(record.map)
-    key = record.fields[0] if record.fields else record.tag
-    if "ctx" in fields:
-        xclbin_rec = bundle.xclbin(fields["ctx"])
-        xclbin, kernel_name = bundle.resolve(xclbin_rec.path), xclbin_rec.kernel
-    elif "xclbin" in fields:
-        xclbin, kernel_name = bundle.resolve(fields["xclbin"]), fields.get("name", "MLIR_AIE")
+    key = kernel_key(record)
+    if record.has("ctx"):
+        xclbin_rec = bundle.xclbin(record.value("ctx"))
+        xclbin, kernel_name = xclbin_rec.path, xclbin_rec.kernel
+    elif record.has("xclbin"):
+        xclbin = record.path("xclbin")
+        kernel_name = record.value("name") if record.has("name") else "MLIR_AIE"
     else:
-        raise DeviceError(f"{where}: kernel record {key} has neither `ctx=` nor `xclbin=`")
-    if "insts" not in fields:
-        raise DeviceError(f"{where}: `insts=` missing")
-    insts_path = bundle.resolve(fields["insts"])
+        raise record.error(f"kernel record {key} has neither `ctx=` nor `xclbin=`")
+    insts_path = record.path("insts")
     try:
         insts = insts_path.read_bytes()
     except OSError as exc:
         raise DeviceError(f"{insts_path}: {exc.strerror or exc}") from None
     if len(insts) % 4 or not insts:
-        raise DeviceError(
-            f"{insts_path}: an instruction stream is whole u32 words, got {len(insts)} bytes"
-        )
+        raise DeviceError(f"{insts_path}: not whole u32 words ({len(insts)} bytes)")
     return KernelSpec(
         key=key,
-        kind=fields.get("kind", record.tag),
+        kind=record.kv.get("kind", record.tag),
         xclbin=xclbin,
         kernel_name=kernel_name,
         insts=insts,
-        fields=fields,
+        fields=dict(record.kv),
         source=where,
     )
 

@@ -7,14 +7,18 @@ Every ops object names its backend so results can say which one produced them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from npu.bf16 import bf16_to_f32, f32_to_bf16
+from npu.device import Buffer, Device, Kernel, KernelSpec, kernel_key, kernel_spec
 from pipeline.errors import NpucamError
 
 EPILOGUES = ("none", "silu", "gelu", "swiglu")
+LOG2E = 1.4426950408889634
 
 
 class OpsError(NpucamError):
@@ -139,3 +143,212 @@ class NumpyOps:
         if q.ndim != 3 or k.shape != v.shape or q.shape[0] != k.shape[0]:
             raise OpsError(f"mha {key!r}: q {q.shape}, k {k.shape}, v {v.shape}")
         return attention(q, k, v, scale, causal)
+
+
+# -- the device backend (npu or sim) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceGemm:
+    """A GEMM kernel and its B as the bundle stores it.
+
+    b: uint8 bytes, bfp16ebs8-packed [K, N] in the record's tile order, followed by bias bf16
+    [N] when the record says bias=1 (docs/device.md); uploaded once.
+    """
+
+    spec: KernelSpec
+    b: np.ndarray
+
+
+@dataclass
+class _RowBuffers:
+    """A GEMM's padded A / C roots and the M-row chunk sub-buffers cut from them."""
+
+    rows: int
+    a: Buffer
+    c: Buffer
+    chunks: list[tuple[Buffer, Buffer]]
+
+
+class DeviceOps:
+    """The op interface on a device (npu.xrt.XrtDevice or npu.sim.SimDevice).
+
+    gemm(key, a) rounds A to bf16, pads the rows to a multiple of the kernel's M, runs the
+    kernel once per M-row chunk over sub-buffers of one A and one C buffer, and returns the
+    bf16 C as float32. mha(key, q, k, v) writes bf16 Q/K/V padded to the record's seq_pad and
+    returns the bf16 O as float32 [heads, S, d]. backend is the device's ("npu" or "sim").
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        gemms: Mapping[str, DeviceGemm] | None = None,
+        mhas: Mapping[str, KernelSpec] | None = None,
+    ) -> None:
+        self.device = device
+        self.backend = device.backend
+        self._gemms: dict[str, tuple[Kernel, Buffer, KernelSpec]] = {}
+        self._rows: dict[str, _RowBuffers] = {}
+        self._mhas: dict[str, tuple[Kernel, list[Buffer], KernelSpec]] = {}
+        for key, g in (gemms or {}).items():
+            self._bind_gemm(key, g)
+        for key, spec in (mhas or {}).items():
+            self._bind_mha(key, spec)
+
+    @classmethod
+    def from_bundle(
+        cls,
+        device: Device,
+        bundle: Any,
+        gemms: Mapping[str, str] | None = None,
+        mhas: Mapping[str, str] | None = None,
+    ) -> DeviceOps:
+        """Bind GEMMs {record key: B tensor name} and MHAs {op key: record key} of a bundle
+        (npu.bundle.Bundle); records are found by their first field (or tag)."""
+        records = {kernel_key(r): r for r in bundle.records}
+
+        def record(key: str) -> Any:
+            if key not in records:
+                raise OpsError(f"{bundle.root}/manifest.txt: no kernel record {key}")
+            return records[key]
+
+        return cls(
+            device,
+            gemms={
+                k: DeviceGemm(kernel_spec(bundle, record(k)), np.asarray(bundle.view(t, "u8")))
+                for k, t in (gemms or {}).items()
+            },
+            mhas={k: kernel_spec(bundle, record(r)) for k, r in (mhas or {}).items()},
+        )
+
+    def _bind_gemm(self, key: str, g: DeviceGemm) -> None:
+        spec = g.spec
+        k = spec.get_int("K")
+        if spec.get_int("lda", k) != k or "c_stride" in spec.fields:
+            raise OpsError(f"{spec.where()}: DeviceOps runs dense GEMMs (lda=K, no c_stride)")
+        b = np.ascontiguousarray(g.b).reshape(-1).view(np.uint8)
+        kernel = self.device.load(spec)
+        buf = self.device.alloc(b.nbytes)
+        buf.write(b)
+        self.device.to_device(buf)
+        self._gemms[key] = (kernel, buf, spec)
+
+    def _bind_mha(self, key: str, spec: KernelSpec) -> None:
+        heads, d = spec.get_int("heads"), spec.get_int("d")
+        kv = spec.get_int("kv_heads", heads)
+        seq_pad = spec.get_int("seq_pad", spec.get_int("seq"))
+        kernel = self.device.load(spec)
+        sizes = [heads, kv, kv, heads]
+        bufs = [self.device.alloc(h * seq_pad * d * 2) for h in sizes]
+        self._mhas[key] = (kernel, bufs, spec)
+
+    def _row_buffers(self, key: str, spec: KernelSpec, rows: int) -> _RowBuffers:
+        m, k = spec.get_int("M"), spec.get_int("K")
+        n_out = spec.get_int("N") // (2 if spec.get_str("epilogue", "none") == "swiglu" else 1)
+        padded = -(-rows // m) * m
+        have = self._rows.get(key)
+        if have is not None and have.rows >= padded:
+            return have
+        if have is not None:
+            self.device.free(have.a)
+            self.device.free(have.c)
+        a, c = self.device.alloc(padded * k * 2), self.device.alloc(padded * n_out * 2)
+        chunks = [
+            (
+                self.device.sub(a, i * m * k * 2, m * k * 2),
+                self.device.sub(c, i * m * n_out * 2, m * n_out * 2),
+            )
+            for i in range(padded // m)
+        ]
+        self._rows[key] = _RowBuffers(padded, a, c, chunks)
+        return self._rows[key]
+
+    def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
+        try:
+            kernel, b_buf, spec = self._gemms[key]
+        except KeyError:
+            raise OpsError(f"gemm {key!r} is not bound on the {self.backend} backend") from None
+        m, k = spec.get_int("M"), spec.get_int("K")
+        if a.ndim != 2 or a.shape[1] != k or a.shape[0] == 0:
+            raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {k}]")
+        rows = a.shape[0]
+        rb = self._row_buffers(key, spec, rows)
+        n_chunks = -(-rows // m)
+        a_host = rb.a.array(np.uint16, (rb.rows, k))
+        a_host[:rows] = f32_to_bf16(a)
+        a_host[rows : n_chunks * m] = 0
+        for a_sub, _ in rb.chunks[:n_chunks]:
+            self.device.to_device(a_sub)
+        for a_sub, c_sub in rb.chunks[:n_chunks]:
+            self.device.run(kernel, [a_sub, b_buf, c_sub])
+        for _, c_sub in rb.chunks[:n_chunks]:
+            self.device.from_device(c_sub)
+        n_out = rb.c.nbytes // 2 // rb.rows
+        return bf16_to_f32(rb.c.array(np.uint16, (rb.rows, n_out))[:rows])
+
+    def mha(
+        self,
+        key: str,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        *,
+        scale: float,
+        causal: bool = False,
+    ) -> np.ndarray:
+        try:
+            kernel, bufs, spec = self._mhas[key]
+        except KeyError:
+            raise OpsError(f"mha {key!r} is not bound on the {self.backend} backend") from None
+        heads, d = spec.get_int("heads"), spec.get_int("d")
+        kv = spec.get_int("kv_heads", heads)
+        seq = spec.get_int("seq")
+        seq_pad = spec.get_int("seq_pad", seq)
+        s = q.shape[1] if q.ndim == 3 else -1
+        if q.shape != (heads, s, d) or k.shape != (kv, s, d) or v.shape != k.shape:
+            raise OpsError(
+                f"mha {key!r}: q {q.shape}, k {k.shape}, v {v.shape}; the kernel takes "
+                f"q [{heads}, S, {d}] and k, v [{kv}, S, {d}]"
+            )
+        if s != seq and not ("seq_word" in spec.fields and 0 < s <= seq_pad):
+            raise OpsError(f"mha {key!r}: S={s}, the kernel was compiled for seq={seq}")
+        if causal != spec.get_flag("causal"):
+            raise OpsError(f"mha {key!r}: causal={causal}, the kernel has causal={int(not causal)}")
+        qscale = spec.get_str("qscale", "host")
+        if qscale == "host":
+            q = q * np.float32(scale * LOG2E)
+        elif not np.isclose(scale, float(qscale), rtol=1e-6, atol=0.0):
+            raise OpsError(f"mha {key!r}: scale={scale}, the kernel applies qscale={qscale}")
+        if "seq_word" in spec.fields:
+            kernel.set_insts_words([(spec.get_int("seq_word"), s)])
+        token_major = spec.get_flag("token_major")
+        for buf, x, h in zip(bufs[:3], (q, k, v), (heads, kv, kv), strict=True):
+            padded = np.zeros((h, seq_pad, d), np.uint16)
+            padded[:, :s] = f32_to_bf16(x)
+            if token_major:
+                padded = padded.transpose(1, 0, 2)
+            buf.write(padded)
+            self.device.to_device(buf)
+        self.device.run(kernel, bufs)
+        self.device.from_device(bufs[3])
+        o = bufs[3].array(np.uint16)
+        o = (
+            o.reshape(seq_pad, heads, d).transpose(1, 0, 2)
+            if token_major
+            else o.reshape(heads, seq_pad, d)
+        )
+        return bf16_to_f32(o[:, :s])
+
+    def close(self) -> None:
+        """Free this ops object's kernels and buffers (the device stays open)."""
+        for kernel, buf, _ in self._gemms.values():
+            self.device.free(buf)
+            self.device.free_kernel(kernel)
+        for rb in self._rows.values():
+            self.device.free(rb.a)
+            self.device.free(rb.c)
+        for kernel, bufs, _ in self._mhas.values():
+            for buf in bufs:
+                self.device.free(buf)
+            self.device.free_kernel(kernel)
+        self._gemms, self._rows, self._mhas = {}, {}, {}

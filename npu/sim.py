@@ -1,0 +1,770 @@
+"""A simulated NPU: the XRT device's interface, executing bundle kernels in numpy.
+
+Since an xclbin cannot be executed, the simulator reads what a kernel computes from its
+manifest record (kind, shapes, tiling, epilogue: docs/device.md) and runs that in numpy
+with the NPU's number formats (bf16 operands, bfp16ebs8 GEMM weights, bf16 results). It
+models device time (per dispatch from FLOPs and bytes, context creation and switches) and
+the machine-wide 16-context limit through a lock-file registry every process shares.
+Simulated times are labelled "sim" and are never hardware measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from npu.bf16 import bf16_to_f32, bfp16_packed_size, f32_to_bf16, pack_bfp16, unpack_bfp16
+from npu.device import (
+    ERT_CMD_STATE_COMPLETED,
+    ERT_CMD_STATE_ERROR,
+    ERT_CMD_STATE_TIMEOUT,
+    Buffer,
+    ContextCache,
+    DeviceError,
+    DeviceStats,
+    KernelSpec,
+    KernelTiming,
+    check_insts_words,
+    check_sub_range,
+    ctx_cache_cap,
+    timing_enabled,
+)
+from npu.ops import LOG2E, gelu, silu
+
+if TYPE_CHECKING:
+    from npu.bundle_writer import BundleWriter
+
+HWCTX_LIMIT = 16  # NPU2's per-device hardware-context limit, shared by every process
+REGISTRY_ENV = "NPUCAM_SIM_HWCTX_DIR"
+# IRON's CT_MAX_K_FOR_N (the common commit): the ct_k a GEMM record without one was built with.
+CT_MAX_K_FOR_N = {16: 16, 32: 32, 64: 128, 128: 32}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Simulated device time. A dispatch costs
+    `dispatch_s + max(flops / flops_per_s[kind], bytes / bytes_per_s)` (a roofline);
+    creating a context costs `ctx_create_s`; a dispatch whose context differs from the
+    previous dispatch's costs `ctx_switch_s` more (the incoming design reconfigures tiles).
+
+    Defaults are effective NPU2 rates derived from upstream's published timings, not peaks:
+    GEMM 1.6 TFLOP/s (CLIP's vision fc1, 443 GFLOP in 0.27 s on a Ryzen AI 9 HX 370), MHA
+    1.2 TFLOP/s (Sapiens2-0.4b's 24 x 16-head 3081-token attention in ~0.8 s), 60 GB/s of
+    DRAM bandwidth, 2.9 ms per switch (the shim's 8-column GEMM figure). ctx_create_s (30 ms)
+    and dispatch_s (50 us) are assumptions: no upstream number exists.
+    """
+
+    flops_per_s: tuple[tuple[str, float], ...] = (("gemm", 1.6e12), ("mha", 1.2e12))
+    default_flops_per_s: float = 1.0e12
+    bytes_per_s: float = 60e9
+    dispatch_s: float = 50e-6
+    ctx_create_s: float = 30e-3
+    ctx_switch_s: float = 2.9e-3
+
+    def rate(self, kind: str) -> float:
+        return dict(self.flops_per_s).get(kind, self.default_flops_per_s)
+
+    def dispatch(self, kind: str, flops: int, nbytes: int) -> float:
+        """Simulated seconds of one dispatch (no context switch)."""
+        return self.dispatch_s + max(flops / self.rate(kind), nbytes / self.bytes_per_s)
+
+
+@dataclass
+class SimFaults:
+    """Fault injection. error_kernels: kernel keys whose runs end in ERT_CMD_STATE_ERROR;
+    hang_kernels: keys whose runs hang until the watchdog (ERT_CMD_STATE_TIMEOUT after
+    watchdog_s of device time); context_failures: the next n context creations fail as
+    CREATE_HWCTX does."""
+
+    error_kernels: set[str] = field(default_factory=set)
+    hang_kernels: set[str] = field(default_factory=set)
+    context_failures: int = 0
+    watchdog_s: float = 10.0  # the direct path's give-up time
+
+
+@dataclass
+class SimKernelTime:
+    """Per-kernel simulated counters (sim seconds, not hardware measurements)."""
+
+    dispatches: int = 0
+    device_s: float = 0.0
+    flops: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class SimTime:
+    """Simulated device time ("sim"): device_time_s = dispatches + creations + switches."""
+
+    device_time_s: float = 0.0
+    dispatch_s: float = 0.0
+    ctx_create_s: float = 0.0
+    ctx_switch_s: float = 0.0
+    creations: int = 0
+    switches: int = 0
+    kernels: dict[str, SimKernelTime] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return (
+            f"[sim] device_time={self.device_time_s:.6f}s (simulated: dispatch="
+            f"{self.dispatch_s:.6f}s create={self.ctx_create_s:.6f}s x{self.creations}"
+            f" switch={self.ctx_switch_s:.6f}s x{self.switches})"
+        )
+
+
+# -- the machine-wide context registry -------------------------------------------------
+
+
+def default_registry_dir() -> Path:
+    """`$NPUCAM_SIM_HWCTX_DIR`, else <tmp>/npucam-sim-hwctx-<uid>: one per user and machine."""
+    env = os.environ.get(REGISTRY_ENV)
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / f"npucam-sim-hwctx-{os.getuid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ContextRegistry:
+    """The simulated driver's hwctx table: one file `<pid>-<n>.ctx` per held context in a
+    directory every process shares, guarded by flock on `.lock`; files of dead PIDs are
+    pruned (os.kill(pid, 0)) before counting against the limit."""
+
+    _serial = itertools.count(1)
+
+    def __init__(self, directory: Path, limit: int = HWCTX_LIMIT) -> None:
+        self.dir = Path(directory)
+        self.limit = limit
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with (self.dir / ".lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _prune(self) -> list[Path]:
+        held = []
+        for p in self.dir.glob("*.ctx"):
+            try:
+                pid = int(p.name.split("-", 1)[0])
+            except ValueError:
+                continue
+            if _alive(pid):
+                held.append(p)
+            else:
+                p.unlink(missing_ok=True)
+        return held
+
+    def held(self) -> list[tuple[int, str]]:
+        """(pid, context label) of every live context on the machine."""
+        with self._locked():
+            out = []
+            for p in self._prune():
+                with contextlib.suppress(OSError):
+                    out.append((int(p.name.split("-", 1)[0]), p.read_text()))
+            return out
+
+    def acquire(self, label: str) -> Path:
+        """Take a slot, or raise RuntimeError as the driver's CREATE_HWCTX ioctl fails."""
+        with self._locked():
+            held = self._prune()
+            if len(held) >= self.limit:
+                raise RuntimeError(
+                    f"DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-16): Device or resource "
+                    f"busy (sim: {len(held)} of {self.limit} contexts held machine-wide)"
+                )
+            slot = self.dir / f"{os.getpid()}-{next(self._serial)}-{id(self):x}.ctx"
+            slot.write_text(label)
+            return slot
+
+    def release(self, slot: Path) -> None:
+        with self._locked():
+            slot.unlink(missing_ok=True)
+
+
+# -- kernel kinds ------------------------------------------------------------------------
+
+
+class SimKernelModel(Protocol):
+    """What the simulator knows of one kernel record: operand sizes, work, and semantics."""
+
+    arg_bytes: tuple[int, ...]  # the bytes each argument buffer must hold at least
+    flops: int
+
+    def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
+        """Compute the outputs into the argument buffers; insts: the (patched) u32 words."""
+        ...
+
+
+SIM_KERNELS: dict[str, Callable[[KernelSpec], SimKernelModel]] = {}
+
+
+def sim_kernel(kind: str) -> Callable:
+    """Register a kernel kind (a record tag, or a record's `kind=` field) with the simulator."""
+
+    def register(factory: Callable[[KernelSpec], SimKernelModel]) -> Callable:
+        SIM_KERNELS[kind] = factory
+        return factory
+
+    return register
+
+
+def _bf16_matrix(buf: Buffer, rows: int, cols: int, stride: int) -> np.ndarray:
+    """A bf16 [rows, cols] view at row stride `stride` elements (stride < cols overlaps)."""
+    u16 = buf.host[: buf.nbytes - buf.nbytes % 2].view(np.uint16)
+    return np.lib.stride_tricks.as_strided(u16, (rows, cols), (stride * 2, 2), writeable=False)
+
+
+def gemm_tiles(spec: KernelSpec, k: int) -> tuple[int, int, int]:
+    """(tile_n, tile_k, ct_k) of a GEMM record; IRON's defaults where a field is absent:
+    tile_n 128 when K == 512 else 64, tile_k 512, ct_k CT_MAX_K_FOR_N[tile_n]."""
+    tile_n = spec.get_int("tile_n", 128 if k == 512 else 64)
+    tile_k = spec.get_int("tile_k", 512)
+    if "ct_k" not in spec.fields and tile_n not in CT_MAX_K_FOR_N:
+        raise DeviceError(f"{spec.where()}: `ct_k=` missing and tile_n={tile_n} has no default")
+    return tile_n, tile_k, spec.get_int("ct_k", CT_MAX_K_FOR_N.get(tile_n, 0))
+
+
+def pack_gemm_b(
+    w: np.ndarray, bias: np.ndarray | None, tile_n: int, tile_k: int, ct_k: int
+) -> np.ndarray:
+    """The sim's GEMM B buffer: pack_bfp16(w) then, with a bias, N bf16 bias values.
+
+    w: float32 [K, N]; bias: float32 [N] or None. Returns uint8 [K*N/8*9 (+ 2N)].
+    """
+    packed = pack_bfp16(w, tile_n, tile_k, ct_k)
+    if bias is None:
+        return packed
+    return np.concatenate([packed, f32_to_bf16(np.asarray(bias, np.float32)).view(np.uint8)])
+
+
+@sim_kernel("gemm")
+class SimGemm:
+    """flm.GEMM: C[M, N'] = epilogue(A[M, K] @ B[K, N] + bias), args (A, B, C).
+
+    A bf16 at row stride `lda` (default K); B pack_gemm_b's layout (bfp16ebs8 in the order
+    of the record's tile_n / tile_k / ct_k, then bias bf16 [N] when bias=1); C bf16 at row
+    stride `c_stride` (default N'). epilogue none|silu|gelu|swiglu; swiglu returns
+    silu(g) * u of the column halves g | u, so N' = N/2. Accumulation in f32, C rounded to
+    bf16 (conv_even), as flm.GEMM's default rounding.
+    """
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        m, k, n = spec.get_int("M"), spec.get_int("K"), spec.get_int("N")
+        self.m, self.k, self.n = m, k, n
+        self.tiles = gemm_tiles(spec, k)
+        tile_n = self.tiles[0]
+        for ok, what in (
+            (m > 0 and m % 256 == 0, f"M={m} is not a multiple of 256"),
+            (k > 0 and k % 512 == 0, f"K={k} is not a multiple of 512"),
+            (n > 0 and n % tile_n == 0, f"N={n} is not a multiple of tile_n={tile_n}"),
+        ):
+            if not ok:
+                raise DeviceError(f"{spec.where()}: flm.GEMM needs {what}")
+        self.epilogue = spec.get_str("epilogue", "none")
+        if self.epilogue not in ("none", "silu", "gelu", "swiglu"):
+            raise DeviceError(
+                f"{spec.where()}: `epilogue={self.epilogue}` is not none|silu|gelu|swiglu"
+            )
+        self.n_out = n // 2 if self.epilogue == "swiglu" else n
+        self.bias = spec.get_flag("bias")
+        self.lda = spec.get_int("lda", k)
+        self.c_stride = spec.get_int("c_stride", self.n_out)
+        self.packed = bfp16_packed_size(k, n)
+        self.b_bytes = self.packed + (2 * n if self.bias else 0)
+        if "b_bytes" in spec.fields and spec.get_int("b_bytes") != self.b_bytes:
+            raise DeviceError(
+                f"{spec.where()}: b_bytes={spec.fields['b_bytes']}, but a [{k}, {n}] B"
+                f"{' with bias' if self.bias else ''} is {self.b_bytes} bytes"
+            )
+        a_bytes = ((m - 1) * self.lda + k) * 2
+        c_bytes = ((m - 1) * self.c_stride + self.n_out) * 2
+        self.arg_bytes = (a_bytes, self.b_bytes, c_bytes)
+        self.flops = 2 * m * k * n
+        self._weights: tuple[tuple[int, int], np.ndarray, np.ndarray | None] | None = None
+
+    def weights(self, b: Buffer) -> tuple[np.ndarray, np.ndarray | None]:
+        """B unpacked to float32 [K, N] (+ bias [N]); cached until B is synced again."""
+        tag = (b.id, b.root.version)  # type: ignore[attr-defined]
+        if self._weights is None or self._weights[0] != tag:
+            w = unpack_bfp16(b.host[: self.packed], self.k, self.n, *self.tiles)
+            bias = None
+            if self.bias:
+                bias = bf16_to_f32(b.host[self.packed : self.b_bytes].view(np.uint16))
+            self._weights = (tag, w, bias)
+        return self._weights[1], self._weights[2]
+
+    def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
+        a = bf16_to_f32(_bf16_matrix(args[0], self.m, self.k, self.lda))
+        w, bias = self.weights(args[1])
+        c = a @ w
+        if bias is not None:
+            c += bias
+        if self.epilogue == "silu":
+            c = silu(c)
+        elif self.epilogue == "gelu":
+            c = gelu(c)
+        elif self.epilogue == "swiglu":
+            c = silu(c[:, : self.n_out]) * c[:, self.n_out :]
+        out = args[2].host[: args[2].nbytes - args[2].nbytes % 2].view(np.uint16)
+        rows = np.lib.stride_tricks.as_strided(
+            out, (self.m, self.n_out), (self.c_stride * 2, 2), writeable=True
+        )
+        rows[...] = f32_to_bf16(c)
+
+
+@sim_kernel("mha")
+class SimMha:
+    """IRON MHA: O = softmax(Q Kᵀ) V per head, args (Q, K, V, O), all bf16.
+
+    Record fields: heads, kv_heads (default heads; query head h reads kv head
+    h // (heads / kv_heads)), d, seq (valid keys), seq_pad (default seq; the compiled
+    length of every operand), causal (0|1), token_major (0|1: operands are [seq_pad, heads,
+    d] instead of [heads, seq_pad, d]), qscale (`host`, the default: the host prescaled Q by
+    scale·log2(e) and the kernel uses exp2, as Sapiens2's staging; or a number: the kernel
+    multiplies the scores by it and uses exp), seq_word (optional: the instruction word that
+    holds the valid key count; a patch of it changes `seq` at run time). Keys at or past the
+    valid count are masked; scores and softmax in f32, O rounded to bf16.
+    """
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        self.heads = spec.get_int("heads")
+        self.kv_heads = spec.get_int("kv_heads", self.heads)
+        self.d = spec.get_int("d")
+        self.seq = spec.get_int("seq")
+        self.seq_pad = spec.get_int("seq_pad", self.seq)
+        self.causal = spec.get_flag("causal")
+        self.token_major = spec.get_flag("token_major")
+        raw = spec.get_str("qscale", "host")
+        try:
+            self.qscale = None if raw == "host" else float(raw)
+        except ValueError:
+            raise DeviceError(
+                f"{spec.where()}: `qscale={raw}` is neither host nor a number"
+            ) from None
+        self.seq_word = spec.get_int("seq_word") if "seq_word" in spec.fields else None
+        if self.seq_word is not None and (self.seq_word + 1) * 4 > len(spec.insts):
+            raise DeviceError(f"{spec.where()}: seq_word={self.seq_word} is past the stream")
+        for ok, what in (
+            (self.heads > 0 and self.d > 0 and self.seq > 0, "heads, d and seq must be > 0"),
+            (self.kv_heads > 0 and self.heads % self.kv_heads == 0, "heads % kv_heads != 0"),
+            (self.seq <= self.seq_pad, f"seq={self.seq} > seq_pad={self.seq_pad}"),
+        ):
+            if not ok:
+                raise DeviceError(f"{spec.where()}: {what}")
+        q_bytes = self.heads * self.seq_pad * self.d * 2
+        kv_bytes = self.kv_heads * self.seq_pad * self.d * 2
+        self.arg_bytes = (q_bytes, kv_bytes, kv_bytes, q_bytes)
+        self.flops = 4 * self.heads * self.seq_pad * self.seq_pad * self.d
+
+    def _operand(self, buf: Buffer, heads: int) -> np.ndarray:
+        n = heads * self.seq_pad * self.d
+        u16 = buf.host[: 2 * n].view(np.uint16)
+        if self.token_major:
+            return bf16_to_f32(u16.reshape(self.seq_pad, heads, self.d)).transpose(1, 0, 2)
+        return bf16_to_f32(u16.reshape(heads, self.seq_pad, self.d))
+
+    def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
+        valid = self.seq if self.seq_word is None else int(insts[self.seq_word])
+        if not 0 < valid <= self.seq_pad:
+            raise DeviceError(f"{self.spec.key}: valid key count {valid} outside 1..{self.seq_pad}")
+        q = self._operand(args[0], self.heads)
+        rep = self.heads // self.kv_heads
+        k = np.repeat(self._operand(args[1], self.kv_heads), rep, axis=0)
+        v = np.repeat(self._operand(args[2], self.kv_heads), rep, axis=0)
+        s = np.matmul(q, k.transpose(0, 2, 1))
+        if self.qscale is not None:
+            s *= np.float32(self.qscale * LOG2E)
+        keep = np.arange(self.seq_pad)[None, :] < valid
+        if self.causal:
+            keep = keep & np.tril(np.ones((self.seq_pad, self.seq_pad), dtype=bool))
+        s = np.where(keep, s, -np.inf)
+        p = np.exp2(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        o = f32_to_bf16(np.matmul(p, v).astype(np.float32))
+        if self.token_major:
+            o = o.transpose(1, 0, 2)
+        args[3].host[: o.nbytes] = np.ascontiguousarray(o).reshape(-1).view(np.uint8)
+
+
+# -- the device --------------------------------------------------------------------------
+
+
+class SimBuffer(Buffer):
+    """A host buffer standing in for a host_only BO; `version` counts syncs to the device."""
+
+    def __init__(self, host: np.ndarray, root: Buffer | None = None, offset: int = 0) -> None:
+        super().__init__(host, root, offset)
+        self.version = 0
+
+
+@dataclass
+class SimKernel:
+    """A loaded simulated kernel; `words` (the patched stream) exists while it is resident."""
+
+    device: SimDevice
+    spec: KernelSpec
+    model: SimKernelModel
+    patches: dict[int, int] = field(default_factory=dict)
+    timing: KernelTiming = field(default_factory=KernelTiming)
+    words: np.ndarray | None = None
+    pending: int = 0
+    freed: bool = False
+
+    def set_insts_words(self, words: Iterable[tuple[int, int]]) -> None:
+        self.device.set_insts_words(self, words)
+
+
+class SimLaunch:
+    """A simulated run: computed at start; wait() checks the state (and sleeps if asked)."""
+
+    def __init__(self, kernel: SimKernel, state: int, ready_at: float, t0: float) -> None:
+        self.kernel, self.state, self.ready_at, self.t0 = kernel, state, ready_at, t0
+        self._waited = False
+
+    def wait(self) -> float:
+        self.kernel.device._finish(self)
+        if self.state != ERT_CMD_STATE_COMPLETED:
+            raise DeviceError(f"kernel finished in state {self.state}")
+        return time.perf_counter() - self.t0
+
+
+class SimDevice:
+    """The simulated NPU (backend "sim"). Same interface as npu.xrt.XrtDevice.
+
+    cost: the CostModel; sleep: also sleep the modelled time (the device serialises
+    dispatches, so wait() returns when a real NPU would); registry_dir / hwctx_limit: the
+    machine-wide context table (default $NPUCAM_SIM_HWCTX_DIR or a per-user temp dir, 16);
+    faults: SimFaults for reliability tests.
+    """
+
+    backend = "sim"
+
+    def __init__(
+        self,
+        cost: CostModel | None = None,
+        *,
+        sleep: bool = False,
+        registry_dir: Path | str | None = None,
+        hwctx_limit: int = HWCTX_LIMIT,
+        faults: SimFaults | None = None,
+    ) -> None:
+        self.cost = cost or CostModel()
+        self.sleep = sleep
+        self.faults = faults or SimFaults()
+        self.registry = ContextRegistry(
+            Path(registry_dir) if registry_dir is not None else default_registry_dir(), hwctx_limit
+        )
+        self.stats = DeviceStats()
+        self.sim = SimTime()
+        self._timing = timing_enabled()
+        self._lock = threading.RLock()
+        self._users: dict[str, list[SimKernel]] = {}
+        self._contexts = ContextCache(
+            ctx_cache_cap(), self._create_context, self._release_context, self.stats
+        )
+        self._buffers: dict[int, SimBuffer] = {}
+        self._last_context: str | None = None
+        self._busy_until = 0.0
+        self.closed = False
+
+    # contexts and kernels
+
+    def _create_context(self, key: str) -> Path:
+        if self.faults.context_failures > 0:
+            self.faults.context_failures -= 1
+            raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (sim fault)")
+        slot = self.registry.acquire(key.replace("\n", " "))
+        self.sim.creations += 1
+        self.sim.ctx_create_s += self.cost.ctx_create_s
+        self.sim.device_time_s += self.cost.ctx_create_s
+        return slot
+
+    def _release_context(self, key: str, slot: Path) -> None:
+        for kernel in self._users.get(key, []):
+            kernel.words = None
+        if self._last_context == key:
+            self._last_context = None
+        self.registry.release(slot)
+
+    def _resident(self, kernel: SimKernel) -> None:
+        self._contexts.acquire(kernel.spec.context_key)
+        if kernel.words is None:
+            words = np.frombuffer(kernel.spec.insts, np.uint32).copy()
+            for i, v in kernel.patches.items():
+                words[i] = v
+            kernel.words = words
+
+    def load(self, spec: KernelSpec) -> SimKernel:
+        with self._lock:
+            self._check_open()
+            factory = SIM_KERNELS.get(spec.kind)
+            if factory is None:
+                raise DeviceError(
+                    f"{spec.where()}: the simulator has no kernel kind {spec.kind!r}"
+                    f" (it knows {', '.join(sorted(SIM_KERNELS))})"
+                )
+            if len(spec.insts) % 4 or not spec.insts:
+                raise DeviceError(f"{spec.where()}: the instruction stream is not whole u32 words")
+            kernel = SimKernel(self, spec, factory(spec))
+            self.stats.kernels[spec.key] = kernel.timing
+            self.sim.kernels[spec.key] = SimKernelTime()
+            self._users.setdefault(spec.context_key, []).append(kernel)
+            try:
+                self._resident(kernel)
+            except BaseException:
+                self._forget(kernel)
+                raise
+            return kernel
+
+    def _forget(self, kernel: SimKernel) -> None:
+        key = kernel.spec.context_key
+        users = self._users.get(key, [])
+        if kernel in users:
+            users.remove(kernel)
+        if not users:
+            self._users.pop(key, None)
+            self._contexts.drop(key)
+
+    def free_kernel(self, kernel: SimKernel) -> None:
+        with self._lock:
+            if not kernel.freed:
+                kernel.freed = True
+                kernel.words = None
+                self._forget(kernel)
+
+    def resident_contexts(self) -> list[str]:
+        return self._contexts.keys()
+
+    def set_insts_words(self, kernel: SimKernel, words: Iterable[tuple[int, int]]) -> None:
+        with self._lock:
+            checked = check_insts_words(len(kernel.spec.insts), words)
+            if kernel.pending:
+                raise DeviceError(
+                    f"{kernel.spec.key}: instruction patch while a launch is in flight"
+                )
+            kernel.patches.update(checked)
+            if kernel.words is not None:
+                for i, v in checked:
+                    kernel.words[i] = v
+
+    # buffers
+
+    def alloc(self, nbytes: int) -> SimBuffer:
+        with self._lock:
+            self._check_open()
+            if nbytes <= 0:
+                raise DeviceError(f"a buffer needs at least one byte, asked for {nbytes}")
+            buf = SimBuffer(np.zeros(nbytes, np.uint8))
+            self._buffers[buf.id] = buf
+            return buf
+
+    def sub(self, buf: Buffer, offset: int, nbytes: int) -> SimBuffer:
+        with self._lock:
+            buf.check_live()
+            check_sub_range(buf.nbytes, offset, nbytes)
+            root = buf.root
+            at = buf.offset + offset
+            sub = SimBuffer(root.host[at : at + nbytes], root, at)
+            root.subs.append(sub)
+            self._buffers[sub.id] = sub
+            return sub
+
+    def free(self, buf: Buffer) -> None:
+        with self._lock:
+            gone = [buf, *(buf.subs if buf.root is buf else [])]
+            for b in gone:
+                b.freed = True
+                self._buffers.pop(b.id, None)
+            if buf.root is not buf and buf in buf.root.subs:
+                buf.root.subs.remove(buf)
+
+    def to_device(self, buf: Buffer) -> None:
+        buf.check_live()
+        buf.root.version += 1  # type: ignore[attr-defined]
+
+    def from_device(self, buf: Buffer) -> None:
+        buf.check_live()
+
+    # runs
+
+    def start(self, kernel: SimKernel, buffers: Sequence[Buffer]) -> SimLaunch:
+        with self._lock:
+            self._check_open()
+            t0 = time.perf_counter()
+            if kernel.freed:
+                raise DeviceError(f"{kernel.spec.key}: kernel was freed")
+            model = kernel.model
+            if len(buffers) != len(model.arg_bytes):
+                raise DeviceError(
+                    f"{kernel.spec.key}: {kernel.spec.kind} takes {len(model.arg_bytes)} buffers,"
+                    f" got {len(buffers)}"
+                )
+            for i, (b, need) in enumerate(zip(buffers, model.arg_bytes, strict=True)):
+                b.check_live()
+                if b.nbytes < need:
+                    raise DeviceError(
+                        f"{kernel.spec.key}: argument {i} is {b.nbytes} bytes,"
+                        f" the kernel reads {need}"
+                    )
+            self._resident(kernel)
+            assert kernel.words is not None
+            key = kernel.spec.key
+            nbytes = sum(b.nbytes for b in buffers) + len(kernel.spec.insts)
+            dispatch = self.cost.dispatch(kernel.spec.kind, model.flops, nbytes)
+            state = ERT_CMD_STATE_COMPLETED
+            if key in self.faults.error_kernels:
+                state = ERT_CMD_STATE_ERROR
+            elif key in self.faults.hang_kernels:
+                state, dispatch = ERT_CMD_STATE_TIMEOUT, self.faults.watchdog_s
+            else:
+                model.execute(buffers, kernel.words)
+            switch = 0.0
+            if self._last_context != kernel.spec.context_key:
+                switch = self.cost.ctx_switch_s
+                self.sim.switches += 1
+                self._last_context = kernel.spec.context_key
+            self.sim.ctx_switch_s += switch
+            self.sim.dispatch_s += dispatch
+            self.sim.device_time_s += switch + dispatch
+            kt = self.sim.kernels[key]
+            kt.dispatches += 1
+            kt.device_s += dispatch
+            kt.flops += model.flops
+            kt.bytes += nbytes
+            ready_at = max(t0, self._busy_until) + switch + dispatch
+            self._busy_until = ready_at
+            kernel.pending += 1
+            return SimLaunch(kernel, state, ready_at, t0)
+
+    def _finish(self, launch: SimLaunch) -> None:
+        if launch._waited:
+            return
+        if self.sleep:
+            time.sleep(max(0.0, launch.ready_at - time.perf_counter()))
+        with self._lock:
+            launch._waited = True
+            kernel = launch.kernel
+            kernel.pending -= 1
+            wall = time.perf_counter() - launch.t0
+            for timing in (self.stats, kernel.timing):
+                timing.runs += 1
+                timing.run_s += wall
+                timing.wait_s += wall
+
+    def run(self, kernel: SimKernel, buffers: Sequence[Buffer]) -> float:
+        return self.start(kernel, buffers).wait()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DeviceError("the sim device is closed")
+
+    def close(self) -> None:
+        """Free every kernel, buffer and context slot; print the timing lines if asked."""
+        with self._lock:
+            if self.closed:
+                return
+            for kernel in [k for ks in self._users.values() for k in ks]:
+                self.free_kernel(kernel)
+            self._contexts.clear()
+            for buf in self._buffers.values():
+                buf.freed = True
+            self._buffers.clear()
+            self.closed = True
+            if self._timing:
+                print(self.stats.line("sim"), file=sys.stderr)
+                print(self.sim.line(), file=sys.stderr)
+
+
+# -- writing bundles for the simulator ----------------------------------------------------
+
+
+def write_xclbin(writer: BundleWriter, ctx: str, kernel: str = "MLIR_AIE") -> None:
+    """An `xclbin <ctx> kernels/<ctx>.xclbin <kernel>` record and a placeholder file (the
+    simulator never reads an xclbin; hardware bundles come from IRON's exporter)."""
+    writer.xclbin(ctx, f"kernels/{ctx}.xclbin", kernel, data=b"npucam sim placeholder xclbin\n")
+
+
+def _insts(writer: BundleWriter, key: str, words: int) -> str:
+    rel = f"kernels/{key}.bin"
+    writer.file(rel, np.arange(words, dtype=np.uint32).tobytes())
+    return rel
+
+
+def write_gemm(
+    writer: BundleWriter,
+    key: str,
+    w: np.ndarray,
+    *,
+    ctx: str,
+    m: int = 256,
+    bias: np.ndarray | None = None,
+    epilogue: str = "none",
+    tile_n: int | None = None,
+    tile_k: int = 512,
+    ct_k: int | None = None,
+) -> str:
+    """A `gemm` record for the simulator plus its B tensor (pack_gemm_b); returns the
+    tensor's name (`<key>.b`). w: float32 [K, N]; bias: float32 [N] or None."""
+    k, n = w.shape
+    tile_n = tile_n or (128 if k == 512 else 64)
+    ct_k = ct_k or CT_MAX_K_FOR_N[tile_n]
+    b = pack_gemm_b(w, bias, tile_n, tile_k, ct_k)
+    name = f"{key}.b"
+    writer.tensor(name, b, "u8")
+    writer.record(
+        "gemm", key, ctx=ctx, insts=_insts(writer, key, 16), M=m, K=k, N=n, tile_n=tile_n,
+        tile_k=tile_k, ct_k=ct_k, bias=bias is not None, epilogue=epilogue, b_bytes=b.nbytes,
+    )  # fmt: skip
+    return name
+
+
+def write_mha(
+    writer: BundleWriter,
+    key: str,
+    *,
+    ctx: str,
+    heads: int,
+    seq: int,
+    d: int = 64,
+    kv_heads: int | None = None,
+    seq_pad: int | None = None,
+    causal: bool = False,
+    token_major: bool = False,
+    qscale: str = "host",
+    seq_word: int | None = None,
+) -> None:
+    """An `mha` record for the simulator (fields as SimMha documents)."""
+    fields: dict[str, object] = dict(
+        ctx=ctx, insts=_insts(writer, key, 16), heads=heads, kv_heads=kv_heads or heads, d=d,
+        seq=seq, seq_pad=seq_pad or seq, causal=causal, token_major=token_major, qscale=qscale,
+    )  # fmt: skip
+    if seq_word is not None:
+        fields["seq_word"] = seq_word
+    writer.record("mha", key, **fields)
