@@ -403,7 +403,7 @@ class Bundle:
         self.root = root
         self.manifest = manifest
         self.tensors = tensors
-        self._data = data
+        self._data: np.ndarray | None = data
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], version: int | None = None) -> Bundle:
@@ -495,6 +495,8 @@ class Bundle:
         little-endian. With `dtype`, the tensor must have that dtype.
         """
         e = self.entry(name)
+        if self._data is None:
+            raise BundleError(f"{self.root}: bundle is closed")
         if dtype is not None and e.dtype != dtype:
             raise BundleError(
                 f"tensor {name} is {DTYPE_NAMES[e.dtype]}, wanted {DTYPE_NAMES[dtype]}"
@@ -531,7 +533,7 @@ class Bundle:
 
     def close(self) -> None:
         """Drop the mapping; views handed out keep it alive until they go too."""
-        self._data = np.empty(0, np.uint8)
+        self._data = None
 
     def __enter__(self) -> Bundle:
         return self

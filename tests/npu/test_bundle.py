@@ -289,6 +289,14 @@ def test_views_are_read_only_and_backed_by_the_mapping(tmp_path):
     assert b.view("a")[0] == 3.5
 
 
+def test_views_after_close_are_refused(tmp_path):
+    with open_manifest(tmp_path, "version 3\n") as b:
+        kept = b.view("a")
+    with pytest.raises(BundleError, match="bundle is closed"):
+        b.view("a")
+    assert kept[1] == -1.0  # a view handed out keeps its mapping alive
+
+
 def test_empty_tensors_bin_and_empty_table(tmp_path):
     b = Bundle.open(make(tmp_path / "b", "version 3\n", "", b""), version=3)
     assert b.tensors == {}
