@@ -1,0 +1,173 @@
+"""`npucam face ...`: enrol, identify, list and remove identities in a face gallery file.
+
+Still images go through the same chain as the face-ID stage: BlazeFace -> 4-point
+alignment -> AdaFace (the cpu backend from a cvlface-style safetensors dir) -> the gallery
+(stages.gallery). Exit codes: 0 done, 1 an identify found no known face, 2 an error (a bad
+image, no enrollable face, a corrupt gallery, ...), each message naming the file at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from stages.gallery import FaceEncoder, GalleryError, GalleryFile, QualityGate, read_image
+
+DEFAULT_GALLERY = "gallery.npz"
+BACKENDS = ("cpu",)
+
+
+def _gallery_path(args: argparse.Namespace) -> Path:
+    return Path(args.gallery or os.environ.get("NPUCAM_GALLERY") or DEFAULT_GALLERY)
+
+
+def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
+    """The detector + embedder the arguments name, and the model id stored in the gallery."""
+    from npu.models.adaface import AdaFaceCpu
+    from stages.detectors.blazeface import BlazeFace
+
+    model_dir = args.model or os.environ.get("NPUCAM_FACE_MODEL")
+    if not model_dir:
+        raise GalleryError("no face model: pass --model DIR (or set NPUCAM_FACE_MODEL)")
+    if args.backend not in BACKENDS:
+        raise GalleryError(
+            f"--backend {args.backend}: face commands run on {', '.join(BACKENDS)} only "
+            "(the sim/npu AdaFace step interpreter is not built yet)"
+        )
+    embedder = AdaFaceCpu.from_pretrained(model_dir)
+    head = embedder.program.steps[-1]
+    digest = hashlib.sha256(head.b2.tobytes()).hexdigest()[:12]  # type: ignore[union-attr]
+    return FaceEncoder(BlazeFace(args.detector), embedder), f"{embedder.model}:{digest}"
+
+
+def cmd_enroll(args: argparse.Namespace) -> int:
+    encoder, model_id = _encoder(args)
+    gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness)
+    samples, rejected = [], []
+    for image_path in args.images:
+        try:
+            samples.append(encoder.enrolment_sample(read_image(image_path), gate, image_path))
+        except GalleryError as exc:
+            rejected.append(str(exc))
+    for msg in rejected:
+        print(f"rejected: {msg}", file=sys.stderr)
+    if not samples:
+        raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
+    store = GalleryFile(_gallery_path(args), encoder.embedder.program.embed_dim, model_id)
+    g = store.enrol(args.name, np.stack(samples), model=model_id)
+    print(
+        f"enrolled {args.name!r}: {len(samples)} sample(s), {len(rejected)} rejected; "
+        f"{store.path} holds {len(g.identities())} identities"
+    )
+    return 0
+
+
+def cmd_identify(args: argparse.Namespace) -> int:
+    store = GalleryFile(_gallery_path(args))
+    if not store.path.exists():
+        raise GalleryError(f"{store.path}: no such gallery file (enroll someone first)")
+    encoder, model_id = _encoder(args)
+    if store.current.model and store.current.model != model_id:
+        raise GalleryError(
+            f"{store.path}: gallery was enrolled with {store.current.model!r}, "
+            f"not this model {model_id!r}"
+        )
+    faces = encoder.faces(read_image(args.image))
+    results = []
+    for i, f in enumerate(faces):
+        m = store.current.identify(f.embedding, args.threshold, args.margin)
+        results.append(
+            {
+                "face": i,
+                "box": [round(float(v), 1) for v in f.box],
+                "score": round(f.score, 4),
+                "identity": m.name,
+                "similarity": round(m.similarity, 4),
+                "margin": round(m.margin, 4),
+                "best": m.best,
+                "reason": m.reason,
+            }
+        )
+    if args.json:
+        print(json.dumps({"image": args.image, "faces": results}))
+    elif not results:
+        print(f"{args.image}: no face found")
+    for r in [] if args.json else results:
+        who = r["identity"] or f"unknown ({r['reason']}, best {r['best']!r})"
+        print(
+            f"face {r['face']}: box {r['box']} score {r['score']:.2f} -> {who} "
+            f"similarity {r['similarity']:.3f} margin {r['margin']:.3f}"
+        )
+    return 0 if any(r["identity"] for r in results) else 1
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    path = _gallery_path(args)
+    if not path.exists():
+        print(f"{path}: empty (no gallery file yet)")
+        return 0
+    g = GalleryFile(path).current
+    print(f"{path}: {len(g.identities())} identities, model {g.model or '?'}, dim {g.embed_dim}")
+    for name, count in g.identities().items():
+        print(f"{name}\t{count} sample(s)")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    store = GalleryFile(_gallery_path(args))
+    if not store.path.exists():
+        raise GalleryError(f"{store.path}: no such gallery file")
+    g = store.remove(args.name)
+    print(f"removed {args.name!r}; {len(g.identities())} identities left")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `npucam face {enroll,identify,list,remove}`."""
+    face = subparsers.add_parser("face", help="face gallery: enroll, identify, list, remove")
+    sub = face.add_subparsers(dest="face_command", required=True, metavar="ACTION")
+
+    def common(p: argparse.ArgumentParser, model: bool) -> None:
+        p.add_argument(
+            "--gallery",
+            help=f"gallery file (default $NPUCAM_GALLERY or ./{DEFAULT_GALLERY})",
+        )
+        if model:
+            p.add_argument("--model", help="cvlface-style AdaFace dir ($NPUCAM_FACE_MODEL)")
+            p.add_argument("--backend", default="cpu", help="cpu (default; sim/npu: not yet)")
+            p.add_argument(
+                "--detector", default="short", choices=("short", "full"), help="BlazeFace range"
+            )
+
+    p = sub.add_parser("enroll", help="enrol NAME from one or more face images")
+    p.add_argument("name")
+    p.add_argument("images", nargs="+")
+    common(p, model=True)
+    gate = QualityGate()
+    p.add_argument("--min-face-px", type=float, default=gate.min_face_px)
+    p.add_argument("--min-score", type=float, default=gate.min_score)
+    p.add_argument("--min-sharpness", type=float, default=gate.min_sharpness)
+    p.set_defaults(func=cmd_enroll)
+
+    p = sub.add_parser("identify", help="name every face in IMAGE")
+    p.add_argument("image")
+    common(p, model=True)
+    p.add_argument("--threshold", type=float, default=0.4, help="min cosine (default 0.4)")
+    p.add_argument("--margin", type=float, default=0.05, help="min lead over 2nd identity")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_identify)
+
+    p = sub.add_parser("list", help="list enrolled identities")
+    common(p, model=False)
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("remove", help="remove every sample of NAME")
+    p.add_argument("name")
+    common(p, model=False)
+    p.set_defaults(func=cmd_remove)

@@ -1,0 +1,477 @@
+"""The face gallery: enrolment with a quality gate, cosine identification, a hot-reloaded file.
+
+Faces are found by a detector (BlazeFace by default), aligned to the ArcFace template
+(stages.align) and embedded by an AdaFace model; the gallery keeps L2-normalised embeddings
+per identity and names a face by the best cosine over each identity's samples, accepted only
+above a threshold and by a margin over the second-best identity. The file format (an .npz
+without pickles) is documented in docs/face-id.md; writes are atomic (temp file +
+os.replace, mode 0600), and `GalleryFile` reloads it when its mtime, size or inode change,
+keeping the previous gallery when the new file is corrupt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import tempfile
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import cv2
+import numpy as np
+
+from pipeline.errors import NpucamError
+from stages.align import (
+    ColourOrder,
+    align_face,
+    align_face_4pt,
+    blazeface_alignment_points,
+    embedder_input,
+)
+from stages.detectors.detections import Detections
+
+log = logging.getLogger(__name__)
+
+FORMAT = "npucam-face-gallery"
+VERSION = 1
+
+
+class GalleryError(NpucamError):
+    """A gallery file that cannot be read or written, or an operation it cannot do."""
+
+
+# ---- the gallery itself (immutable; edits return a new Gallery) ---------------------------
+
+
+@dataclass(frozen=True)
+class Match:
+    """The answer for one face: name is None when no identity is accepted.
+
+    similarity: cosine to the best identity; second: cosine to the second-best identity
+    (-1 when there is none); reason: "match", "below_threshold", "ambiguous" (margin too
+    small) or "empty_gallery".
+    """
+
+    name: str | None
+    similarity: float
+    second: float
+    best: str | None
+    reason: str
+
+    @property
+    def margin(self) -> float:
+        return self.similarity - self.second
+
+
+@dataclass(frozen=True)
+class Gallery:
+    """names: one per row; embeddings: float32 [N, D], each row L2-normalised."""
+
+    names: tuple[str, ...]
+    embeddings: np.ndarray
+    model: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @staticmethod
+    def empty(embed_dim: int = 512, model: str = "") -> Gallery:
+        return Gallery((), np.zeros((0, embed_dim), np.float32), model)
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.embeddings.shape[1])
+
+    def identities(self) -> dict[str, int]:
+        """Identity -> number of enrolled samples, in enrolment order."""
+        out: dict[str, int] = {}
+        for n in self.names:
+            out[n] = out.get(n, 0) + 1
+        return out
+
+    def add(self, name: str, embeddings: np.ndarray) -> Gallery:
+        """A gallery with `embeddings` (float [K, D] or [D]) enrolled as `name`."""
+        check_name(name)
+        e = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
+        if e.shape[1] != self.embed_dim:
+            raise GalleryError(
+                f"embedding dim {e.shape[1]} does not match the gallery's {self.embed_dim}"
+            )
+        if not np.all(np.isfinite(e)) or np.any(np.linalg.norm(e, axis=1) == 0):
+            raise GalleryError(f"{name!r}: embeddings must be finite and non-zero")
+        e = e / np.linalg.norm(e, axis=1, keepdims=True)
+        return Gallery(
+            self.names + (name,) * len(e),
+            np.vstack([self.embeddings, e.astype(np.float32)]),
+            self.model,
+            self.meta,
+        )
+
+    def remove(self, name: str) -> Gallery:
+        """A gallery without `name`; GalleryError if it is not enrolled."""
+        keep = np.array([n != name for n in self.names], dtype=bool)
+        if keep.all():
+            raise GalleryError(f"no identity {name!r} in the gallery")
+        names = tuple(n for n in self.names if n != name)
+        return Gallery(names, self.embeddings[keep], self.model, self.meta)
+
+    def identify(self, embedding: np.ndarray, threshold: float, margin: float) -> Match:
+        """Name one face. embedding: float [D] (any norm).
+
+        Each identity scores the best cosine over its samples; the best identity is
+        accepted when its score >= threshold and exceeds the second-best identity's by
+        >= margin.
+        """
+        e = np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if e.shape[0] != self.embed_dim:
+            raise GalleryError(
+                f"embedding dim {e.shape[0]} does not match the gallery's {self.embed_dim}"
+            )
+        if not self.names:
+            return Match(None, -1.0, -1.0, None, "empty_gallery")
+        norm = float(np.linalg.norm(e))
+        sims = self.embeddings @ (e / norm) if norm > 0 else np.zeros(len(self.names))
+        per_id: dict[str, float] = {}
+        for n, s in zip(self.names, sims.tolist(), strict=True):
+            per_id[n] = max(per_id.get(n, -1.0), s)
+        ranked = sorted(per_id.items(), key=lambda kv: -kv[1])
+        best, sim = ranked[0]
+        second = ranked[1][1] if len(ranked) > 1 else -1.0
+        if sim < threshold:
+            return Match(None, sim, second, best, "below_threshold")
+        if sim - second < margin:
+            return Match(None, sim, second, best, "ambiguous")
+        return Match(best, sim, second, best, "match")
+
+
+def check_name(name: str) -> None:
+    """Identity names: 1..128 printable characters, no leading/trailing spaces."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 128:
+        raise GalleryError(f"identity name must be 1..128 characters: {name!r}")
+    if name != name.strip() or not name.isprintable():
+        raise GalleryError(f"identity name must be printable, without edge spaces: {name!r}")
+
+
+# ---- the file format ----------------------------------------------------------------------
+
+
+def encode_gallery(g: Gallery) -> bytes:
+    """The .npz bytes of g: names (unicode [N]), embeddings (float32 [N, D]), meta (JSON)."""
+    meta = dict(g.meta)
+    meta.update({"format": FORMAT, "version": VERSION, "embed_dim": g.embed_dim, "model": g.model})
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        names=np.array(g.names, dtype=str).reshape(-1),
+        embeddings=np.ascontiguousarray(g.embeddings, dtype="<f4"),
+        meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8),
+    )
+    return buf.getvalue()
+
+
+def decode_gallery(data: bytes, where: str) -> Gallery:
+    """Parse .npz bytes (no pickles); GalleryError naming `where` and the field at fault."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            missing = {"names", "embeddings", "meta"} - set(z.files)
+            if missing:
+                raise GalleryError(f"{where}: not a face gallery (missing {sorted(missing)})")
+            names, emb, meta_raw = z["names"], z["embeddings"], z["meta"]
+    except GalleryError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+        raise GalleryError(f"{where}: not a readable face gallery (.npz): {exc}") from exc
+    try:
+        meta = json.loads(meta_raw.tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GalleryError(f"{where}: field 'meta' is not JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise GalleryError(f"{where}: field 'meta.format' is not {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise GalleryError(
+            f"{where}: field 'meta.version' is {meta.get('version')!r}, this npucam reads {VERSION}"
+        )
+    if emb.dtype != np.float32 or emb.ndim != 2:
+        raise GalleryError(f"{where}: field 'embeddings' must be float32 [N, D], got {emb.dtype}")
+    if names.dtype.kind != "U" or names.shape != (emb.shape[0],):
+        raise GalleryError(
+            f"{where}: field 'names' must be {emb.shape[0]} strings, got {names.dtype} "
+            f"{names.shape}"
+        )
+    if meta.get("embed_dim") != emb.shape[1]:
+        raise GalleryError(
+            f"{where}: field 'meta.embed_dim' {meta.get('embed_dim')} != embeddings' {emb.shape[1]}"
+        )
+    norms = np.linalg.norm(emb, axis=1)
+    if not np.all(np.isfinite(emb)) or np.any(np.abs(norms - 1) > 1e-3):
+        raise GalleryError(f"{where}: field 'embeddings' rows must be finite and unit-norm")
+    extra = {k: v for k, v in meta.items() if k not in ("format", "version", "embed_dim", "model")}
+    return Gallery(tuple(names.tolist()), emb, str(meta.get("model", "")), extra)
+
+
+def write_gallery(path: str | Path, g: Gallery) -> None:
+    """Write g to path atomically: a 0600 temp file in the same dir, fsync, os.replace."""
+    path = Path(path)
+    data = encode_gallery(g)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise GalleryError(f"{path}: cannot write the gallery: {exc}") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise GalleryError(f"{path}: cannot write the gallery: {exc}") from exc
+
+
+def read_gallery(path: str | Path) -> Gallery:
+    """Read a gallery file; GalleryError naming the file on any problem."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise GalleryError(f"{path}: no such gallery file") from None
+    except OSError as exc:
+        raise GalleryError(f"{path}: cannot read the gallery: {exc}") from exc
+    return decode_gallery(data, str(path))
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class GalleryFile:
+    """A gallery backed by a file, hot-reloaded when the file changes.
+
+    `current` is always a complete Gallery (readers never see a half-loaded one);
+    `reload_if_changed()` re-reads the file when its (mtime, size, inode) stamp changed and
+    swaps it in; a corrupt or vanished file leaves the previous gallery in use and the
+    error in `last_error` (re-tried on the next stamp change). Edits (enrol/remove) are
+    read-modify-write under a lock, then written atomically.
+    """
+
+    def __init__(self, path: str | Path, embed_dim: int = 512, model: str = "") -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self.last_error: GalleryError | None = None
+        self._stamp = _stamp(self.path)
+        if self._stamp is None:
+            self.current = Gallery.empty(embed_dim, model)
+        else:
+            self.current = read_gallery(self.path)
+
+    def reload_if_changed(self) -> bool:
+        """True when a changed file was loaded; False if unchanged or the new one was bad."""
+        stamp = _stamp(self.path)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        if stamp is None:
+            self.last_error = GalleryError(f"{self.path}: gallery file vanished; keeping it")
+            log.warning("%s", self.last_error)
+            return False
+        try:
+            g = read_gallery(self.path)
+        except GalleryError as exc:
+            self.last_error = exc
+            log.error("%s; keeping the previous gallery (%d samples)", exc, len(self.current.names))
+            return False
+        self.current = g
+        self.last_error = None
+        log.info("%s: reloaded, %d identities", self.path, len(g.identities()))
+        return True
+
+    def _edit(self, change) -> Gallery:
+        with self._lock:
+            base = read_gallery(self.path) if self.path.exists() else self.current
+            g = change(base)
+            write_gallery(self.path, g)
+            self.current = g
+            self._stamp = _stamp(self.path)
+            return g
+
+    def enrol(self, name: str, embeddings: np.ndarray, model: str = "") -> Gallery:
+        """Add samples for name (float [K, D]) and write the file."""
+
+        def change(g: Gallery) -> Gallery:
+            if model and g.model and model != g.model:
+                raise GalleryError(
+                    f"{self.path}: gallery holds {g.model!r} embeddings, not {model!r}"
+                )
+            if model and not g.model:
+                g = Gallery(g.names, g.embeddings, model, g.meta)
+            return g.add(name, embeddings)
+
+        return self._edit(change)
+
+    def remove(self, name: str) -> Gallery:
+        """Drop every sample of name and write the file."""
+        return self._edit(lambda g: g.remove(name))
+
+
+# ---- from images to embeddings, with the quality gate -------------------------------------
+
+
+class FaceDetector(Protocol):
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections: ...
+
+
+class FaceEmbedder(Protocol):
+    colour_order: ColourOrder
+    model: str
+    backend: str
+
+    def embed(self, chw: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class QualityGate:
+    """Enrolment quality: face box side >= min_face_px (image pixels), detector score >=
+    min_score, and sharpness (variance of the Laplacian of the grey aligned 112x112 crop)
+    >= min_sharpness; faces whose box touches the image border are rejected too.
+    """
+
+    min_face_px: float = 40.0
+    min_score: float = 0.75
+    min_sharpness: float = 30.0
+
+    def reject_reason(self, face: FaceObservation) -> str | None:
+        """None when the face passes; else a reason a user can act on."""
+        w, h = face.box[2], face.box[3]
+        if min(w, h) < self.min_face_px:
+            return f"face too small: {min(w, h):.0f} px < {self.min_face_px:.0f} px"
+        if face.score < self.min_score:
+            return f"detector score {face.score:.2f} < {self.min_score:.2f}"
+        if face.at_border:
+            return "face cut by the image border"
+        if face.sharpness < self.min_sharpness:
+            return f"too blurry: sharpness {face.sharpness:.1f} < {self.min_sharpness:.1f}"
+        return None
+
+
+def sharpness(crop: np.ndarray) -> float:
+    """Variance of the Laplacian of crop (uint8 [H, W, 3]) in grey: higher is sharper."""
+    grey = cv2.cvtColor(crop, cv2.COLOR_BGR2GRAY)
+    return float(cv2.Laplacian(grey, cv2.CV_64F).var())
+
+
+@dataclass
+class FaceObservation:
+    """One detected face: box float32 [4] xywh, score, keypoints float32 [K, 2], the
+    aligned crop (uint8 [112, 112, 3], the image's channel order), the image -> crop
+    matrix float64 [2, 3], its sharpness, whether its box touches the image border, and
+    the embedding (float32 [D], un-normalised) when computed.
+    """
+
+    box: np.ndarray
+    score: float
+    keypoints: np.ndarray
+    crop: np.ndarray
+    matrix: np.ndarray
+    sharpness: float
+    at_border: bool
+    embedding: np.ndarray | None = None
+
+
+def observe_faces(
+    image: np.ndarray, detections: Detections, border_px: float = 1.0
+) -> list[FaceObservation]:
+    """Align every detection of image (uint8 [H, W, 3]), largest face first.
+
+    BlazeFace's 6 keypoints use the 4-point fit (an approximation, stages.align); 5-point
+    detectors (YuNet) use the standard fit.
+    """
+    h, w = image.shape[:2]
+    out = []
+    for i in np.argsort(-(detections.boxes[:, 2] * detections.boxes[:, 3]), kind="stable"):
+        kp = detections.keypoints[i]
+        if kp.shape[0] == 6:
+            crop, m = align_face_4pt(image, blazeface_alignment_points(kp))
+        elif kp.shape[0] == 5:
+            crop, m = align_face(image, kp)
+        else:
+            raise GalleryError(f"detector gives {kp.shape[0]} keypoints; alignment needs 5 or 6")
+        x, y, bw, bh = detections.boxes[i]
+        at_border = bool(
+            x <= border_px or y <= border_px or x + bw >= w - border_px or y + bh >= h - border_px
+        )
+        out.append(
+            FaceObservation(
+                detections.boxes[i],
+                float(detections.scores[i]),
+                kp,
+                crop,
+                m,
+                sharpness(crop),
+                at_border,
+            )
+        )
+    return out
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """An image file -> uint8 [H, W, 3] BGR; GalleryError naming the file if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise GalleryError(f"{path}: no such image file")
+    data = np.fromfile(str(path), dtype=np.uint8)
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+    if image is None:
+        raise GalleryError(f"{path}: not a readable image (OpenCV could not decode it)")
+    return image
+
+
+class FaceEncoder:
+    """detect -> align -> embed for still images or frames (BGR, as Frame)."""
+
+    def __init__(self, detector: FaceDetector, embedder: FaceEmbedder) -> None:
+        self.detector = detector
+        self.embedder = embedder
+
+    def faces(self, image: np.ndarray, embed: bool = True) -> list[FaceObservation]:
+        """Every face of a BGR image, largest first, with embeddings when embed=True."""
+        obs = observe_faces(image, self.detector.detect(image, colour_order="bgr"))
+        if embed:
+            for f in obs:
+                f.embedding = self.embed_crop(f.crop)
+        return obs
+
+    def embed_crop(self, crop_bgr: np.ndarray) -> np.ndarray:
+        """An aligned BGR crop -> float32 [D], in the channel order the model expects."""
+        return self.embedder.embed(embedder_input(crop_bgr, "bgr", self.embedder.colour_order))
+
+    def enrolment_sample(
+        self, image: np.ndarray, gate: QualityGate, where: str = "image"
+    ) -> np.ndarray:
+        """The embedding of the one enrollable face of image; GalleryError with the reason.
+
+        More than one face is refused (which one would be meant?) unless the largest is at
+        least twice the area of the next.
+        """
+        obs = self.faces(image, embed=False)
+        if not obs:
+            raise GalleryError(f"{where}: no face found")
+        if len(obs) > 1:
+            a0 = obs[0].box[2] * obs[0].box[3]
+            a1 = obs[1].box[2] * obs[1].box[3]
+            if a0 < 2 * a1:
+                raise GalleryError(f"{where}: {len(obs)} faces of similar size; need one")
+        reason = gate.reject_reason(obs[0])
+        if reason:
+            raise GalleryError(f"{where}: rejected: {reason}")
+        return self.embed_crop(obs[0].crop)

@@ -1,0 +1,250 @@
+"""`npucam face enroll/identify/list/remove` end to end on real images and a tiny IR model."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import skimage.data
+
+from pipeline.assets import asset_path
+from pipeline.errors import NpucamError
+from stages import face_commands
+
+
+def _run(argv: list[str]) -> int:
+    """Parse and run like pipeline.cli.main: NpucamError -> exit 2 with its message."""
+    parser = argparse.ArgumentParser(prog="npucam")
+    face_commands.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except NpucamError as exc:
+        print(f"npucam: error: {exc}")
+        return 2
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("face")
+    path = Path(__file__).resolve().parents[1] / "npu" / "models" / "adaface_torch_ref.py"
+    spec = importlib.util.spec_from_file_location("adaface_torch_ref", path)
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    model = ref.save_cvlface_dir(ref.tiny_ir(seed=9), root / "model", name="IR-tiny")
+    astronaut = cv2.cvtColor(skimage.data.astronaut(), cv2.COLOR_RGB2BGR)
+    cv2.imwrite(str(root / "astronaut.png"), astronaut)
+    cv2.imwrite(str(root / "astronaut2.jpg"), cv2.convertScaleAbs(astronaut, beta=10))
+    cap = cv2.VideoCapture(str(asset_path("carphone_pristine.mp4")))
+    ok, frame = cap.read()
+    cap.release()
+    assert ok
+    big = cv2.resize(frame, None, fx=3, fy=3, interpolation=cv2.INTER_CUBIC)
+    cv2.imwrite(str(root / "carphone.png"), big)
+    cv2.imwrite(str(root / "blank.png"), np.zeros((120, 160, 3), np.uint8))
+    (root / "notes.jpg").write_text("not an image")
+    return root, model
+
+
+def test_enroll_identify_list_remove_round_trip(files, capsys):
+    root, model = files
+    gallery = str(root / "g.npz")
+    base = ["--gallery", gallery]
+    assert (
+        _run(
+            ["face", "enroll", "eileen", str(root / "astronaut.png"), "--model", str(model), *base]
+        )
+        == 0
+    )
+    assert (
+        _run(["face", "enroll", "caller", str(root / "carphone.png"), "--model", str(model), *base])
+        == 0
+    )
+    capsys.readouterr()
+    assert _run(["face", "list", *base]) == 0
+    out = capsys.readouterr().out
+    assert "2 identities" in out and "eileen\t1 sample(s)" in out and "caller" in out
+
+    rc = _run(
+        [
+            "face",
+            "identify",
+            str(root / "astronaut2.jpg"),
+            "--model",
+            str(model),
+            "--json",
+            "--threshold",
+            "0.9",
+            "--margin",
+            "0.0",
+            *base,
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(result["faces"]) == 1
+    assert result["faces"][0]["identity"] == "eileen" and result["faces"][0]["similarity"] > 0.95
+
+    assert _run(["face", "remove", "eileen", *base]) == 0
+    capsys.readouterr()
+    rc = _run(
+        ["face", "identify", str(root / "astronaut2.jpg"), "--model", str(model), "--json", *base]
+    )
+    face = json.loads(capsys.readouterr().out)["faces"][0]
+    # a random tiny network embeds every face alike, so only "eileen is gone" is meaningful
+    assert face["best"] == "caller" and face["identity"] in ("caller", None)
+    assert rc == (0 if face["identity"] else 1)
+    assert _run(["face", "remove", "eileen", *base]) == 2
+    assert "no identity 'eileen'" in capsys.readouterr().out
+
+
+def test_enroll_reports_bad_images_and_refuses_when_none_pass(files, capsys):
+    root, model = files
+    gallery = str(root / "bad.npz")
+    rc = _run(
+        [
+            "face",
+            "enroll",
+            "nobody",
+            str(root / "blank.png"),
+            str(root / "notes.jpg"),
+            str(root / "missing.png"),
+            "--model",
+            str(model),
+            "--gallery",
+            gallery,
+        ]
+    )
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert "blank.png: no face found" in captured.err
+    assert "notes.jpg: not a readable image" in captured.err
+    assert "missing.png: no such image file" in captured.err
+    assert "nothing enrolled" in captured.out
+    assert not Path(gallery).exists()
+    # one good image among bad ones: enrolled, the others reported
+    rc = _run(
+        [
+            "face",
+            "enroll",
+            "eileen",
+            str(root / "notes.jpg"),
+            str(root / "astronaut.png"),
+            "--model",
+            str(model),
+            "--gallery",
+            gallery,
+        ]
+    )
+    captured = capsys.readouterr()
+    assert rc == 0 and "1 sample(s), 1 rejected" in captured.out
+
+
+def test_identify_without_faces_or_model_or_with_a_corrupt_gallery(files, capsys, monkeypatch):
+    root, model = files
+    gallery = root / "c.npz"
+    assert (
+        _run(
+            [
+                "face",
+                "enroll",
+                "eileen",
+                str(root / "astronaut.png"),
+                "--model",
+                str(model),
+                "--gallery",
+                str(gallery),
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert (
+        _run(
+            [
+                "face",
+                "identify",
+                str(root / "blank.png"),
+                "--model",
+                str(model),
+                "--gallery",
+                str(gallery),
+            ]
+        )
+        == 1
+    )
+    assert "no face found" in capsys.readouterr().out
+    monkeypatch.delenv("NPUCAM_FACE_MODEL", raising=False)
+    assert _run(["face", "identify", str(root / "blank.png"), "--gallery", str(gallery)]) == 2
+    assert "pass --model" in capsys.readouterr().out
+    assert (
+        _run(
+            [
+                "face",
+                "identify",
+                str(root / "blank.png"),
+                "--model",
+                str(model),
+                "--backend",
+                "npu",
+                "--gallery",
+                str(gallery),
+            ]
+        )
+        == 2
+    )
+    assert "--backend npu" in capsys.readouterr().out
+    gallery.write_bytes(b"corrupt")
+    assert _run(["face", "list", "--gallery", str(gallery)]) == 2
+    assert "c.npz: not a readable face gallery" in capsys.readouterr().out
+
+
+def test_identify_refuses_a_gallery_of_another_model(files, capsys, tmp_path):
+    root, model = files
+    import torch  # noqa: F401 - the torch reference builds the second model
+
+    spec = importlib.util.spec_from_file_location(
+        "adaface_torch_ref",
+        Path(__file__).resolve().parents[1] / "npu" / "models" / "adaface_torch_ref.py",
+    )
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    other = ref.save_cvlface_dir(ref.tiny_ir(seed=10), tmp_path / "other", name="IR-tiny")
+    gallery = str(tmp_path / "g.npz")
+    assert (
+        _run(
+            [
+                "face",
+                "enroll",
+                "eileen",
+                str(root / "astronaut.png"),
+                "--model",
+                str(model),
+                "--gallery",
+                gallery,
+            ]
+        )
+        == 0
+    )
+    assert (
+        _run(
+            [
+                "face",
+                "identify",
+                str(root / "astronaut.png"),
+                "--model",
+                str(other),
+                "--gallery",
+                gallery,
+            ]
+        )
+        == 2
+    )
+    assert "not this model" in capsys.readouterr().out
