@@ -165,9 +165,9 @@ class Outbox:
         if not queues:
             self.metrics.drop(self.stage, camera_of(item), "error")
             return
-        self.metrics.count_out(self.stage, camera_of(item))
-        for q in queues:
-            await q.put(item)
+        taken = [await q.put(item) for q in queues]
+        if any(taken):
+            self.metrics.count_out(self.stage, camera_of(item))
 
     def send_threadsafe(self, item: Any, give_up=lambda: False) -> bool:
         """send() from a non-loop thread (capture readers); False if no target took it."""
@@ -175,9 +175,10 @@ class Outbox:
         if not queues:
             self.metrics.drop(self.stage, camera_of(item), "error")
             return False
-        self.metrics.count_out(self.stage, camera_of(item))
-        taken = [q.put_threadsafe(item, give_up) for q in queues]
-        return any(taken)
+        taken = any([q.put_threadsafe(item, give_up) for q in queues])
+        if taken:
+            self.metrics.count_out(self.stage, camera_of(item))
+        return taken
 
     def close(self) -> None:
         for _, _, q in self.targets:

@@ -42,6 +42,9 @@ class PublishOptions(StageOptions):
     preview_quality: int = Field(80, ge=1, le=100)
     preview_max_width: int = Field(640, ge=16)
     stats: bool = True  # the `stats` topic every [metrics] stats_interval_s
+    # Hold publishing until this many subscriptions have arrived (offline runs, tests): the
+    # inbox backs up meanwhile, by its policy. 0 publishes from the start.
+    wait_for_subscribers: int = Field(0, ge=0)
 
 
 class Publish(Stage):
@@ -59,9 +62,11 @@ class Publish(Stage):
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         ctx = zmq.asyncio.Context()
-        sock = ctx.socket(zmq.PUB)
+        # XPUB sends exactly as PUB does and also reports subscriptions (wait_for_subscribers).
+        sock = ctx.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
+        sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, even a repeated topic
         try:
             sock.bind(self.options.bind)
         except zmq.ZMQError as exc:
@@ -78,6 +83,7 @@ class Publish(Stage):
         if self.options.stats and interval > 0:
             ticker = asyncio.create_task(self._publish_stats_every(sock, interval))
         try:
+            await self._await_subscribers(sock, inbox)
             async for item in inbox:
                 start = time.perf_counter()
                 try:
@@ -103,6 +109,16 @@ class Publish(Stage):
                 await self._send_stats(sock)  # the final numbers, after the drain
             sock.close(self.options.linger_ms)
             await asyncio.to_thread(ctx.term)  # waits up to linger_ms for queued messages
+
+    async def _await_subscribers(self, sock, inbox: BoundedQueue) -> None:
+        wanted = self.options.wait_for_subscribers
+        seen = 0
+        while seen < wanted and not inbox.closed:
+            if await sock.poll(100, zmq.POLLIN):  # 100 ms: notice the pipeline stopping
+                event = await sock.recv()
+                seen += event[:1] == b"\x01"
+        if wanted:
+            log.info("publish %s: %d subscriber(s) joined", self.name, seen)
 
     async def _messages(self, item: Result | Frame) -> list[list]:
         if isinstance(item, Result):

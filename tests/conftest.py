@@ -1,0 +1,59 @@
+"""Fixtures shared by the whole suite: small test clips, config files, free endpoints.
+
+tests/pipeline/ is put on sys.path so configs in any test can name the helper stages of
+tests/pipeline/engine_stages.py as `kind = "engine_stages:Collect"`.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "pipeline"))
+
+
+def numbered_frame(i: int, width: int = 64, height: int = 48) -> np.ndarray:
+    """uint8 [height, width, 3] BGR: a flat grey level of 8 * (i % 32), so frames differ."""
+    return np.full((height, width, 3), 8 * (i % 32), np.uint8)
+
+
+@pytest.fixture
+def make_clip(tmp_path):
+    """make_clip(name, frames, fps, size=(w, h)) -> path of a small MJPG .avi in tmp_path."""
+
+    def make(name: str = "clip.avi", frames: int = 20, fps: float = 20.0, size=(64, 48)) -> Path:
+        path = tmp_path / name
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
+        assert writer.isOpened(), "OpenCV cannot write MJPG .avi here"
+        for i in range(frames):
+            writer.write(numbered_frame(i, *size))
+        writer.release()
+        return path
+
+    return make
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """write_config(text, name="pipeline.toml") -> path of a dedented TOML file in tmp_path."""
+
+    def write(text: str, name: str = "pipeline.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for subprocess configs)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

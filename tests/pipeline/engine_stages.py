@@ -1,0 +1,100 @@
+"""Small stages and runners the engine tests plug into configs (`engine_stages:Collect`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq
+import zmq.asyncio
+from pydantic import Field
+
+from pipeline.config import load_config
+from pipeline.graph import MapStage, Pipeline, Stage, StageOptions
+from pipeline.messages import Frame
+
+
+class Collect(Stage):
+    """Keeps every item it receives, in order (the pipeline's end, inspected by tests)."""
+
+    kind = "collect"
+    accepts = (object,)
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.items: list = []
+
+    async def run(self, inbox, out) -> None:
+        async for item in inbox:
+            self.items.append(item)
+
+
+class SlowOptions(StageOptions):
+    delay_s: float = Field(0.05, ge=0)
+
+
+class Slow(MapStage):
+    """Passes frames on after sleeping delay_s in its worker thread (a slow model)."""
+
+    kind = "slow"
+    accepts = (Frame,)
+    Options = SlowOptions
+
+    def process(self, item):
+        time.sleep(self.options.delay_s)
+        return [item]
+
+
+class Flaky(MapStage):
+    """Raises on every frame whose seq is odd; passes the others on."""
+
+    kind = "flaky"
+    accepts = (Frame,)
+
+    def process(self, item):
+        if item.seq % 2:
+            raise ValueError(f"flaky: refusing seq {item.seq}")
+        return [item]
+
+
+class Dies(Stage):
+    """Takes three items, then raises: a stage with a bug in its loop."""
+
+    kind = "dies"
+    accepts = (Frame,)
+
+    async def run(self, inbox, out) -> None:
+        taken = 0
+        async for _ in inbox:
+            taken += 1
+            if taken == 3:
+                raise RuntimeError("dies: the stage's loop broke")
+
+
+async def start(path, duration: float | None = None):
+    """(pipeline, task running it) for the config at path, without signal handlers."""
+    pipeline = Pipeline(load_config(path))
+    task = asyncio.create_task(pipeline.run(duration=duration, handle_signals=False))
+    while not pipeline.stages and not task.done():
+        await asyncio.sleep(0.01)
+    return pipeline, task
+
+
+async def subscriber(pipeline: Pipeline, stage: str = "publish", topic: str = ""):
+    """A zmq.asyncio SUB connected to the publish stage once it has bound."""
+    pub = pipeline.stages[stage]
+    await asyncio.wait_for(pub.bound.wait(), 5)
+    ctx = zmq.asyncio.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+    sub.connect(pub.endpoint)
+    return sub
+
+
+async def receive(sub, until_idle_s: float = 1.0, limit: int = 100_000) -> list[list[bytes]]:
+    """Messages until none arrives for until_idle_s (or limit)."""
+    got = []
+    while len(got) < limit and await sub.poll(int(until_idle_s * 1000)):
+        got.append(await sub.recv_multipart())
+    return got

@@ -1,0 +1,160 @@
+"""Bounded queues: each policy's behaviour when full, stale drops, closing, thread producers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from pipeline.messages import now_ns
+from pipeline.metrics import Metrics
+from pipeline.queues import BoundedQueue, QueueClosed
+
+
+@dataclass
+class Item:
+    camera: str
+    seq: int
+    deadline_ns: int = 1 << 62
+
+
+def drain(q: BoundedQueue) -> list[tuple[str, int]]:
+    out = []
+    while len(q):
+        item = q._items[0][0]
+        q._items.popleft()
+        out.append((item.camera, item.seq))
+    return out
+
+
+def test_drop_oldest_keeps_the_newest_and_counts_queue_full_per_camera():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 3, "drop_oldest", m)
+        for i in range(5):
+            assert await q.put(Item("a" if i < 2 else "b", i))
+        got = [(await q.get()).seq for _ in range(3)]
+        return m, got
+
+    m, got = asyncio.run(main())
+    assert got == [2, 3, 4]
+    assert m.dropped("s", "a", "queue_full") == 2
+    assert m.dropped("s", "b", "queue_full") == 0
+
+
+def test_latest_keeps_one_item_per_camera():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 8, "latest", m)
+        for i in range(4):
+            await q.put(Item("a", i))
+            await q.put(Item("b", 10 + i))
+        return m, drain(q)
+
+    m, got = asyncio.run(main())
+    assert sorted(got) == [("a", 3), ("b", 13)]
+    assert m.dropped("s", "a", "queue_full") == 3
+    assert m.dropped("s", "b", "queue_full") == 3
+
+
+def test_block_waits_for_room_and_loses_nothing():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 2, "block", m)
+        received = []
+
+        async def consume():
+            async for item in q:
+                received.append(item.seq)
+                await asyncio.sleep(0.001)
+
+        consumer = asyncio.create_task(consume())
+        for i in range(50):
+            assert await q.put(Item("a", i))
+            assert len(q) <= 2
+        q.close()
+        await consumer
+        return m, received
+
+    m, received = asyncio.run(main())
+    assert received == list(range(50))
+    assert m.dropped() == 0
+
+
+def test_stale_items_are_dropped_at_get_and_counted():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 4, "block", m)
+        await q.put(Item("a", 0, deadline_ns=now_ns() - 1))
+        await q.put(Item("a", 1))
+        got = await q.get()
+        return m, got
+
+    m, got = asyncio.run(main())
+    assert got.seq == 1
+    assert m.dropped("s", "a", "stale") == 1
+    assert m.items_in["s", "a"] == 2  # both were taken in; one was dropped as stale
+
+
+def test_close_lets_getters_drain_then_raises_closed():
+    async def main():
+        q = BoundedQueue("s", 4, "drop_oldest", Metrics())
+        await q.put(Item("a", 0))
+        q.close()
+        assert not await q.put(Item("a", 1))
+        first = await q.get()
+        with pytest.raises(QueueClosed):
+            await q.get()
+        return first
+
+    assert asyncio.run(main()).seq == 0
+
+
+def test_threadsafe_put_blocks_on_a_full_block_queue_until_room():
+    async def main():
+        q = BoundedQueue("s", 1, "block", Metrics())
+        done = []
+
+        def producer():
+            for i in range(3):
+                done.append(q.put_threadsafe(Item("a", i)))
+
+        t = threading.Thread(target=producer)
+        t.start()
+        await asyncio.sleep(0.3)
+        assert len(done) == 1  # the second put waits for room
+        seqs = [(await q.get()).seq for _ in range(3)]
+        await asyncio.to_thread(t.join, 2)
+        return done, seqs
+
+    done, seqs = asyncio.run(main())
+    assert done == [True, True, True]
+    assert seqs == [0, 1, 2]
+
+
+def test_threadsafe_put_gives_up_promptly_when_the_producer_stops():
+    async def main():
+        q = BoundedQueue("s", 1, "block", Metrics())
+        stop = threading.Event()
+        result = {}
+
+        def producer():
+            q.put_threadsafe(Item("a", 0))
+            t0 = time.monotonic()
+            result["taken"] = q.put_threadsafe(Item("a", 1), give_up=stop.is_set)
+            result["waited"] = time.monotonic() - t0
+
+        t = threading.Thread(target=producer)
+        t.start()
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.to_thread(t.join, 2)
+        return result, t.is_alive()
+
+    result, alive = asyncio.run(main())
+    assert not alive
+    assert result["taken"] is False
+    assert result["waited"] < 1.0

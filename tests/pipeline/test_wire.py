@@ -1,0 +1,84 @@
+"""The output protocol: results round-trip through encode/decode; malformed input is refused
+with a WireError that says what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline import wire
+from pipeline.messages import Detections, Frame
+
+
+def det() -> Detections:
+    frame = Frame("cam-1", 7, 1_000, 2_000, np.zeros((48, 64, 3), np.uint8), "synthetic:")
+    d = Detections.without_detector(frame)
+    d.boxes = np.array([[1, 2, 30, 40], [5, 6, 7, 8]], np.float32)
+    d.scores = np.array([0.9, 0.5], np.float32)
+    d.labels = ("person", "face")
+    return d
+
+
+def test_detections_round_trip_with_every_header_field():
+    parts = [bytes(p) for p in wire.encode_result(det(), publish_ts_ns=3_000)]
+    msg = wire.decode(parts)
+    assert msg.topic == "det/cam-1"
+    h = msg.header
+    assert {k: h[k] for k in wire.COMMON_FIELDS} == {
+        "v": 1, "kind": "det", "camera": "cam-1", "seq": 7, "capture_ts": 1_000,
+        "publish_ts": 3_000, "backend": "none", "model": "none", "synthetic": False,
+    }  # fmt: skip
+    assert (h["width"], h["height"], h["count"], h["labels"]) == (64, 48, 2, ["person", "face"])
+    assert h["parts"][0] == {
+        "name": "boxes", "dtype": "float32", "shape": [2, 4], "byteorder": "little"
+    }  # fmt: skip
+    np.testing.assert_array_equal(msg.arrays["boxes"], det().boxes)
+    np.testing.assert_array_equal(msg.arrays["scores"], det().scores)
+
+
+def test_big_endian_parts_decode_to_the_same_values():
+    values = np.arange(6, dtype=">i4").reshape(2, 3)
+    parts = [bytes(p) for p in wire.encode("t", {**_common(), "kind": "x"}, [("a", values)])]
+    assert json.loads(parts[1])["parts"][0]["byteorder"] == "big"
+    np.testing.assert_array_equal(wire.decode(parts).arrays["a"], np.arange(6).reshape(2, 3))
+
+
+def _common() -> dict:
+    return {k: 0 for k in wire.COMMON_FIELDS if k != "v"} | {"camera": "c", "backend": "none"}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda p: p[:1], "expected \\[topic, header"),
+        (lambda p: [p[0], b"{not json", *p[2:]], "header is not JSON"),
+        (lambda p: [p[0], b"[1, 2]", *p[2:]], "not a JSON object"),
+        (lambda p: [p[0], _edit(p[1], v=2), *p[2:]], "schema version 2"),
+        (lambda p: [p[0], _edit(p[1], seq=None, drop="seq"), *p[2:]], "lacks seq"),
+        (lambda p: p[:-1], "describes 2 binary part\\(s\\), message has 1"),
+        (lambda p: [*p[:2], p[2][:-4], p[3]], "28 bytes; dtype and shape say 32"),
+        (lambda p: [p[0], _part(p[1], dtype="object"), *p[2:]], "dtype 'object'"),
+        (lambda p: [p[0], _part(p[1], shape=[-1, 4]), *p[2:]], "shape \\[-1, 4\\]"),
+        (lambda p: [p[0], _part(p[1], byteorder="none"), *p[2:]], "byteorder 'none'"),
+        (lambda p: [b"\xff\xfe", *p[1:]], "topic is not UTF-8"),
+    ],
+)
+def test_malformed_messages_raise_wire_error_naming_the_problem(mutate, reason):
+    parts = [bytes(p) for p in wire.encode_result(det(), 3_000)]
+    with pytest.raises(wire.WireError, match=reason):
+        wire.decode(mutate(parts))
+
+
+def _edit(raw: bytes, drop: str | None = None, **fields) -> bytes:
+    header = json.loads(raw) | fields
+    if drop:
+        del header[drop]
+    return json.dumps(header).encode()
+
+
+def _part(raw: bytes, **fields) -> bytes:
+    header = json.loads(raw)
+    header["parts"][0] |= fields
+    return json.dumps(header).encode()

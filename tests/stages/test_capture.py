@@ -1,0 +1,149 @@
+"""The capture stage in a running pipeline: cameras fail by their own policy while the
+others keep flowing, malformed frames on a zmq camera are counted and skipped, and each
+camera's health and fps reach the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import numpy as np
+import zmq
+import zmq.asyncio
+from engine_stages import start
+
+from pipeline.messages import Frame, now_ns
+from stages.frame_wire import encode_frame
+
+STEADY = 'name = "steady"\nurl = "synthetic:?width=32&height=24&fps=30"'
+
+
+def config_with(doomed: str) -> str:
+    return f"""
+[metrics]
+stats_interval_s = 0
+[[cameras]]
+{STEADY}
+[[cameras]]
+name = "doomed"
+{doomed}
+[[stages]]
+kind = "capture"
+[[stages]]
+name = "sink"
+kind = "engine_stages:Collect"
+inbox = {{ size = 64, policy = "drop_oldest" }}
+"""
+
+
+def frames_of(pipeline, camera: str) -> list:
+    return [f for f in pipeline.stages["sink"].items if f.camera == camera]
+
+
+def test_a_removed_file_ends_its_camera_by_policy_while_the_other_keeps_flowing(
+    write_config, make_clip
+):
+    clip = make_clip("doomed.avi", frames=10, fps=20)  # 0.5 s a loop
+    path = write_config(config_with(f'url = "{clip.name}"\nloop = true\nend = "stop"'))
+
+    async def main():
+        pipeline, task = await start(path, duration=2.5)
+        await asyncio.sleep(0.2)
+        clip.unlink()  # the running loop finishes; reopening for the next loop fails
+        await asyncio.sleep(1.2)
+        health = pipeline.metrics.snapshot()["cameras"]["doomed"]["health"]
+        steady_before = len(frames_of(pipeline, "steady"))
+        code = await task
+        return pipeline, code, health, steady_before
+
+    pipeline, code, health, steady_before = asyncio.run(main())
+    assert code == 0
+    assert health == "ended"
+    doomed = frames_of(pipeline, "doomed")
+    assert 10 <= len(doomed) <= 20  # the loop in flight when the file went, then nothing
+    steady = frames_of(pipeline, "steady")
+    assert len(steady) > steady_before + 10  # still flowing after the other camera ended
+    assert [f.seq for f in steady] == sorted(f.seq for f in steady)
+
+
+def test_a_camera_with_end_reconnect_comes_back_when_its_file_returns(write_config, make_clip):
+    clip = make_clip("doomed.avi", frames=10, fps=20)
+    spare = clip.with_suffix(".bak")
+    shutil.copy(clip, spare)
+    path = write_config(
+        config_with(
+            f'url = "{clip.name}"\nloop = true\nend = "reconnect"\n'
+            "reconnect_min_s = 0.1\nreconnect_max_s = 0.2"
+        )
+    )
+
+    async def main():
+        pipeline, task = await start(path, duration=3.5)
+        await asyncio.sleep(0.2)
+        clip.unlink()
+        await asyncio.sleep(1.3)
+        gone = pipeline.metrics.snapshot()["cameras"]["doomed"]
+        count_gone = len(frames_of(pipeline, "doomed"))
+        shutil.copy(spare, clip)
+        code = await task
+        return pipeline, code, gone, count_gone
+
+    pipeline, code, gone, count_gone = asyncio.run(main())
+    assert code == 0
+    assert gone["health"] == "reconnecting" and gone["reconnects"] >= 1
+    doomed = frames_of(pipeline, "doomed")
+    assert len(doomed) > count_gone + 5  # back online after the file came back
+    seqs = [f.seq for f in doomed]
+    assert seqs == list(range(len(seqs)))  # seq keeps counting across the outage
+    assert len(frames_of(pipeline, "steady")) > 60
+
+
+def test_a_malformed_message_on_a_zmq_camera_is_counted_and_skipped(write_config, free_port):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    path = write_config(
+        f"""
+        [metrics]
+        stats_interval_s = 0
+        [[cameras]]
+        name = "remote"
+        url = "zmq:{endpoint}"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        name = "sink"
+        kind = "engine_stages:Collect"
+        inbox = {{ size = 16, policy = "block" }}
+        """
+    )
+    images = [np.full((24, 32, 3), 40 * i, np.uint8) for i in range(4)]
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.bind(endpoint)
+        pipeline, task = await start(path, duration=2.0)
+        t = now_ns()
+        sent = [
+            encode_frame(Frame("far", i, t, t + 10**10, im, "far:cam"), "raw")
+            for i, im in enumerate(images)
+        ]
+        await push.send_multipart(sent[0])
+        await push.send_multipart([b"not a frame header", b"\x00" * 7])
+        await push.send_multipart([b'{"v": 1}'])
+        for parts in sent[1:]:
+            await push.send_multipart(parts)
+        code = await task
+        push.close()
+        ctx.term()
+        return pipeline, code
+
+    pipeline, code = asyncio.run(main())
+    assert code == 0
+    got = pipeline.stages["sink"].items
+    assert [f.seq for f in got] == [0, 1, 2, 3]
+    for frame, image in zip(got, images, strict=True):
+        np.testing.assert_array_equal(frame.image, image)
+    stats = pipeline.metrics.snapshot()["cameras"]["remote"]
+    assert stats["bad_messages"] == 2
+    assert stats["frames"] == 4
