@@ -21,7 +21,6 @@ BFP16_BLOCK = 8  # values that share one exponent byte
 BFP16_BLOCK_BYTES = 9  # the exponent byte, then 8 signed mantissa bytes
 # A mantissa m under shared exponent byte E stands for m * 2**(E - 127 - 6): the f32 significand
 # (implicit bit explicit, 24 bits) shifted right by 17 keeps the sign plus 7 bits.
-_BFP16_MANTISSA_SHIFT = 17
 _BFP16_SCALE_BIAS = 127 + 6
 
 
@@ -78,22 +77,16 @@ def quantize_bfp16_blocks(values: np.ndarray) -> np.ndarray:
         raise PackingError(f"bfp16 blocks must be float32 [n, 8], got shape {values.shape}")
     if not np.isfinite(values).all():
         raise PackingError("bfp16 packing needs finite values; got inf or NaN")
-    bits = np.ascontiguousarray(values).view(np.uint32)
-    negative = (bits >> np.uint32(31)).astype(bool)
-    exp = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
-    significand = (bits & np.uint32(0x007FFFFF)).astype(np.int64)
-    significand[exp != 0] |= 0x00800000
+    bits = values.view(np.uint32)
+    exp = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
     shared = exp.max(axis=1, keepdims=True)
-    binades_below = shared - exp
-    shift = _BFP16_MANTISSA_SHIFT + np.minimum(binades_below, 40)
-    quotient = significand >> shift
-    remainder = significand & ((np.int64(1) << shift) - 1)
-    half = np.int64(1) << (shift - 1)
-    round_up = (remainder > half) | ((remainder == half) & (quotient & 1 == 1))
-    magnitude = quotient + round_up
-    mantissa = np.where(negative, -magnitude, magnitude)
-    mantissa = np.where(binades_below >= 32, np.where(negative, -1, 0), mantissa)
-    mantissa = np.clip(mantissa, -128, 127)
+    # significand / 2**(17 + E - e) is |x| * 2**(133 - E) for a normal x, exact in float64;
+    # a subnormal's e = 0 makes it |x| * 2**(132 - E).
+    scaled = values.astype(np.float64) * np.ldexp(1.0, _BFP16_SCALE_BIAS - shared)
+    scaled[exp == 0] *= 0.5
+    mantissa = np.rint(scaled)  # round half to even, symmetric in sign: conv_even
+    np.clip(mantissa, -128, 127, out=mantissa)
+    mantissa[((shared - exp) >= 32) & ((bits >> np.uint32(31)) == 1)] = -1
     out = np.empty((values.shape[0], BFP16_BLOCK_BYTES), dtype=np.uint8)
     out[:, 0] = shared[:, 0]
     out[:, 1:] = mantissa.astype(np.int8).view(np.uint8)
@@ -104,14 +97,17 @@ def dequantize_bfp16_blocks(blocks: np.ndarray) -> np.ndarray:
     """Decode bfp16ebs8 blocks: uint8 [nblocks, 9] -> float32 [nblocks, 8], exactly.
 
     Each value is m * 2**(E - 133) (see quantize_bfp16_blocks); every such value is an exact
-    float32 (at most 7 significant bits, no smaller than 2**-133).
+    float32 (at most 8 significant bits, no smaller than 2**-133) except -128 * 2**121
+    (E = 254, m = -128), which is -2**128 and reads as -inf.
     """
     blocks = np.asarray(blocks, dtype=np.uint8)
     if blocks.ndim != 2 or blocks.shape[1] != BFP16_BLOCK_BYTES:
         raise PackingError(f"bfp16 blocks must be uint8 [n, 9], got shape {blocks.shape}")
-    mantissa = np.ascontiguousarray(blocks[:, 1:]).view(np.int8).astype(np.float64)
-    scale = np.ldexp(1.0, blocks[:, :1].astype(np.int64) - _BFP16_SCALE_BIAS)
-    return (mantissa * scale).astype(np.float32)
+    mantissa = np.ascontiguousarray(blocks[:, 1:]).view(np.int8).astype(np.float32)
+    # 2**(E - 133) >= 2**-133 is a float32 (subnormal below 2**-126), and so is every product.
+    scale = np.ldexp(np.float32(1.0), blocks[:, :1].astype(np.int32) - _BFP16_SCALE_BIAS)
+    with np.errstate(over="ignore"):
+        return mantissa * scale
 
 
 def bfp16_packed_size(k: int, n: int) -> int:

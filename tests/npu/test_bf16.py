@@ -173,6 +173,17 @@ def test_bfp16_representable_values_round_trip_exactly():
     np.testing.assert_array_equal(dequantize_bfp16_blocks(quantize_bfp16_blocks(x)), x)
 
 
+def test_bfp16_decoding_extremes():
+    q = np.zeros((2, 9), np.uint8)
+    q[:, 1:3] = np.array([-128, 127], np.int8).view(np.uint8)
+    q[:, 0] = [0, 254]
+    out = dequantize_bfp16_blocks(q)
+    np.testing.assert_array_equal(out[0, :2], [-128 * 2.0**-133, 127 * 2.0**-133])
+    assert out[1, 0] == -np.inf and out[1, 1] == np.float32(127 * 2.0**121)
+    big = np.full((1, 8), -3.4028235e38, np.float32)  # rounds to mantissa -128 at E = 254
+    assert quantize_bfp16_blocks(big)[0, 1] == 0x80
+
+
 def expected_layout(b: np.ndarray, tile_n: int, tile_k: int, ct_k: int) -> np.ndarray:
     """Blocks in consumption order by an explicit loop nest over (cb, kb, kslice, tb, i, t_in):
     each block is 8 consecutive k of one column n."""
