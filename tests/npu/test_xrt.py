@@ -306,3 +306,27 @@ def test_open_device_returns_one_device_per_process(monkeypatch, node):
     d2 = xrt.open_device(node)
     assert d2 is not d1 and len(fake.of("device")) == 2
     d2.close()
+
+
+def test_device_command_names_each_missing_backend_and_why(monkeypatch, tmp_path, node, capsys):
+    import argparse
+
+    from npu.device_commands import backends, register
+
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    monkeypatch.setitem(sys.modules, "pyxrt", None)
+    rows = {r["backend"]: r for r in backends(str(tmp_path / "no-accel0"))}
+    assert rows["npu"]["available"] is False
+    assert "pyxrt: not importable" in rows["npu"]["detail"]
+    assert "no-accel0" in rows["npu"]["detail"]
+    assert rows["sim"]["available"] and rows["cpu"]["available"]
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    rows = {r["backend"]: r for r in backends(node)}
+    assert rows["npu"]["available"] is True
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["device", "--device-node", str(tmp_path / "no-accel0")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("npu  missing    device: no ")
+    assert "sim  available" in out
