@@ -15,7 +15,11 @@ import sys
 from pipeline.errors import NpucamError
 
 # Add a module here once it exists; each registers one or more top-level subcommands.
-COMMAND_MODULES: tuple[str, ...] = ("npu.bundle_commands", "stages.face_commands")
+COMMAND_MODULES: tuple[str, ...] = (
+    "npu.bundle_commands",
+    "npu.device_commands",
+    "stages.face_commands",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
