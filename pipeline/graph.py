@@ -265,6 +265,7 @@ class Pipeline:
         self.stages: dict[str, Stage] = {}
         self.inboxes: dict[str, BoundedQueue] = {}
         self.abandoned: list[str] = []
+        self.prometheus_server = None
         self._stop = asyncio.Event()
         self._force = False
 
@@ -303,6 +304,7 @@ class Pipeline:
         server = None
         if self.config.metrics.prometheus:
             server = start_prometheus(self.metrics, self.config.metrics.prometheus)
+            self.prometheus_server = server
             log.info("prometheus metrics on http://%s:%d/metrics", *server.server_address[:2])
         signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         for sig in signals:

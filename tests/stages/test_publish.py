@@ -1,0 +1,149 @@
+"""Publish end to end: file cameras -> ZeroMQ PUB -> an in-test SUB, the stats and preview
+topics, and frames PUSHed to a `zmq:` camera of a second pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import cv2
+import numpy as np
+from engine_stages import receive, start, subscriber
+
+from pipeline import wire
+
+
+def test_two_file_cameras_reach_a_subscriber_with_monotonic_seq_and_valid_headers(
+    write_config,
+):
+    path = write_config(
+        """
+        [metrics]
+        stats_interval_s = 0.5
+        [[cameras]]
+        name = "bikes"
+        url = "sample:bikes.mp4"
+        realtime = false
+        staleness_ms = 60000
+        [[cameras]]
+        name = "carphone"
+        url = "sample:carphone_pristine.mp4"
+        realtime = false
+        staleness_ms = 60000
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        wait_for_subscribers = 1
+        inbox = { size = 8, policy = "block" }
+        """
+    )
+
+    async def main():
+        pipeline, task = await start(path, duration=20)
+        sub = await subscriber(pipeline)
+        messages = await receive(sub, until_idle_s=2.0)
+        return await task, [wire.decode(m) for m in messages]
+
+    code, messages = asyncio.run(main())
+    assert code == 0
+    det = {"bikes": [], "carphone": []}
+    stats = []
+    for m in messages:
+        h = m.header
+        if m.topic == "stats":
+            stats.append(h)
+            continue
+        assert m.topic == f"det/{h['camera']}" and h["kind"] == "det"
+        assert h["capture_ts"] <= h["publish_ts"]
+        assert (h["backend"], h["model"], h["synthetic"], h["count"]) == ("none", "none", False, 0)
+        assert m.arrays["boxes"].shape == (0, 4) and m.arrays["boxes"].dtype == np.float32
+        det[h["camera"]].append(h)
+    assert [h["seq"] for h in det["bikes"]] == list(range(250))  # every frame of the clips
+    assert [h["seq"] for h in det["carphone"]] == list(range(120))
+    assert {(h["width"], h["height"]) for h in det["bikes"]} == {(640, 272)}
+    assert {(h["width"], h["height"]) for h in det["carphone"]} == {(176, 144)}
+    final = stats[-1]["stats"]  # sent after the drain: the run's totals
+    assert final["stages"]["publish"]["out"] == {"bikes": 250, "carphone": 120}
+    assert final["cameras"]["bikes"]["health"] == "ended"
+
+
+def test_preview_topic_carries_a_decodable_jpeg(write_config):
+    path = write_config(
+        """
+        [metrics]
+        stats_interval_s = 0
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=320&height=240&fps=30"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        frame_meta = false
+        preview = true
+        preview_max_width = 160
+        wait_for_subscribers = 1
+        """
+    )
+
+    async def main():
+        pipeline, task = await start(path, duration=1.0)
+        sub = await subscriber(pipeline, topic="preview/")
+        messages = await receive(sub, until_idle_s=1.0)
+        return await task, [wire.decode(m) for m in messages]
+
+    code, messages = asyncio.run(main())
+    assert code == 0
+    assert messages and all(m.topic == "preview/card" for m in messages)
+    m = messages[0]
+    assert m.header["parts"][0]["encoding"] == "jpeg"
+    image = cv2.imdecode(m.arrays["jpeg"], cv2.IMREAD_COLOR)
+    assert image.shape == (120, 160, 3) == (m.header["height"], m.header["width"], 3)
+
+
+def test_frames_pushed_by_one_pipeline_arrive_at_a_zmq_camera_of_another(write_config, free_port):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    capture = write_config(
+        f"""
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=64&height=48&fps=50"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "zmq_push"
+        bind = "{endpoint}"
+        format = "raw"
+        """,
+        name="capture.toml",
+    )
+    infer = write_config(
+        f"""
+        [[cameras]]
+        name = "remote"
+        url = "zmq:{endpoint}"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        name = "sink"
+        kind = "engine_stages:Collect"
+        """,
+        name="infer.toml",
+    )
+
+    async def main():
+        sender, send_task = await start(capture, duration=1.5)
+        receiver, recv_task = await start(infer, duration=1.5)
+        return sender, receiver, await send_task, await recv_task
+
+    sender, receiver, code_s, code_r = asyncio.run(main())
+    assert (code_s, code_r) == (0, 0)
+    got = receiver.stages["sink"].items
+    assert len(got) > 20
+    assert all(f.camera == "remote" and f.image.shape == (48, 64, 3) for f in got)
+    assert [f.seq for f in got] == list(range(len(got)))
+    pushed = sender.metrics.items_out["zmq_push", "card"]
+    lost = sender.metrics.dropped("zmq_push", "card", "queue_full")
+    assert pushed >= len(got) and pushed + lost == sender.metrics.items_in["zmq_push", "card"]
