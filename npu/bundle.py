@@ -107,8 +107,8 @@ def confine(root: Path, rel: str) -> Path:
         raise ValueError(f"path {rel} is absolute")
     if ".." in re.split(r"[/\\]", rel):
         raise ValueError(f"path {rel} climbs out with ..")
-    base = root.resolve()
     try:
+        base = root.resolve()
         target = (root / rel).resolve()
     except (OSError, RuntimeError) as exc:
         raise ValueError(f"path {rel} does not resolve: {exc}") from None
@@ -410,19 +410,24 @@ class Bundle:
         """Read manifest.txt and tensors.txt, map tensors.bin and check every tensor fits."""
         root = Path(path)
         manifest_path = root / MANIFEST
-        if not manifest_path.exists() and (root / "plan.txt").exists():
+        try:
+            old_layout = not manifest_path.exists() and (root / "plan.txt").exists()
+            links = [n for n in (MANIFEST, TENSORS_TXT, TENSORS_BIN) if (root / n).is_symlink()]
+            has_table = (root / TENSORS_TXT).exists()
+        except OSError as exc:
+            raise _io_error(root, exc) from None
+        if old_layout:
             raise BundleError(
                 f"{root}: plan.txt and no manifest.txt: this is the old plan.txt bundle layout;"
                 " re-export the bundle"
             )
-        for name in (MANIFEST, TENSORS_TXT, TENSORS_BIN):
-            if (root / name).is_symlink():
-                try:
-                    confine(root, name)
-                except ValueError as exc:
-                    raise BundleError(f"{root}: {exc}") from None
+        for name in links:
+            try:
+                confine(root, name)
+            except ValueError as exc:
+                raise BundleError(f"{root}: {exc}") from None
         text = _read_text(manifest_path)
-        if text.startswith("gaic ") and not (root / TENSORS_TXT).exists():
+        if text.startswith("gaic ") and not has_table:
             raise BundleError(
                 f"{manifest_path}: a manifest starting with `gaic ` and no tensors.txt: this is"
                 " the old GAIC bundle layout; re-export the bundle"

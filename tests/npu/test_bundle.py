@@ -368,7 +368,8 @@ def test_escaping_symlinks_are_refused_and_inner_ones_allowed(tmp_path):
     )
     assert r.path("other") == (root / "kernels" / "in.bin").resolve()
     assert b.path("inner") == (root / "kernels" / "in.bin").resolve()
-    for rel in ("link/k.xclbin", "../outside/k.xclbin", str(outside / "k.xclbin"), ""):
+    os.symlink(root / "loop", root / "loop")
+    for rel in ("link/k.xclbin", "../outside/k.xclbin", str(outside / "k.xclbin"), "", "loop"):
         with pytest.raises(BundleError):
             b.path(rel)
     text = "version 3\nxclbin c link/k.xclbin MLIR_AIE\n"
