@@ -339,7 +339,8 @@ class BatchScheduler:
         self.lru = ContextLRU(context_slots)
         self._queues: dict[str, list[Job]] = {name: [] for name in self.profiles}
         self._cost: dict[str, float] = {name: p.cost_s for name, p in self.profiles.items()}
-        self._served: dict[str, float] = {}
+        self._served: dict[str, float] = {}  # device-seconds charged per camera, / weight
+        self._virtual = 0.0  # the charge level at which the latest batch started
         self._in_flight: list[Batch] = []
         self._seq = 0
         self.stats = SchedulerStats(started_ns=clock())
@@ -393,13 +394,10 @@ class BatchScheduler:
 
     def _lift_returning_camera(self, camera: str) -> None:
         # A camera that had nothing queued does not bank credit for its idle time: it rejoins
-        # at the lowest virtual time of the cameras that are waiting (start-time fair queueing).
-        waiting = {job.camera for queue in self._queues.values() for job in queue}
-        if camera in waiting:
+        # at the virtual time of the latest dispatch (start-time fair queueing).
+        if any(job.camera == camera for queue in self._queues.values() for job in queue):
             return
-        floor = min((self._served.get(c, 0.0) for c in waiting), default=None)
-        served = self._served.get(camera, 0.0)
-        self._served[camera] = served if floor is None else max(served, floor)
+        self._served[camera] = max(self._served.get(camera, 0.0), self._virtual)
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -566,10 +564,10 @@ class BatchScheduler:
         stats.slots += profile.batch_size
         stats.filled += len(chosen.jobs)
         stats.padding_waste_s += share * (profile.batch_size - len(chosen.jobs))
+        self._virtual = max(self._virtual, chosen.lead_served)
         for job in chosen.jobs:
-            self._served[job.camera] = self._served.get(job.camera, 0.0) + share / self._weight(
-                job.camera
-            )
+            charge = share / self._weight(job.camera)
+            self._served[job.camera] = self._served.get(job.camera, 0.0) + charge
             wait = (now - job.enqueue_ns) / _NS
             stats.wait_s_sum += wait
             stats.wait_s_max = max(stats.wait_s_max, wait)
@@ -677,14 +675,16 @@ def simulate(
     device_s: Callable[[Batch], float],
     until_ns: int,
     run_batch: Callable[[Batch], Sequence[Any]] | None = None,
-    on_result: Callable[[Job, Any], None] | None = None,
+    on_dispatch: Callable[[Batch], None] | None = None,
+    on_complete: Callable[[Batch, list[tuple]], None] | None = None,
 ) -> SimReport:
     """Drive `scheduler` as the inference stage would, on a simulated device, until until_ns.
 
     events: (time ns, callback) pairs, e.g. a camera frame that submits jobs; callbacks may
     submit. device_s(batch): the simulated device time of a batch (context loads included).
-    run_batch(batch): the outputs per slot (default: the slot payloads). The device runs
-    one batch at a time; up to max_in_flight batches are dispatched ahead (host glue overlap).
+    run_batch(batch): the outputs per slot (default: the slot payloads). on_dispatch(batch)
+    and on_complete(batch, returned results) are the stage's hooks. The device runs one
+    batch at a time; up to max_in_flight batches are dispatched ahead (host glue overlap).
     """
     pending = sorted(events, key=lambda e: e[0])
     report = SimReport()
@@ -694,6 +694,8 @@ def simulate(
     while True:
         while (batch := scheduler.next_batch()) is not None:
             prepared.append(batch)
+            if on_dispatch is not None:
+                on_dispatch(batch)
         if running is None and prepared:
             batch = prepared.pop(0)
             running = (batch, clock.t + _s_to_ns(device_s(batch)))
@@ -715,10 +717,10 @@ def simulate(
             outputs = run_batch(batch) if run_batch else batch.slot_payloads()
             elapsed_s = (running[1] - report.batches[-1][0]) / _NS
             running = None
-            for job, output in scheduler.complete(batch, outputs, elapsed_s):
-                report.results.append((clock.t, job, output))
-                if on_result is not None:
-                    on_result(job, output)
+            returned = scheduler.complete(batch, outputs, elapsed_s)
+            report.results += [(clock.t, job, output) for job, output in returned]
+            if on_complete is not None:
+                on_complete(batch, returned)
         while i < len(pending) and pending[i][0] <= clock.t:
             pending[i][1]()
             i += 1
