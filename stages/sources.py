@@ -70,7 +70,8 @@ class CameraSpec:
 
     loop: restart a file or image folder at its end (seq continues).
     realtime: pace files, folders and the test card at their frame rate (`fps` overrides the
-        file's own); when False they are read as fast as emit accepts.
+        file's own; a folder without `fps` is not paced); when False they are read as fast
+        as emit accepts. Live sources are never paced and ignore `fps`.
     staleness_ms: deadline budget added to each frame's capture time.
     stall_timeout_s: a live source without a frame this long is "stale" and is reopened.
     end: what a failure or the end of the source does: "stop" (health "ended") or
@@ -205,7 +206,7 @@ def _parse_synthetic(spec: CameraSpec, rest: str) -> dict:
 
 
 class _SourceFailed(Exception):
-    """The source could not be opened, or it ended or failed while reading."""
+    """The source cannot be opened now."""
 
 
 class _BadFrame(Exception):
@@ -228,7 +229,8 @@ class _Source:
 
     def read(self, seq: int) -> tuple[np.ndarray, int | None, str] | None:
         """(image BGR uint8 [H, W, 3], capture_ts_ns or None = now, description) of the next
-        item; None at the end; _SourceFailed on a failure, _BadFrame to skip one item."""
+        item (seq is the number it will get); None when no image came: the end, a frame
+        OpenCV could not decode, a timed-out read or stop; _BadFrame to skip one item."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -549,6 +551,9 @@ class CameraReader:
                     self._source.open()
                 except _SourceFailed as exc:
                     self._fail(str(exc))
+                except Exception as exc:
+                    log.exception("camera %s: opening failed", self.spec.name)
+                    self._fail(f"cannot open {self._source.description}: {exc!r}")
                 else:
                     try:
                         flowed, outcome = self._pump()
@@ -604,8 +609,10 @@ class CameraReader:
                 self._counts[exc.key] += 1
                 self._last_error = str(exc)
                 continue
-            except _SourceFailed as exc:
-                self._fail(str(exc))
+            except Exception as exc:
+                # An unexpected backend error is a failure of this source, handled by policy.
+                log.exception("camera %s: read failed", self.spec.name)
+                self._fail(f"read from {self._source.description} failed: {exc!r}")
                 return flowed, "failed"
             finally:
                 self._reading_since = None
