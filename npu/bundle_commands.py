@@ -2,8 +2,9 @@
 
 check opens the bundle (every manifest and tensors.txt rule of npu.bundle), then verifies that
 each file the manifest names exists inside the bundle (xclbin records, `insts=` and `xclbin=`
-fields) and that every `ctx=` names a declared xclbin, and prints a summary of kernels and
-hardware contexts. The first failure is reported as an error (non-zero exit).
+fields; instruction streams must be whole u32 words) and that every `ctx=` names a declared
+xclbin, and prints a summary of kernels and hardware contexts. The first failure is reported
+as an error (non-zero exit).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def check_bundle(path: str | Path, version: int | None = None) -> CheckSummary:
                 target = r.path(key)
                 if not target.is_file():
                     raise r.error(f"`{key}={r.value(key)}` names a missing file")
+                size = target.stat().st_size
+                # An instruction stream is raw little-endian u32 words (spec section 2.1).
+                if key == "insts" and (size == 0 or size % 4):
+                    raise r.error(f"`insts={r.value(key)}` is not whole u32 words ({size} bytes)")
                 files += 1
         if r.has("ctx"):
             ctx = r.value("ctx")

@@ -7,9 +7,17 @@ import os
 import numpy as np
 import pytest
 
+import pipeline.cli
 from npu.bundle_commands import check_bundle
 from npu.bundle_writer import BundleWriter
 from pipeline.cli import main
+
+
+@pytest.fixture(autouse=True)
+def only_bundle_commands(monkeypatch):
+    """The real entry point (parsing, error to exit code) with only this command group, so
+    other groups' import problems cannot fail these tests."""
+    monkeypatch.setattr(pipeline.cli, "COMMAND_MODULES", ("npu.bundle_commands",))
 
 
 def write_bundle(root, *, insts_missing=False, ctx="ctx0"):
@@ -70,6 +78,14 @@ def test_check_refuses_undeclared_contexts_wrong_versions_and_escaping_files(tmp
     (root / "kernels" / "gemm.xclbin").unlink()
     code, _, err = run(capsys, "bundle", "check", str(root))
     assert code != 0 and "xclbin ctx0: file" in err and "is missing" in err
+
+
+def test_check_refuses_instruction_streams_that_are_not_whole_words(tmp_path, capsys):
+    root = write_bundle(tmp_path / "b")
+    (root / "kernels" / "g1.bin").write_bytes(b"\0" * 6)
+    code, _, err = run(capsys, "bundle", "check", str(root))
+    assert code != 0
+    assert "manifest.txt:6: `insts=kernels/g1.bin` is not whole u32 words (6 bytes)" in err
 
 
 def test_check_on_a_missing_directory(tmp_path, capsys):
