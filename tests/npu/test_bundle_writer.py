@@ -3,9 +3,14 @@ form spec section 1 gives (64-byte aligned offsets, one record a line)."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npu.bf16 import pack_bfp16, round_bf16, unpack_bfp16
 from npu.bundle import Bundle, BundleError
@@ -116,3 +121,39 @@ def test_writer_refuses_duplicate_tensors_and_an_existing_bundle(tmp_path):
             wr.tensor("t", np.zeros(2, np.float32))
     with pytest.raises(BundleError, match="already holds a bundle"):
         BundleWriter(tmp_path / "b", version=1)
+
+
+WS = set(" \t\n\x0b\x0c\r\x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | {
+    chr(c) for c in range(0x2000, 0x200B)
+}
+TOKEN = st.text(
+    st.characters(blacklist_characters=sorted(WS), blacklist_categories=["Cs"]),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    tag=TOKEN.filter(lambda t: not t.startswith("#") and t not in ("version", "param", "xclbin")),
+    fields=st.lists(TOKEN.filter(lambda t: "=" not in t), max_size=4),
+    kv=st.dictionaries(TOKEN.filter(lambda t: "=" not in t and t != "tail"), TOKEN, max_size=4),
+    tail=st.none()
+    | st.text(
+        st.characters(blacklist_characters=["\n", "\r"], blacklist_categories=["Cs"]), max_size=20
+    ).filter(lambda t: t == "" or t[0] not in WS),
+    param=TOKEN,
+)
+def test_any_record_and_param_the_writer_accepts_reads_back(tag, fields, kv, tail, param):
+    with tempfile.TemporaryDirectory() as d:
+        with BundleWriter(Path(d) / "b", version=1) as w:
+            w.record(tag, *fields, tail=tail, **kv)
+            w.param("p", param + " and more")
+        b = Bundle.open(Path(d) / "b", version=1)
+        (r,) = b.records
+        assert r.tag == tag and r.fields[: len(fields)] == fields
+        for k, v in kv.items():
+            assert r.value(k) == v
+        if tail:
+            assert r.rest(len(fields) + len(kv)) == tail
+        assert b.param("p") == param + " and more"
