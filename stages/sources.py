@@ -23,6 +23,17 @@ url forms:
                              connects, does not bind; every frame it gets belongs to this camera
     synthetic:[?width=W&height=H&fps=F]
                              a deterministic moving test card with the seq drawn in it
+
+Health: "starting" until the first frame; "online" while frames come; "stale" once a read
+has waited stall_timeout_s (and until the first reopen attempt); "reconnecting" while the
+source is reopened or waits for its next try; "ended" when a source whose `end` is "stop"
+ends or fails, or after stop(). Notes from OpenCV 4.14's FFmpeg backend, checked by the
+tests: a read that times out leaves the capture dead, so a stream's read timeout is
+stall_timeout_s itself; a read fails once per undecodable frame and the stream goes on; every
+frame of a stream is scaled to the size it had when opened, so a size change shows only after
+a reopen (folders and zmq pass sizes through; stats count size_changes). RTSP over TCP is
+chosen with OpenCV's own variable OPENCV_FFMPEG_CAPTURE_OPTIONS="rtsp_transport;tcp". ZeroMQ
+reconnects its TCP link itself, so a silent zmq source is "stale" until frames come back.
 """
 
 from __future__ import annotations
@@ -147,8 +158,11 @@ def _parse_url(spec: CameraSpec) -> tuple[str, object]:
     scheme, sep, rest = url.partition(":")
     scheme = scheme.lower() if sep else ""
     if scheme in STREAM_SCHEMES:
-        parts = urllib.parse.urlsplit(url)
-        if not rest.startswith("//") or not parts.hostname:
+        try:
+            host = urllib.parse.urlsplit(url).hostname
+        except ValueError:
+            host = None
+        if not rest.startswith("//") or not host:
             raise spec._error(f"a {scheme} url needs a host: {scheme}://HOST[:PORT]/PATH")
         return "stream", url
     if scheme == "usb":
@@ -156,7 +170,7 @@ def _parse_url(spec: CameraSpec) -> tuple[str, object]:
             raise spec._error("usb needs a device index: usb:N with N >= 0")
         return "usb", int(rest)
     if scheme == "zmq":
-        m = re.fullmatch(r"tcp://([^\s:/]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", rest)
+        m = re.fullmatch(r"tcp://([^\s:/*]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", rest)
         if not m or not 0 < int(m.group(2)) < 65536:
             raise spec._error("zmq needs a ZeroMQ tcp endpoint: zmq:tcp://HOST:PORT")
         return "zmq", rest

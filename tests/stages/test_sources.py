@@ -19,6 +19,8 @@ import cv2
 import numpy as np
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.assets import asset_path
 from pipeline.errors import NpucamError
@@ -164,6 +166,8 @@ def test_spec_url_forms_give_their_kind(url, kind, live):
         ("usb:-1", {}, "usb:N"),
         ("zmq:127.0.0.1:5570", {}, "zmq:tcp://HOST:PORT"),
         ("zmq:tcp://127.0.0.1:99999", {}, "zmq:tcp://HOST:PORT"),
+        ("zmq:tcp://*:5570", {}, "zmq:tcp://HOST:PORT"),
+        ("http://[::1/x", {}, "needs a host"),
         ("rtsp:/nohost", {}, "needs a host"),
         ("synthetic:?width=0", {}, "width"),
         ("synthetic:?size=3", {}, "unknown key 'size'"),
@@ -183,6 +187,22 @@ def test_invalid_specs_raise_source_error_naming_camera_and_url(url, kw, match):
         spec("door", url, **kw)
     assert "camera 'door'" in str(info.value)
     assert isinstance(info.value, NpucamError)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(max_size=40),
+    st.sampled_from(
+        ["", "http://", "rtsp://", "zmq:", "synthetic:", "usb:", "images:", "file:", "sample:"]
+    ),
+)
+def test_any_url_gives_a_spec_or_a_source_error(text, prefix):
+    try:
+        s = spec("fuzz", prefix + text)
+    except SourceError as exc:
+        assert "camera 'fuzz'" in str(exc)
+    else:
+        assert s.kind in ("file", "usb", "stream", "images", "zmq", "synthetic")
 
 
 def test_passwords_never_appear_in_errors():
