@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -416,6 +417,12 @@ class SimMha:
 # -- the device --------------------------------------------------------------------------
 
 
+def _release_slots(registry: ContextRegistry, slots: set[Path]) -> None:
+    for slot in list(slots):
+        registry.release(slot)
+    slots.clear()
+
+
 class SimBuffer(Buffer):
     """A host buffer standing in for a host_only BO; `version` counts syncs to the device."""
 
@@ -493,6 +500,9 @@ class SimDevice:
         self._last_context: str | None = None
         self._busy_until = 0.0
         self.closed = False
+        # a device dropped without close() still gives its machine-wide slots back
+        self._slots: set[Path] = set()
+        self._release_slots = weakref.finalize(self, _release_slots, self.registry, self._slots)
 
     # contexts and kernels
 
@@ -501,6 +511,7 @@ class SimDevice:
             self.faults.context_failures -= 1
             raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (sim fault)")
         slot = self.registry.acquire(key.replace("\n", " "))
+        self._slots.add(slot)
         self.sim.creations += 1
         self.sim.ctx_create_s += self.cost.ctx_create_s
         self.sim.device_time_s += self.cost.ctx_create_s
@@ -511,6 +522,7 @@ class SimDevice:
             kernel.words = None
         if self._last_context == key:
             self._last_context = None
+        self._slots.discard(slot)
         self.registry.release(slot)
 
     def _resident(self, kernel: SimKernel) -> None:
@@ -532,6 +544,8 @@ class SimDevice:
                 )
             if len(spec.insts) % 4 or not spec.insts:
                 raise DeviceError(f"{spec.where()}: the instruction stream is not whole u32 words")
+            if not spec.xclbin.is_file():
+                raise DeviceError(f"{spec.where()}: xclbin {spec.xclbin} is missing")
             kernel = SimKernel(self, spec, factory(spec))
             self.stats.kernels[spec.key] = kernel.timing
             self.sim.kernels[spec.key] = SimKernelTime()
@@ -696,6 +710,7 @@ class SimDevice:
             for buf in self._buffers.values():
                 buf.freed = True
             self._buffers.clear()
+            self._release_slots()
             self.closed = True
             if self._timing:
                 print(self.stats.line("sim"), file=sys.stderr)

@@ -164,14 +164,18 @@ class XrtDevice:
 
     def _create_context(self, key: str) -> _Context:
         path, name = key.split("\n", 1)
-        xb, uuid = self._register(Path(path))
+        _, uuid = self._xclbins[Path(path)]
         return _Context(self._x.hw_context(self._dev, uuid), uuid, name)
 
-    def _register(self, path: Path) -> tuple[Any, Any]:
-        if path not in self._xclbins:
-            xb = self._x.xclbin(str(path))
-            self._xclbins[path] = (xb, self._dev.register_xclbin(xb))
-        return self._xclbins[path]
+    def _register(self, spec: KernelSpec) -> None:
+        """Parse and register an xclbin once per device (outside the evict-and-retry loop, so
+        a bad file never evicts resident contexts)."""
+        if spec.xclbin not in self._xclbins:
+            try:
+                xb = self._x.xclbin(str(spec.xclbin))
+                self._xclbins[spec.xclbin] = (xb, self._dev.register_xclbin(xb))
+            except Exception as exc:
+                raise DeviceError(f"{spec.where()}: xclbin {spec.xclbin}: {exc}") from exc
 
     def _release_context(self, key: str, ctx: _Context) -> None:
         for kernel in self._users.get(key, []):
@@ -187,17 +191,21 @@ class XrtDevice:
 
     def _resident(self, kernel: XrtKernel) -> None:
         """Make kernel's context resident and its pyxrt kernel + instruction BO live."""
-        key = kernel.spec.context_key
-        ctx = self._contexts.acquire(key)
+        spec = kernel.spec
+        self._register(spec)
+        ctx = self._contexts.acquire(spec.context_key)
         if kernel.xk is not None:
             return
-        xk = self._x.kernel(ctx.hw_context, ctx.name)
-        ib = self._x.bo(self._dev, len(kernel.spec.insts), self._x.bo.cacheable, xk.group_id(1))
-        words = np.frombuffer(kernel.spec.insts, np.uint32).copy()
-        for i, v in kernel.patches.items():
-            words[i] = v
-        ib.write(words.view(np.uint8), 0)
-        ib.sync(self._to_dev)
+        try:
+            xk = self._x.kernel(ctx.hw_context, ctx.name)
+            ib = self._x.bo(self._dev, len(spec.insts), self._x.bo.cacheable, xk.group_id(1))
+            words = np.frombuffer(spec.insts, np.uint32).copy()
+            for i, v in kernel.patches.items():
+                words[i] = v
+            ib.write(words.view(np.uint8), 0)
+            ib.sync(self._to_dev)
+        except Exception as exc:
+            raise DeviceError(f"{spec.where()}: kernel {ctx.name} in {spec.xclbin}: {exc}") from exc
         kernel.xk, kernel.insts_bo = xk, ib
 
     def load(self, spec: KernelSpec) -> XrtKernel:
@@ -256,10 +264,13 @@ class XrtDevice:
             self._check_open()
             if nbytes <= 0:
                 raise DeviceError(f"a buffer needs at least one byte, asked for {nbytes}")
-            bo = self._x.bo(self._dev, nbytes, self._x.bo.host_only, 0)
-            host = np.frombuffer(bo.map(), np.uint8, count=nbytes)
-            host[:] = 0
-            bo.sync(self._to_dev)
+            try:
+                bo = self._x.bo(self._dev, nbytes, self._x.bo.host_only, 0)
+                host = np.frombuffer(bo.map(), np.uint8, count=nbytes)
+                host[:] = 0
+                bo.sync(self._to_dev)
+            except Exception as exc:
+                raise DeviceError(f"alloc({nbytes} bytes): {exc}") from exc
             buf = XrtBuffer(bo, host)
             self._buffers[buf.id] = buf
             return buf
@@ -315,19 +326,23 @@ class XrtDevice:
             key = tuple(b.id for b in buffers)
             busy = kernel.in_flight(key)
             run = None if busy else kernel.runs.get(key)
-            if run is None:
-                run = self._x.run(kernel.xk)
-                run.set_arg(0, 3)
-                run.set_arg(1, kernel.insts_bo)
-                run.set_arg(2, len(kernel.spec.insts))
-                for i, b in enumerate(buffers):
-                    assert isinstance(b, XrtBuffer)
-                    run.set_arg(3 + i, b.bo)
-                if not busy:
-                    kernel.runs[key] = run
+            try:
+                if run is None:
+                    run = self._x.run(kernel.xk)
+                    run.set_arg(0, 3)
+                    run.set_arg(1, kernel.insts_bo)
+                    run.set_arg(2, len(kernel.spec.insts))
+                    for i, b in enumerate(buffers):
+                        assert isinstance(b, XrtBuffer)
+                        run.set_arg(3 + i, b.bo)
+                    if not busy:
+                        kernel.runs[key] = run
+                run.start()
+            except Exception as exc:
+                kernel.runs.pop(key, None)
+                raise DeviceError(f"{kernel.spec.key}: launch failed: {exc}") from exc
             launch = XrtLaunch(self, kernel, key, run)
             launch.t0 = t0
-            run.start()
             kernel.pending.append(launch)
             return launch
 

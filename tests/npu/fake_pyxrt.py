@@ -64,6 +64,8 @@ class _KernelInfo:
 
 class xclbin:  # noqa: N801
     def __init__(self, path: str) -> None:
+        if path.endswith("corrupt.xclbin"):
+            raise RuntimeError(f"{path}: not a valid xclbin")
         self.path = path
         calls.append(("xclbin", path))
 

@@ -3,6 +3,7 @@ cap across processes (docs/device.md)."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 
@@ -370,3 +371,24 @@ def test_timing_lines_are_labelled_sim(tmp_path, reg, monkeypatch, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0].startswith("[sim] loads=1 hits=1 evict=0 runs=1  load=")
     assert lines[1].startswith("[sim] device_time=") and "(simulated:" in lines[1]
+
+
+def test_a_device_dropped_without_close_gives_its_slots_back(tmp_path, reg):
+    _, specs = _ctx_bundle(tmp_path / "b", 2)
+    dev = SimDevice(registry_dir=reg)
+    dev.load(specs[0])
+    dev.load(specs[1])
+    registry = ContextRegistry(reg)
+    assert len(registry.held()) == 2
+    del dev
+    gc.collect()  # kernels and the device reference each other: a cycle
+    assert registry.held() == []
+
+
+def test_a_missing_xclbin_fails_the_load(tmp_path, reg):
+    _, specs = _ctx_bundle(tmp_path / "b", 1)
+    (tmp_path / "b" / "kernels" / "c0.xclbin").unlink()
+    dev = SimDevice(registry_dir=reg)
+    with pytest.raises(DeviceError, match=r"^manifest.txt:\d+: xclbin .*c0.xclbin is missing$"):
+        dev.load(specs[0])
+    dev.close()

@@ -330,3 +330,11 @@ def test_device_command_names_each_missing_backend_and_why(monkeypatch, tmp_path
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("npu  missing    device: no ")
     assert "sim  available" in out
+
+
+def test_a_bad_xclbin_fails_its_load_without_evicting_anything(dev):
+    dev.load(spec("a", "/b/a.xclbin"))
+    bad = KernelSpec("g", "gemm", Path("/b/corrupt.xclbin"), "MLIR_AIE", b"\0" * 8, {}, "m:4")
+    with pytest.raises(DeviceError, match=r"^m:4: xclbin /b/corrupt.xclbin: .*not a valid xclbin"):
+        dev.load(bad)
+    assert dev.stats.evict == 0 and len(dev.resident_contexts()) == 1
