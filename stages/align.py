@@ -70,7 +70,8 @@ def umeyama_similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         d[dim - 1] = -1.0
     t = np.eye(dim + 1)
     u, s, vt = np.linalg.svd(a)
-    rank = np.linalg.matrix_rank(a)
+    # numpy's matrix_rank tolerance, from the singular values already at hand
+    rank = int(np.count_nonzero(s > s.max(initial=0.0) * dim * np.finfo(np.float64).eps))
     if rank == 0:
         return np.full((dim + 1, dim + 1), np.nan)
     if rank == dim - 1:
