@@ -1,4 +1,4 @@
-"""A controllable HTTP MJPEG camera on 127.0.0.1 for capture tests (never reachable off-host).
+"""A controllable HTTP(S) MJPEG camera on 127.0.0.1 for capture tests (never reachable off-host).
 
 It serves `multipart/x-mixed-replace` as IP cameras do, in the form FFmpeg's mpjpeg demuxer
 reads: each part is `--BOUNDARY`, `Content-Type: image/jpeg`, `Content-Length: N`, a blank
@@ -10,6 +10,7 @@ bring it back on the same port. Each JPEG shows a frame counter and a moving bar
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 
@@ -31,8 +32,15 @@ def card_image(n: int, width: int = 160, height: int = 120) -> np.ndarray:
 class MjpegServer:
     """Serves JPEG test cards at `fps` to every client of http://127.0.0.1:port/video."""
 
-    def __init__(self, fps: float = 25.0, width: int = 160, height: int = 120) -> None:
+    def __init__(
+        self,
+        fps: float = 25.0,
+        width: int = 160,
+        height: int = 120,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.fps = fps
+        self.tls = tls
         self.width = width
         self.height = height
         self.port = 0
@@ -49,7 +57,8 @@ class MjpegServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/video"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/video"
 
     def __enter__(self) -> MjpegServer:
         self.start()
@@ -69,6 +78,11 @@ class MjpegServer:
         self._closing.clear()
         self._listener = listener
         self._spawn(self._accept_loop, listener)
+
+    @property
+    def threads_alive(self) -> int:
+        """Server threads still running (0 after close())."""
+        return sum(t.is_alive() for t in self._threads)
 
     def stall(self) -> None:
         """Keep connections open but send nothing (a camera whose encoder hangs)."""
@@ -118,6 +132,8 @@ class MjpegServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(0.5)
+            if self.tls:
+                conn = self.tls.wrap_socket(conn, server_side=True)
             request = b""
             while b"\r\n\r\n" not in request and not self._closing.is_set():
                 try:

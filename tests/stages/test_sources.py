@@ -9,6 +9,8 @@ cv2.imread reading the same inputs directly.
 from __future__ import annotations
 
 import shutil
+import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -100,8 +102,10 @@ def start_reader():
 
 @pytest.fixture
 def mjpeg():
-    with MjpegServer(fps=40) as server:
+    server = MjpegServer(fps=40)
+    with server:
         yield server
+    assert server.threads_alive == 0
 
 
 def spec(name: str, url: str, base_dir: Path = Path("."), **kw) -> CameraSpec:
@@ -449,6 +453,42 @@ def test_mjpeg_stream_is_read_live(mjpeg, start_reader):
     # live: frames arrive at the camera's rate, not faster, and are read as they come
     wait_until(lambda: reader.stats()["fps"] > 0)
     assert 20 <= reader.stats()["fps"] <= 60
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_mjpeg_stream_is_read(tmp_path, start_reader):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-days",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    with MjpegServer(fps=40, tls=tls) as server:
+        assert server.url.startswith("https://")
+        reader, got = start_reader(spec("tls", server.url, stall_timeout_s=2))
+        frames = got.wait_for(5)
+        check_sequenced(frames, "tls")
+        assert frames[0].image.shape == (120, 160, 3)
+        assert reader.stop()
+    assert server.threads_alive == 0
 
 
 def test_undecodable_stream_frames_are_skipped_and_counted(mjpeg, start_reader):
