@@ -61,11 +61,17 @@ def rust_lines(text: str) -> list[str]:
 
 def tokens(text: str) -> list[str]:
     """Whitespace-separated tokens, as Rust's str::split_whitespace."""
+    # Printable ASCII has one whitespace character, the space, in both languages.
+    if text.isascii() and text.isprintable():
+        return text.split()
     return _TOKEN.findall(text)
 
 
 def parse_uint(text: str, limit: int = USIZE_MAX) -> int | None:
     """An unsigned integer as Rust's FromStr reads it (optional '+', digits only), or None."""
+    if text.isascii() and text.isdigit() and len(text) < 10:
+        value = int(text)  # the common case: plain digits, below every limit used here
+        return value if value <= limit else None
     if not _UINT.fullmatch(text):
         return None
     digits = text.lstrip("+").lstrip("0") or "0"
@@ -359,34 +365,41 @@ class Manifest:
         return self.xclbins[key]
 
 
+def _tensor_line(i: int, line: str, entries: dict[str, TensorEntry]) -> TensorEntry:
+    """Line i (0-based) of tensors.txt, checked in taconite-bundle's order."""
+
+    def at(msg: str) -> BundleError:
+        return BundleError(f"{TENSORS_TXT}:{i + 1}: {msg}, in: {line}")
+
+    f = tokens(line)
+    if len(f) != 5:
+        raise at("expected <name> <dtype> <shape> <offset> <bytes>")
+    name, dtype, dims, off, size = f
+    if dtype not in DTYPE_SIZES:
+        raise at("unknown dtype")
+    shape = tuple(parse_uint(d) for d in dims.split(","))
+    if None in shape:
+        raise at("bad shape")
+    offset = parse_uint(off)
+    if offset is None:
+        raise at("bad offset")
+    nbytes = parse_uint(size)
+    if nbytes is None:
+        raise at("bad byte count")
+    if offset % 8:
+        raise at("offset is not 8-byte aligned")
+    if nbytes % DTYPE_SIZES[dtype]:
+        raise at("byte count is not a whole number of elements")
+    if name in entries:
+        raise at("tensor defined twice")
+    return TensorEntry(name, dtype, shape, offset, nbytes, i + 1)  # type: ignore[arg-type]
+
+
 def _parse_tensor_table(text: str) -> dict[str, TensorEntry]:
     entries: dict[str, TensorEntry] = {}
     for i, line in enumerate(rust_lines(text)):
-
-        def at(msg: str, i: int = i, line: str = line) -> BundleError:
-            return BundleError(f"{TENSORS_TXT}:{i + 1}: {msg}, in: {line}")
-
-        f = tokens(line)
-        if len(f) != 5:
-            raise at("expected <name> <dtype> <shape> <offset> <bytes>")
-        if f[1] not in DTYPE_SIZES:
-            raise at("unknown dtype")
-        shape = tuple(parse_uint(s) for s in f[2].split(","))
-        if any(d is None for d in shape):
-            raise at("bad shape")
-        offset = parse_uint(f[3])
-        if offset is None:
-            raise at("bad offset")
-        nbytes = parse_uint(f[4])
-        if nbytes is None:
-            raise at("bad byte count")
-        if offset % 8:
-            raise at("offset is not 8-byte aligned")
-        if nbytes % DTYPE_SIZES[f[1]]:
-            raise at("byte count is not a whole number of elements")
-        if f[0] in entries:
-            raise at("tensor defined twice")
-        entries[f[0]] = TensorEntry(f[0], f[1], shape, offset, nbytes, i + 1)  # type: ignore[arg-type]
+        e = _tensor_line(i, line, entries)
+        entries[e.name] = e
     return entries
 
 
