@@ -1,6 +1,8 @@
 """Fixtures shared by the whole suite: small test clips, config files, free endpoints.
 
-tests/pipeline/ is put on sys.path so configs in any test can name the helper stages of
+The checkout goes first on sys.path: pytest puts this file's folder (tests/) there, and
+without it `import stages` would find the namespace folder tests/stages instead of the
+package. tests/pipeline/ follows, so configs in any test can name the helper stages of
 tests/pipeline/engine_stages.py as `kind = "engine_stages:Collect"`.
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "pipeline"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def numbered_frame(i: int, width: int = 64, height: int = 48) -> np.ndarray:

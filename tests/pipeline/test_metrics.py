@@ -1,0 +1,74 @@
+"""Metrics: counters and histograms in the stats snapshot and as Prometheus text."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+from engine_stages import start
+
+from pipeline.metrics import Histogram, Metrics, MetricsError
+
+
+def test_snapshot_groups_counts_by_stage_and_camera():
+    m = Metrics()
+    m.count_in("detect", "a", 3)
+    m.count_out("detect", "a", 2)
+    m.drop("detect", "a", "stale")
+    m.drop("detect", "b", "npu_busy", 4)
+    m.observe_work("detect", 0.004)
+    m.add_camera("a", lambda: {"fps": 25.0, "health": "online"})
+    snap = m.snapshot()
+    stage = snap["stages"]["detect"]
+    assert stage["in"] == {"a": 3} and stage["out"] == {"a": 2}
+    assert stage["drops"] == {"a": {"stale": 1}, "b": {"npu_busy": 4}}
+    assert stage["work"]["count"] == 1 and stage["work"]["p50_ms"] == 5.0  # bucket (2.5, 5] ms
+    assert snap["cameras"]["a"] == {"fps": 25.0, "health": "online"}
+    assert m.dropped(reason="npu_busy") == 4 and m.dropped(camera="a") == 1
+
+
+def test_unknown_drop_reason_is_refused():
+    with pytest.raises(MetricsError, match="drop reason 'oops'"):
+        Metrics().drop("s", "a", "oops")
+
+
+def test_histogram_quantiles_are_bucket_upper_bounds():
+    h = Histogram()
+    for s in [0.0002] * 90 + [0.3] * 10:
+        h.observe(s)
+    assert h.quantile(0.5) == 0.0005 and h.quantile(0.95) == 0.5 and h.count == 100
+
+
+def test_prometheus_endpoint_serves_stage_and_camera_metrics(write_config):
+    path = write_config(
+        """
+        [metrics]
+        stats_interval_s = 0
+        prometheus = "127.0.0.1:0"
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=32&height=24&fps=50"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        name = "sink"
+        kind = "engine_stages:Collect"
+        """
+    )
+
+    async def main():
+        pipeline, task = await start(path, duration=1.2)
+        await asyncio.sleep(0.8)
+        port = pipeline.prometheus_server.server_port
+        url = f"http://127.0.0.1:{port}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        return await task, text.decode()
+
+    code, text = asyncio.run(main())
+    assert code == 0
+    assert 'npucam_stage_items_in_total{camera="card",stage="sink"}' in text
+    assert 'npucam_queue_wait_seconds_bucket{le="+Inf",stage="sink"}' in text
+    assert 'npucam_camera_health{camera="card",state="online"} 1.0' in text
+    fps = [line for line in text.splitlines() if line.startswith("npucam_camera_fps{")]
+    assert fps and float(fps[0].split()[-1]) > 20
