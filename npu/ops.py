@@ -177,6 +177,8 @@ class DeviceOps:
     kernel once per M-row chunk over sub-buffers of one A and one C buffer, and returns the
     bf16 C as float32. mha(key, q, k, v) writes bf16 Q/K/V padded to the record's seq_pad and
     returns the bf16 O as float32 [heads, S, d]. backend is the device's ("npu" or "sim").
+    Ops bound to the same record (e.g. every layer's qkv) share one loaded kernel and one
+    set of A / C buffers; each has its own B.
     """
 
     def __init__(
@@ -187,8 +189,9 @@ class DeviceOps:
     ) -> None:
         self.device = device
         self.backend = device.backend
+        self._kernels: dict[tuple[str, str, str], Kernel] = {}
         self._gemms: dict[str, tuple[Kernel, Buffer, KernelSpec]] = {}
-        self._rows: dict[str, _RowBuffers] = {}
+        self._rows: dict[int, _RowBuffers] = {}
         self._mhas: dict[str, tuple[Kernel, list[Buffer], KernelSpec]] = {}
         for key, g in (gemms or {}).items():
             self._bind_gemm(key, g)
@@ -200,26 +203,35 @@ class DeviceOps:
         cls,
         device: Device,
         bundle: Any,
-        gemms: Mapping[str, str] | None = None,
+        gemms: Mapping[str, tuple[str, str]] | None = None,
         mhas: Mapping[str, str] | None = None,
     ) -> DeviceOps:
-        """Bind GEMMs {record key: B tensor name} and MHAs {op key: record key} of a bundle
-        (npu.bundle.Bundle); records are found by their first field (or tag)."""
+        """Bind GEMMs {op key: (record key, B tensor name)} and MHAs {op key: record key} of
+        a bundle (npu.bundle.Bundle); records are found by their first field (or tag)."""
         records = {kernel_key(r): r for r in bundle.records}
+        specs: dict[str, KernelSpec] = {}
 
-        def record(key: str) -> Any:
+        def spec(key: str) -> KernelSpec:
             if key not in records:
                 raise OpsError(f"{bundle.root}/manifest.txt: no kernel record {key}")
-            return records[key]
+            if key not in specs:
+                specs[key] = kernel_spec(bundle, records[key])
+            return specs[key]
 
         return cls(
             device,
             gemms={
-                k: DeviceGemm(kernel_spec(bundle, record(k)), np.asarray(bundle.view(t, "u8")))
-                for k, t in (gemms or {}).items()
+                k: DeviceGemm(spec(r), np.asarray(bundle.view(t, "u8")))
+                for k, (r, t) in (gemms or {}).items()
             },
-            mhas={k: kernel_spec(bundle, record(r)) for k, r in (mhas or {}).items()},
+            mhas={k: spec(r) for k, r in (mhas or {}).items()},
         )
+
+    def _kernel(self, spec: KernelSpec) -> Kernel:
+        ident = (spec.key, spec.source, spec.context_key)
+        if ident not in self._kernels:
+            self._kernels[ident] = self.device.load(spec)
+        return self._kernels[ident]
 
     def _bind_gemm(self, key: str, g: DeviceGemm) -> None:
         spec = g.spec
@@ -227,7 +239,7 @@ class DeviceOps:
         if spec.get_int("lda", k) != k or "c_stride" in spec.fields:
             raise OpsError(f"{spec.where()}: DeviceOps runs dense GEMMs (lda=K, no c_stride)")
         b = np.ascontiguousarray(g.b).reshape(-1).view(np.uint8)
-        kernel = self.device.load(spec)
+        kernel = self._kernel(spec)
         buf = self.device.alloc(b.nbytes)
         buf.write(b)
         self.device.to_device(buf)
@@ -237,16 +249,16 @@ class DeviceOps:
         heads, d = spec.get_int("heads"), spec.get_int("d")
         kv = spec.get_int("kv_heads", heads)
         seq_pad = spec.get_int("seq_pad", spec.get_int("seq"))
-        kernel = self.device.load(spec)
+        kernel = self._kernel(spec)
         sizes = [heads, kv, kv, heads]
         bufs = [self.device.alloc(h * seq_pad * d * 2) for h in sizes]
         self._mhas[key] = (kernel, bufs, spec)
 
-    def _row_buffers(self, key: str, spec: KernelSpec, rows: int) -> _RowBuffers:
+    def _row_buffers(self, kernel: Kernel, spec: KernelSpec, rows: int) -> _RowBuffers:
         m, k = spec.get_int("M"), spec.get_int("K")
         n_out = spec.get_int("N") // (2 if spec.get_str("epilogue", "none") == "swiglu" else 1)
         padded = -(-rows // m) * m
-        have = self._rows.get(key)
+        have = self._rows.get(id(kernel))
         if have is not None and have.rows >= padded:
             return have
         if have is not None:
@@ -260,8 +272,8 @@ class DeviceOps:
             )
             for i in range(padded // m)
         ]
-        self._rows[key] = _RowBuffers(padded, a, c, chunks)
-        return self._rows[key]
+        self._rows[id(kernel)] = _RowBuffers(padded, a, c, chunks)
+        return self._rows[id(kernel)]
 
     def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
         try:
@@ -272,7 +284,7 @@ class DeviceOps:
         if a.ndim != 2 or a.shape[1] != k or a.shape[0] == 0:
             raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {k}]")
         rows = a.shape[0]
-        rb = self._row_buffers(key, spec, rows)
+        rb = self._row_buffers(kernel, spec, rows)
         n_chunks = -(-rows // m)
         a_host = rb.a.array(np.uint16, (rb.rows, k))
         a_host[:rows] = f32_to_bf16(a)
@@ -341,14 +353,14 @@ class DeviceOps:
 
     def close(self) -> None:
         """Free this ops object's kernels and buffers (the device stays open)."""
-        for kernel, buf, _ in self._gemms.values():
+        for _, buf, _ in self._gemms.values():
             self.device.free(buf)
-            self.device.free_kernel(kernel)
         for rb in self._rows.values():
             self.device.free(rb.a)
             self.device.free(rb.c)
-        for kernel, bufs, _ in self._mhas.values():
+        for _, bufs, _ in self._mhas.values():
             for buf in bufs:
                 self.device.free(buf)
+        for kernel in self._kernels.values():
             self.device.free_kernel(kernel)
-        self._gemms, self._rows, self._mhas = {}, {}, {}
+        self._kernels, self._gemms, self._rows, self._mhas = {}, {}, {}, {}

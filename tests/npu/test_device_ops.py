@@ -43,7 +43,10 @@ def model(tmp_path):
 
 def bind(dev, bundle, gemms):
     return DeviceOps.from_bundle(
-        dev, bundle, gemms={k: f"{k}.b" for k in gemms}, mhas={"attn": "attn", "text": "text"}
+        dev,
+        bundle,
+        gemms={k: (k, f"{k}.b") for k in gemms},
+        mhas={"attn": "attn", "text": "text"},
     )
 
 
@@ -136,6 +139,21 @@ def test_bad_calls_name_the_op(dev, model):
         ops.mha("attn", z, z, z, scale=1.0)
     with pytest.raises(OpsError, match="no kernel record missing"):
         DeviceOps.from_bundle(dev, bundle, mhas={"x": "missing"})
+
+
+def test_ops_on_one_record_share_its_kernel_and_buffers(dev, model):
+    bundle, gemms = model
+    layers = {f"{i}.o": ("g_none", f"g_{e}.b") for i, e in enumerate(("none", "silu"))}
+    ops = DeviceOps.from_bundle(dev, bundle, gemms=layers)
+    a = np.random.default_rng(12).standard_normal((20, K)).astype(np.float32)
+    # layer 1 runs the `none` kernel over g_silu's B: a plain GEMM with those weights
+    w = gemms["g_silu"]
+    want = NumpyOps({"x": GemmWeights(w.w, w.bias)}).gemm("x", a)
+    got = ops.gemm("1.o", a)
+    assert np.abs(got - want).max() < 0.05
+    assert not np.allclose(ops.gemm("0.o", a), got)
+    assert len(ops._kernels) == 1 and len(dev.stats.kernels) == 1
+    ops.close()
 
 
 def test_close_frees_kernels_buffers_and_contexts(dev, model):
