@@ -137,6 +137,20 @@ class CameraSpec:
         return self.kind in LIVE_KINDS
 
     @property
+    def path(self) -> Path | None:
+        """The file or folder a file, sample or images source reads (it may not exist yet);
+        None for other kinds."""
+        kind, target = self._parsed
+        if kind == "images":
+            return self.base_dir / Path(target).expanduser()
+        if kind != "file":
+            return None
+        how, value = target
+        if how == "sample":
+            return assets.cache_dir() / value
+        return self.base_dir / Path(value).expanduser()
+
+    @property
     def reconnects(self) -> bool:
         """Whether a failure or end of this source reopens it (the `end` policy)."""
         if self.end is None:
@@ -429,17 +443,14 @@ def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
     """The source object of spec (not opened yet); SourceError if a sample is not fetched."""
     kind, target = spec._parsed
     if kind == "file":
-        how, value = target
-        if how == "sample":
+        if target[0] == "sample":
             try:
-                path = assets.asset_path(value)
+                assets.asset_path(target[1])
             except assets.AssetError as exc:
                 raise spec._error(str(exc)) from None
-        else:
-            path = spec.base_dir / Path(value).expanduser()
-        return _FileSource(path)
+        return _FileSource(spec.path)
     if kind == "images":
-        return _ImageFolderSource(spec.base_dir / Path(target).expanduser())
+        return _ImageFolderSource(spec.path)
     if kind == "usb":
         return _CaptureSource(target, f"usb:{target}")
     if kind == "stream":

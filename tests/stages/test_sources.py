@@ -161,6 +161,14 @@ def test_spec_url_forms_give_their_kind(url, kind, live):
     assert s.reconnects == live  # the default end policy
 
 
+def test_spec_path_is_the_file_or_folder_read(tmp_path):
+    assert spec("a", "clips/a.mp4", tmp_path).path == tmp_path / "clips/a.mp4"
+    assert spec("a", "file:/abs/a.mp4", tmp_path).path == Path("/abs/a.mp4")
+    assert spec("a", "images:frames", tmp_path).path == tmp_path / "frames"
+    assert spec("a", "sample:bikes.mp4").path == asset_path("bikes.mp4")
+    assert spec("a", "usb:0").path is None and spec("a", "synthetic:").path is None
+
+
 @pytest.mark.parametrize(
     ("url", "kw", "match"),
     [
