@@ -358,6 +358,7 @@ class XrtDevice:
                 return
             finally:
                 kernel.pending.remove(launch)
+                launch.run = None  # a held handle must not keep the run (and its context) alive
             t1 = time.perf_counter()
             wall, waited = t1 - launch.t0, t1 - launch.t_start
             for timing in (self.stats, kernel.timing):

@@ -338,3 +338,19 @@ def test_a_bad_xclbin_fails_its_load_without_evicting_anything(dev):
     with pytest.raises(DeviceError, match=r"^m:4: xclbin /b/corrupt.xclbin: .*not a valid xclbin"):
         dev.load(bad)
     assert dev.stats.evict == 0 and len(dev.resident_contexts()) == 1
+
+
+def test_evicting_a_context_waits_for_its_launches_in_flight(monkeypatch, node):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    monkeypatch.setenv("TACONITE_CTX_CACHE", "1")
+    dev = xrt.XrtDevice(node)
+    k0 = dev.load(spec("a", "/b/a.xclbin"))
+    launch = dev.start(k0, [dev.alloc(16)])
+    run_id = fake.of("start")[-1][1]
+    dev.load(spec("b", "/b/b.xclbin"))  # evicts a's context with the launch still running
+    names = [c[:2] for c in fake.calls]
+    assert names.index(("wait", run_id)) < names.index(("hw_context.free", "/b/a.xclbin"))
+    assert launch.wait() >= 0.0  # the state was collected at eviction
+    assert fake.of("wait") == [("wait", run_id)]
+    dev.close()
