@@ -218,7 +218,7 @@ def check_insts_words(nbytes: int, words: Iterable[tuple[int, int]]) -> list[tup
 
 @dataclass
 class KernelTiming:
-    """Per-kernel dispatch counters (host wall time)."""
+    """Per-kernel-key dispatch counters (host wall time); kernels loaded twice share them."""
 
     runs: int = 0
     run_s: float = 0.0

@@ -547,8 +547,8 @@ class SimDevice:
             if not spec.xclbin.is_file():
                 raise DeviceError(f"{spec.where()}: xclbin {spec.xclbin} is missing")
             kernel = SimKernel(self, spec, factory(spec))
-            self.stats.kernels[spec.key] = kernel.timing
-            self.sim.kernels[spec.key] = SimKernelTime()
+            kernel.timing = self.stats.kernels.setdefault(spec.key, kernel.timing)
+            self.sim.kernels.setdefault(spec.key, SimKernelTime())
             self._users.setdefault(spec.context_key, []).append(kernel)
             try:
                 self._resident(kernel)

@@ -214,7 +214,7 @@ class XrtDevice:
             if len(spec.insts) % 4 or not spec.insts:
                 raise DeviceError(f"{spec.where()}: the instruction stream is not whole u32 words")
             kernel = XrtKernel(self, spec)
-            self.stats.kernels[spec.key] = kernel.timing
+            kernel.timing = self.stats.kernels.setdefault(spec.key, kernel.timing)
             self._users.setdefault(spec.context_key, []).append(kernel)
             try:
                 self._resident(kernel)
