@@ -392,3 +392,32 @@ def test_a_missing_xclbin_fails_the_load(tmp_path, reg):
     with pytest.raises(DeviceError, match=r"^manifest.txt:\d+: xclbin .*c0.xclbin is missing$"):
         dev.load(specs[0])
     dev.close()
+
+
+def test_gemm_reads_a_at_stride_lda_and_writes_c_at_c_stride(tmp_path, reg):
+    rng = np.random.default_rng(13)
+    _, spec = gemm_bundle(tmp_path / "b", rng, bias=False)
+    lda, c_stride = 384, N + 32  # overlapping A rows (3x3-conv style); C rows with a gap
+    spec = type(spec)(**{**spec.__dict__, "fields": {**spec.fields, "lda": "384",
+                                                     "c_stride": str(c_stride)}})  # fmt: skip
+    bundle = Bundle.open(tmp_path / "b", version=1)
+    blob = bundle.view("g.b", "u8")
+    flat = f32_to_bf16(rng.standard_normal((M - 1) * lda + K).astype(np.float32))
+    dev = SimDevice(registry_dir=reg)
+    kern = dev.load(spec)
+    a, b = dev.alloc(flat.nbytes), dev.alloc(blob.nbytes)
+    c = dev.alloc(((M - 1) * c_stride + N) * 2)
+    c.host[:] = 0xFF  # the gap columns must stay untouched
+    a.write(flat)
+    b.write(blob)
+    dev.run(kern, [a, b, c])
+    rows = np.lib.stride_tricks.as_strided(bf16_to_f32(flat), (M, K), (lda * 4, 4))
+    ref = rows.astype(np.float64) @ unpack_bfp16(blob, K, N, 128, 512, 32)
+    out = np.zeros(M * c_stride, np.uint16)
+    out[: c.nbytes // 2] = c.array(np.uint16)
+    out = out.reshape(M, c_stride)
+    got = bf16_to_f32(out[:, :N])
+    mag = np.abs(rows) @ np.abs(unpack_bfp16(blob, K, N, 128, 512, 32))
+    assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * mag)
+    assert (out[:-1, N:] == 0xFFFF).all()
+    dev.close()
