@@ -56,7 +56,7 @@ import zmq
 from pipeline import assets
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
-from stages.frame_wire import FrameWireError, decode_frame
+from stages.frame_wire import MAX_SIDE, FrameWireError, decode_frame
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class CameraSpec:
 
 def redact(url: str) -> str:
     """url with any password replaced by ***, for logs and frame descriptions."""
-    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+    return re.sub(r"(://[^/:@]*:)[^/]*@", r"\1***@", url, count=1)
 
 
 def _parse_url(spec: CameraSpec) -> tuple[str, object]:
@@ -351,10 +351,14 @@ class _ImageFolderSource(_Source):
 
 
 class _ZmqSource(_Source):
-    """PULL socket that connects to a remote PUSH; frames keep their remote capture time."""
+    """PULL socket that connects to a remote PUSH. A frame keeps its remote capture time; its
+    deadline is that plus this camera's staleness_ms, and its seq is this camera's."""
 
     RCVHWM = 4
     POLL_MS = 50
+    # The largest message the wire format allows (raw 16384 x 16384 x 3) plus its header;
+    # ZeroMQ drops a peer that sends more instead of allocating it.
+    MAXMSGSIZE = MAX_SIDE * MAX_SIDE * 3 + 65536
 
     def __init__(self, endpoint: str, stop: threading.Event):
         self.endpoint = endpoint
@@ -368,6 +372,7 @@ class _ZmqSource(_Source):
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAXMSGSIZE)
         try:
             self.sock.connect(self.endpoint)
         except zmq.ZMQError as exc:

@@ -28,7 +28,7 @@ from pipeline.assets import asset_path
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
 from stages.frame_wire import encode_frame
-from stages.sources import CameraReader, CameraSpec, SourceError, synthetic_image
+from stages.sources import CameraReader, CameraSpec, SourceError, redact, synthetic_image
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mjpeg_server import MjpegServer, card_image  # noqa: E402
@@ -217,10 +217,16 @@ def test_any_url_gives_a_spec_or_a_source_error(text, prefix):
         assert s.kind in ("file", "usb", "stream", "images", "zmq", "synthetic")
 
 
-def test_passwords_never_appear_in_errors():
+def test_passwords_never_appear_in_errors_or_descriptions():
     with pytest.raises(SourceError) as info:
         spec("door", "rtsp://admin:hunter2@cam.local/s", end="bogus")
     assert "hunter2" not in str(info.value) and "admin:***@" in str(info.value)
+    assert (
+        redact("rtsp://admin:p@ss:w@cam.local:554/s?x=1") == "rtsp://admin:***@cam.local:554/s?x=1"
+    )
+    assert redact("http://cam.local/a@b") == "http://cam.local/a@b"
+    reader = CameraReader(spec("door", "rtsp://admin:hunter2@127.0.0.1:9/s"), lambda f: None)
+    assert reader.stats()["source"] == "rtsp://admin:***@127.0.0.1:9/s"
 
 
 def test_missing_sample_asset_is_a_source_error_naming_the_camera():
