@@ -10,6 +10,7 @@ Simulated times are labelled "sim" and are never hardware measurements.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import itertools
@@ -503,6 +504,8 @@ class SimDevice:
         # a device dropped without close() still gives its machine-wide slots back
         self._slots: set[Path] = set()
         self._release_slots = weakref.finalize(self, _release_slots, self.registry, self._slots)
+        if self._timing:
+            atexit.register(self.close)  # print the timing lines even if never closed
 
     # contexts and kernels
 

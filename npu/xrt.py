@@ -9,6 +9,7 @@ pyxrt is imported lazily and is never a pip dependency.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
@@ -130,6 +131,7 @@ def open_device(device_node: str = DEVICE_NODE) -> XrtDevice:
     with _device_lock:
         if _device is None or _device.closed:
             _device = XrtDevice(device_node)
+            atexit.register(_device.close)  # the TACONITE_TIMING line, as Rust's Drop prints it
         return _device
 
 
