@@ -67,12 +67,23 @@ def write_tiny_clip(dest: Path, *, hidden_act: str = "gelu", eos_token_id: int =
         projection_dim=24,
     )
     model = CLIPModel(config).eval()
-    # HF's init leaves LayerNorms at identity and biases at zero; randomise them so the
-    # folding of LN affines into the GEMMs is exercised.
+    # HF's init (std 0.02, identity LayerNorms, zero biases) makes embeddings nearly
+    # input-independent; redraw weights at 1/sqrt(fan_in) and randomise LN affines and biases,
+    # so embeddings differ per input and the folding of LN affines into GEMMs is exercised.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "layer_norm" in name or "layrnorm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
+            if name == "logit_scale":
+                continue
+            if "layer_norm" in name or "layrnorm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            elif "embedding" in name and p.ndim == 2 and "patch" not in name:
+                p.copy_(torch.randn_like(p))
+            elif p.ndim >= 2:
+                p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5)
+            else:
+                p.copy_(torch.randn_like(p))
     model.save_pretrained(dest, safe_serialization=True)
     write_vocab(dest)
     return dest
