@@ -1,10 +1,13 @@
-"""A controllable HTTP(S) MJPEG camera on 127.0.0.1 for capture tests (never reachable off-host).
+"""Controllable test cameras on 127.0.0.1 for capture tests (never reachable off-host).
 
-It serves `multipart/x-mixed-replace` as IP cameras do, in the form FFmpeg's mpjpeg demuxer
-reads: each part is `--BOUNDARY`, `Content-Type: image/jpeg`, `Content-Length: N`, a blank
-line, then N bytes of JPEG and CRLF. The test can stall it (connections stay open, nothing is
-sent), take it down (close every connection and stop listening: new connects are refused) and
-bring it back on the same port. Each JPEG shows a frame counter and a moving bar.
+LoopbackCamera holds what every test camera shares: a listener on a free port, one thread per
+client, JPEG test cards at `fps`, and the faults a test injects: stall() (connections stay
+open, nothing is sent), down() (every connection and the listener close: new connects are
+refused), up() (listen again on the same port), and corrupt_every (every Nth JPEG is garbage).
+
+MjpegServer serves `multipart/x-mixed-replace` over HTTP(S) as IP cameras do, in the form
+FFmpeg's mpjpeg demuxer reads: each part is `--BOUNDARY`, `Content-Type: image/jpeg`,
+`Content-Length: N`, a blank line, then N bytes of JPEG and CRLF.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 
 import cv2
 import numpy as np
@@ -29,38 +33,31 @@ def card_image(n: int, width: int = 160, height: int = 120) -> np.ndarray:
     return image
 
 
-class MjpegServer:
-    """Serves JPEG test cards at `fps` to every client of http://127.0.0.1:port/video."""
+class LoopbackCamera:
+    """Listener, client threads, paced JPEG cards and fault injection; subclasses speak a
+    protocol in serve(conn)."""
 
-    def __init__(
-        self,
-        fps: float = 25.0,
-        width: int = 160,
-        height: int = 120,
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
+    scheme = ""
+
+    def __init__(self, fps: float = 25.0, width: int = 160, height: int = 120) -> None:
         self.fps = fps
-        self.tls = tls
         self.width = width
         self.height = height
         self.port = 0
-        self.corrupt_every = 0  # when > 0, every Nth part carries garbage instead of a JPEG
+        self.corrupt_every = 0  # when > 0, every Nth card is sent as garbage instead of JPEG
         self.frames_sent = 0
         self.connections = 0
         self._lock = threading.Lock()
         self._sending = threading.Event()
         self._sending.set()
         self._closing = threading.Event()
-        self._listener: socket.socket | None = None
-        self._clients: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
 
     @property
     def url(self) -> str:
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://127.0.0.1:{self.port}/video"
+        return f"{self.scheme}://127.0.0.1:{self.port}/video"
 
-    def __enter__(self) -> MjpegServer:
+    def __enter__(self):
         self.start()
         return self
 
@@ -76,7 +73,6 @@ class MjpegServer:
         listener.settimeout(0.05)
         self.port = listener.getsockname()[1]
         self._closing.clear()
-        self._listener = listener
         self._spawn(self._accept_loop, listener)
 
     @property
@@ -94,8 +90,9 @@ class MjpegServer:
     def down(self) -> None:
         """Close every connection and the listener: a camera that dropped off the network."""
         self._closing.set()
-        self._join()
-        self._listener = None
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = [t for t in self._threads if t.is_alive()]
 
     def up(self) -> None:
         """Listen again on the same port and send frames."""
@@ -106,15 +103,55 @@ class MjpegServer:
         self.resume()
         self.down()
 
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+    def cards(self) -> Iterator[bytes]:
+        """JPEG cards at fps while sending, none while stalled, until down()."""
+        next_at = time.monotonic()
+        while not self._closing.is_set():
+            if not self._sending.wait(0.02):
+                next_at = time.monotonic()
+                continue
+            with self._lock:
+                n = self.frames_sent
+                self.frames_sent += 1
+            ok, jpeg = cv2.imencode(".jpg", card_image(n, self.width, self.height))
+            assert ok
+            data = jpeg.tobytes()
+            if self.corrupt_every and n % self.corrupt_every == self.corrupt_every - 1:
+                data = data[:20] + bytes(range(256)) * 4
+            yield data
+            next_at += 1.0 / self.fps
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                self._closing.wait(delay)
+
+    def read_request(self, conn: socket.socket, buffer: bytearray) -> bytes | None:
+        """Next CRLFCRLF-terminated request head from conn (None once the client or the
+        server closes); bytes after it stay in buffer."""
+        while b"\r\n\r\n" not in buffer:
+            if self._closing.is_set():
+                return None
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                continue
+            if not chunk:
+                return None
+            buffer += chunk
+        head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+        buffer[:] = rest
+        return head
+
     def _spawn(self, target, *args) -> None:
         t = threading.Thread(target=target, args=args, daemon=True)
         t.start()
         self._threads.append(t)
-
-    def _join(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
-        self._threads = [t for t in self._threads if t.is_alive()]
 
     def _accept_loop(self, listener: socket.socket) -> None:
         try:
@@ -125,55 +162,50 @@ class MjpegServer:
                     continue
                 with self._lock:
                     self.connections += 1
-                self._spawn(self._serve, conn)
+                self._spawn(self._client, conn)
         finally:
             listener.close()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _client(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(0.5)
-            if self.tls:
-                conn = self.tls.wrap_socket(conn, server_side=True)
-            request = b""
-            while b"\r\n\r\n" not in request and not self._closing.is_set():
-                try:
-                    chunk = conn.recv(4096)
-                except TimeoutError:
-                    continue
-                if not chunk:
-                    return
-                request += chunk
-            conn.sendall(
-                b"HTTP/1.0 200 OK\r\n"
-                b"Cache-Control: no-cache\r\n"
-                b"Connection: close\r\n"
-                b"Content-Type: multipart/x-mixed-replace;boundary=" + BOUNDARY.encode() + b"\r\n"
-                b"\r\n"
-            )
-            next_at = time.monotonic()
-            while not self._closing.is_set():
-                if not self._sending.wait(0.02):
-                    next_at = time.monotonic()
-                    continue
-                with self._lock:
-                    n = self.frames_sent
-                    self.frames_sent += 1
-                ok, jpeg = cv2.imencode(".jpg", card_image(n, self.width, self.height))
-                assert ok
-                data = jpeg.tobytes()
-                if self.corrupt_every and n % self.corrupt_every == self.corrupt_every - 1:
-                    data = data[:20] + bytes(range(256)) * 4
-                conn.sendall(
-                    f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n"
-                    f"Content-Length: {len(data)}\r\n\r\n".encode()
-                    + data
-                    + b"\r\n"
-                )
-                next_at += 1.0 / self.fps
-                delay = next_at - time.monotonic()
-                if delay > 0:
-                    self._closing.wait(delay)
+            self.serve(conn)
         except OSError:
             pass  # the client went away
         finally:
             conn.close()
+
+
+class MjpegServer(LoopbackCamera):
+    """Serves JPEG test cards at `fps` to every client of http(s)://127.0.0.1:port/video."""
+
+    def __init__(
+        self,
+        fps: float = 25.0,
+        width: int = 160,
+        height: int = 120,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(fps, width, height)
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
+
+    def serve(self, conn: socket.socket) -> None:
+        if self.tls:
+            conn = self.tls.wrap_socket(conn, server_side=True)
+        if self.read_request(conn, bytearray()) is None:
+            return
+        conn.sendall(
+            b"HTTP/1.0 200 OK\r\n"
+            b"Cache-Control: no-cache\r\n"
+            b"Connection: close\r\n"
+            b"Content-Type: multipart/x-mixed-replace;boundary=" + BOUNDARY.encode() + b"\r\n"
+            b"\r\n"
+        )
+        for data in self.cards():
+            conn.sendall(
+                f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+                + b"\r\n"
+            )
