@@ -46,6 +46,7 @@ class ModelProfile:
     contexts: the hardware-context keys its kernels need (shared keys are shared contexts).
     cost_s: initial estimate of one batch's device time with its contexts resident.
     queue_size / queue_policy: the bound of its queue and what happens when it is full.
+    share: its weight in the device-time split between models that all have work.
     """
 
     name: str
@@ -55,6 +56,7 @@ class ModelProfile:
     cost_s: float
     queue_size: int = 64
     queue_policy: QueuePolicy = "drop_oldest"
+    share: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"model profile {self.name!r}"
@@ -66,6 +68,8 @@ class ModelProfile:
             raise SchedulerError(f"{where}: field 'max_wait_ms' must be finite and >= 0")
         if not (self.cost_s > 0 and math.isfinite(self.cost_s)):
             raise SchedulerError(f"{where}: field 'cost_s' must be finite and > 0")
+        if not (self.share > 0 and math.isfinite(self.share)):
+            raise SchedulerError(f"{where}: field 'share' must be finite and > 0")
         if not isinstance(self.queue_size, int) or self.queue_size < 1:
             raise SchedulerError(f"{where}: field 'queue_size' must be an int >= 1")
         if self.queue_policy not in QUEUE_POLICIES:
@@ -115,6 +119,7 @@ class Batch:
     evictions: tuple[str, ...]
     switch_s: float
     cost_s: float
+    cost_bound_s: float
     dispatch_ns: int
     est_start_ns: int
     est_finish_ns: int
@@ -273,9 +278,11 @@ class _Candidate:
     jobs: list[Job]
     switch_s: float
     cost_s: float
-    finish_ns: int
+    bound_s: float
+    finish_ns: int  # with the cost bound
     min_deadline_ns: int
     lead_served: float
+    model_served: float
 
 
 class BatchScheduler:
@@ -300,8 +307,9 @@ class BatchScheduler:
         fairness_window_s: float | None = None,
         camera_weights: dict[str, float] | None = None,
         prefer_resident: bool = True,
-        max_stay_s: float | None = None,
         max_in_flight: int = 2,
+        prepare_ahead_s: float | None = 0.25,
+        margin_devs: float = 2.0,
     ) -> None:
         self.profiles: dict[str, ModelProfile] = {}
         for profile in profiles:
@@ -332,16 +340,20 @@ class BatchScheduler:
         )
         self.camera_weights = dict(camera_weights or {})
         self.prefer_resident = prefer_resident
-        self.max_stay_s = self.fairness_window_s if max_stay_s is None else max_stay_s
-        self._current: str | None = None
-        self._run_s = 0.0
         self.max_in_flight = max_in_flight
         self.lru = ContextLRU(context_slots)
         self._queues: dict[str, list[Job]] = {name: [] for name in self.profiles}
         self._cost: dict[str, float] = {name: p.cost_s for name, p in self.profiles.items()}
+        # mean absolute deviation of measured costs; deadlines are judged on cost + margin
+        self._dev: dict[str, float] = {name: 0.1 * p.cost_s for name, p in self.profiles.items()}
+        self.margin_devs = margin_devs
+        self.prepare_ahead_ns = None if prepare_ahead_s is None else _s_to_ns(prepare_ahead_s)
         self._served: dict[str, float] = {}  # device-seconds charged per camera, / weight
         self._virtual = 0.0  # the charge level at which the latest batch started
+        self._model_served: dict[str, float] = dict.fromkeys(self.profiles, 0.0)
+        self._model_virtual = 0.0
         self._in_flight: list[Batch] = []
+        self._head_start_ns = 0  # when the first batch in flight started (or starts)
         self._seq = 0
         self.stats = SchedulerStats(started_ns=clock())
         for name, p in self.profiles.items():
@@ -377,6 +389,9 @@ class BatchScheduler:
                 return False
             self._drop_oldest_of_largest_camera(queue)
         self._lift_returning_camera(job.camera)
+        if not queue:
+            served = self._model_served[job.model]
+            self._model_served[job.model] = max(served, self._model_virtual)
         job.enqueue_ns = now
         queue.append(job)
         return True
@@ -416,13 +431,22 @@ class BatchScheduler:
         """Current device-time estimate of one batch of `model` (contexts resident)."""
         return self._cost[model]
 
+    def cost_bound_s(self, model: str) -> float:
+        """The cost deadlines are judged on: estimate + margin_devs x mean abs deviation."""
+        return self._cost[model] + self.margin_devs * self._dev[model]
+
     def wake_ns(self) -> int | None:
-        """When the next partial batch closes by max_wait (None if no job is queued)."""
+        """When to call `next_batch` again if nothing arrives or completes first: the next
+        partial batch's max-wait close, or the prepare-ahead point of the last batch in flight
+        (None if no job is queued)."""
         times = [
             queue[0].enqueue_ns + _ms_to_ns(self.profiles[name].max_wait_ms)
             for name, queue in self._queues.items()
             if queue
         ]
+        if times and self._in_flight and self.prepare_ahead_ns is not None:
+            prepare_at = self._device_free_ns(self.clock()) - self.prepare_ahead_ns
+            times = [max(t, prepare_at) for t in times]
         return min(times, default=None)
 
     def next_batch(self) -> Batch | None:
@@ -432,21 +456,38 @@ class BatchScheduler:
         started when the device frees up; then, among models with a ready batch (full, or its
         oldest job waited max_wait_ms), picks by camera fairness, residency and deadline.
         """
+        now = self.clock()
+        start_ns = self._device_free_ns(now)
+        latest_start_ns = self._device_free_ns(now, bound=True)
+        self._drop_infeasible(now, latest_start_ns)
         if len(self._in_flight) >= self.max_in_flight:
             return None
-        now = self.clock()
-        start_ns = max([now] + [b.est_finish_ns for b in self._in_flight])
-        self._drop_infeasible(now, start_ns)
+        # Decide as late as the host glue allows: fresher jobs, fuller batches.
+        if (
+            self._in_flight
+            and self.prepare_ahead_ns is not None
+            and start_ns - now > self.prepare_ahead_ns
+        ):
+            return None
         candidates = [
             c
             for name, queue in self._queues.items()
             if queue and self._ready(name, now)
-            for c in [self._candidate(self.profiles[name], start_ns)]
+            for c in [self._candidate(self.profiles[name], latest_start_ns)]
         ]
         if not candidates:
             return None
-        chosen = self._choose(candidates, start_ns)
+        chosen = self._choose(candidates, latest_start_ns)
         return self._dispatch(chosen, now, start_ns)
+
+    def _device_free_ns(self, now: int, bound: bool = False) -> int:
+        """When the batches in flight will have run, by the cost estimates (or bounds)."""
+        if not self._in_flight:
+            return now
+        t = self._head_start_ns
+        for b in self._in_flight:
+            t += _s_to_ns(b.switch_s + (b.cost_bound_s if bound else b.cost_s))
+        return max(t, now)
 
     def _ready(self, model: str, now: int) -> bool:
         profile = self.profiles[model]
@@ -457,12 +498,12 @@ class BatchScheduler:
     def _switch_s(self, profile: ModelProfile, after: Iterable[str] = ()) -> float:
         return self.lru.missing(profile.contexts, after) * self.context_load_s
 
-    def _drop_infeasible(self, now: int, start_ns: int) -> None:
+    def _drop_infeasible(self, now: int, latest_start_ns: int) -> None:
         for name, queue in self._queues.items():
             if not queue:
                 continue
             profile = self.profiles[name]
-            finish = start_ns + _s_to_ns(self._switch_s(profile) + self._cost[name])
+            finish = latest_start_ns + _s_to_ns(self._switch_s(profile) + self.cost_bound_s(name))
             keep: list[Job] = []
             for job in queue:
                 if now > job.deadline_ns:
@@ -476,7 +517,7 @@ class BatchScheduler:
     def _weight(self, camera: str) -> float:
         return self.camera_weights.get(camera, 1.0)
 
-    def _candidate(self, profile: ModelProfile, start_ns: int) -> _Candidate:
+    def _candidate(self, profile: ModelProfile, latest_start_ns: int) -> _Candidate:
         """The batch this model would run now: jobs taken camera by camera, least served
         camera first (charging each taken job its share of the batch cost), and within a
         camera by (priority, deadline, arrival)."""
@@ -489,7 +530,7 @@ class BatchScheduler:
             by_camera.setdefault(job.camera, []).append(job)
         served = {c: self._served.get(c, 0.0) for c in by_camera}
         lead = min(served.values())
-        share = (switch + cost) / profile.batch_size
+        share = cost / profile.batch_size
         jobs: list[Job] = []
         while len(jobs) < profile.batch_size and by_camera:
             camera = min(by_camera, key=lambda c: (served[c], c))
@@ -502,26 +543,33 @@ class BatchScheduler:
             jobs=jobs,
             switch_s=switch,
             cost_s=cost,
-            finish_ns=start_ns + _s_to_ns(switch + cost),
+            bound_s=self.cost_bound_s(profile.name),
+            finish_ns=latest_start_ns + _s_to_ns(switch + self.cost_bound_s(profile.name)),
             min_deadline_ns=min(job.deadline_ns for job in jobs),
             lead_served=lead,
+            model_served=self._model_served[profile.name],
         )
 
-    def _choose(self, candidates: list[_Candidate], start_ns: int) -> _Candidate:
+    def _choose(self, candidates: list[_Candidate], latest_start_ns: int) -> _Candidate:
+        # Fairness first, in two windows of device-seconds: cameras, then models. Within
+        # them the order is free, so a resident model runs until its model (or camera) is
+        # a window ahead of the others: no model starves behind a resident one.
+        window = self.fairness_window_s
         floor = min(c.lead_served for c in candidates)
-        eligible = [c for c in candidates if c.lead_served <= floor + self.fairness_window_s]
+        eligible = [c for c in candidates if c.lead_served <= floor + window]
+        floor = min(c.model_served for c in eligible)
+        eligible = [c for c in eligible if c.model_served <= floor + window]
         if not self.prefer_resident:
-            return min(eligible, key=lambda c: (c.lead_served, c.min_deadline_ns, c.profile.name))
-        # Stay on resident contexts, but not for more than max_stay_s of device time in a row
-        # while another model has a ready batch: no model starves behind a resident one.
-        rotate = self._run_s >= self.max_stay_s and any(
-            c.profile.name != self._current for c in eligible
-        )
+            return min(
+                eligible,
+                key=lambda c: (c.lead_served, c.model_served, c.min_deadline_ns, c.profile.name),
+            )
         best = min(
             eligible,
             key=lambda c: (
-                c.profile.name == self._current if rotate else c.switch_s > 0,
+                c.switch_s > 0,
                 c.lead_served,
+                c.model_served,
                 c.min_deadline_ns,
                 c.profile.name,
             ),
@@ -530,16 +578,16 @@ class BatchScheduler:
         # miss a deadline it can still meet, and running that batch first keeps `best` within
         # its own, run the most urgent such batch first. When one of the two misses either
         # way, `best` stays (no context switch spent on it).
-        best_total = best.switch_s + best.cost_s
+        best_total = best.switch_s + best.bound_s
         threatened = []
         for c in eligible:
             if c is best or c.finish_ns > c.min_deadline_ns:
                 continue
-            c_after = best_total + self._switch_s(c.profile, best.profile.contexts) + c.cost_s
-            best_after = c.switch_s + c.cost_s + self._switch_s(best.profile, c.profile.contexts)
+            c_after = best_total + self._switch_s(c.profile, best.profile.contexts) + c.bound_s
+            best_after = c.switch_s + c.bound_s + self._switch_s(best.profile, c.profile.contexts)
             if (
-                start_ns + _s_to_ns(c_after) > c.min_deadline_ns
-                and start_ns + _s_to_ns(best_after + best.cost_s) <= best.min_deadline_ns
+                latest_start_ns + _s_to_ns(c_after) > c.min_deadline_ns
+                and latest_start_ns + _s_to_ns(best_after + best.bound_s) <= best.min_deadline_ns
             ):
                 threatened.append(c)
         if threatened:
@@ -553,20 +601,22 @@ class BatchScheduler:
         queue[:] = [job for job in queue if id(job) not in taken]
         loads, evictions = self.lru.use(profile.contexts)
         switch_s = len(loads) * self.context_load_s
-        if profile.name != self._current:
-            self._current, self._run_s = profile.name, 0.0
-        self._run_s += switch_s + chosen.cost_s
         self.stats.context_loads += len(loads)
         self.stats.context_evictions += len(evictions)
-        share = (switch_s + chosen.cost_s) / profile.batch_size
         stats = self.stats.models[profile.name]
         stats.batches += 1
         stats.slots += profile.batch_size
         stats.filled += len(chosen.jobs)
-        stats.padding_waste_s += share * (profile.batch_size - len(chosen.jobs))
+        padded = profile.batch_size - len(chosen.jobs)
+        stats.padding_waste_s += (switch_s + chosen.cost_s) * padded / profile.batch_size
+        # Fairness charges the estimated device cost, not the context switch: the switch
+        # follows from the scheduler's order, not from the camera's or the model's work.
+        # A model pays for its whole pass; a camera for its jobs' slots.
         self._virtual = max(self._virtual, chosen.lead_served)
+        self._model_virtual = max(self._model_virtual, chosen.model_served)
+        self._model_served[profile.name] += chosen.cost_s / profile.share
         for job in chosen.jobs:
-            charge = share / self._weight(job.camera)
+            charge = chosen.cost_s / profile.batch_size / self._weight(job.camera)
             self._served[job.camera] = self._served.get(job.camera, 0.0) + charge
             wait = (now - job.enqueue_ns) / _NS
             stats.wait_s_sum += wait
@@ -582,10 +632,13 @@ class BatchScheduler:
             evictions=evictions,
             switch_s=switch_s,
             cost_s=chosen.cost_s,
+            cost_bound_s=chosen.bound_s,
             dispatch_ns=now,
             est_start_ns=start_ns,
             est_finish_ns=start_ns + _s_to_ns(switch_s + chosen.cost_s),
         )
+        if not self._in_flight:
+            self._head_start_ns = now
         self._in_flight.append(batch)
         return batch
 
@@ -608,6 +661,7 @@ class BatchScheduler:
         self.stats.busy_s += device_s
         measured = max(device_s - batch.switch_s, 0.0)
         cost = self._cost[batch.model]
+        self._dev[batch.model] += self.cost_alpha * (abs(measured - cost) - self._dev[batch.model])
         cost += self.cost_alpha * (measured - cost)
         self._cost[batch.model] = cost
         self.stats.models[batch.model].cost_estimate_s = cost
@@ -637,6 +691,7 @@ class BatchScheduler:
                 f"(expected batch {expected})"
             )
         self._in_flight.pop(0)
+        self._head_start_ns = self.clock()  # the next batch in flight starts now
 
     def _drop(self, job: Job, reason: str) -> None:
         self.stats.drops[(job.model, job.camera, reason)] += 1

@@ -120,7 +120,7 @@ def test_context_lru_loads_evicts_least_recent_and_counts():
 
 def test_clip_batches_are_exactly_four_and_padded_slots_never_come_out():
     clock = SimClock()
-    sched = BatchScheduler(profiles(), clock=clock)
+    sched = BatchScheduler(profiles(), clock=clock, prepare_ahead_s=None)
     for i in range(6):
         sched.submit(job("clip", f"cam{i % 2}", f"crop{i}", 10 * S))
     full = sched.next_batch()
@@ -147,7 +147,7 @@ def test_clip_batches_are_exactly_four_and_padded_slots_never_come_out():
 
 def test_complete_rejects_wrong_output_count_and_out_of_order_reports():
     clock = SimClock()
-    sched = BatchScheduler(profiles(), clock=clock)
+    sched = BatchScheduler(profiles(), clock=clock, prepare_ahead_s=None)
     for i in range(3):
         sched.submit(job("adaface", "cam0", i, 10 * S))
     first, second = sched.next_batch(), sched.next_batch()
@@ -229,14 +229,15 @@ def test_partial_batch_dispatch_in_simulation_is_not_much_after_max_wait():
     clock = SimClock()
     sched = BatchScheduler(profiles(max_wait_ms=40.0), clock=clock)
     events = [
-        (k * S + 7 * MS, lambda k=k: sched.submit(job("clip", "cam0", k, 30 * S))) for k in range(5)
+        (2 * k * S + 7 * MS, lambda k=k: sched.submit(job("clip", "cam0", k, 30 * S)))
+        for k in range(5)
     ]
     report = simulate(sched, clock, events, device_s, until_ns=30 * S)
     assert len(report.batches) == 5
     for start, _, batch in report.batches:
-        # closed (dispatched for host glue) at max_wait; the device may still be busy
+        # the device is idle when each closes: it runs at max_wait, to the ns
         assert batch.dispatch_ns - batch.jobs[0].enqueue_ns == 40 * MS
-        assert start <= batch.dispatch_ns + round(1.4 * S)
+        assert start == batch.dispatch_ns
 
 
 def test_key_replaces_queued_payload_latest_crop_wins():
@@ -273,17 +274,34 @@ def test_stale_jobs_are_dropped_and_counted_by_model_camera_reason():
     assert sched.pending() == 0
 
 
-def test_queued_job_expires_while_the_device_is_busy():
+def test_queued_job_expires_while_the_device_overruns_its_estimate():
     clock = SimClock()
     sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1)
     sched.submit(job("sapiens2", "cam0", "box", 10 * S))
     running = sched.next_batch()
-    sched.submit(job("adaface", "cam1", "face", 1 * S))  # would finish after the box: hopeless
+    sched.submit(job("adaface", "cam1", "face", 4 * S))  # fits after a 2.4 s box
     assert sched.next_batch() is None  # one in flight
-    clock.t = 3 * S
-    sched.complete(running, ["pose"], 2.4)
+    assert sched.stats.drops.total() == 0
+    clock.t = 6 * S  # the box took 6 s
+    sched.complete(running, ["pose"], 6.0)
     assert sched.next_batch() is None
-    assert sched.stats.drops[("adaface", "cam1", "stale")] == 1
+    assert sched.stats.drops == {("adaface", "cam1", "stale"): 1}
+
+
+def test_next_batch_waits_until_the_prepare_ahead_point():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, prepare_ahead_s=0.25)
+    sched.submit(job("sapiens2", "cam0", "box", 60 * S))
+    running = sched.next_batch()
+    sched.submit(job("adaface", "cam1", "face", 60 * S))
+    assert sched.next_batch() is None  # 2.4 s of device time ahead: too early to commit
+    prepare_at = running.est_finish_ns - 250 * MS
+    assert sched.wake_ns() == prepare_at
+    clock.t = prepare_at - 1
+    assert sched.next_batch() is None
+    clock.t = prepare_at
+    prepared = sched.next_batch()
+    assert prepared.jobs[0].payload == "face" and prepared.est_start_ns == running.est_finish_ns
 
 
 def test_result_that_finishes_late_is_not_returned():
@@ -421,13 +439,13 @@ def test_camera_weights_scale_the_share():
 
 
 def _mixed_busy_load(sched, clock):
-    """Faces and CLIP crops from 2 cameras at ~90% of the device, 8 s deadlines."""
+    """Faces and CLIP crops from 2 cameras keeping the device ~85% busy, 8 s deadlines."""
     rng = random.Random(7)
     events = []
     for cam in ["cam0", "cam1"]:
         t = 0.0
         while t < 120:
-            t += rng.expovariate(1.2)
+            t += rng.expovariate(1.0)
             tns = round(t * S)
             model = rng.choice(["adaface", "adaface", "clip"])
             events.append(
@@ -445,7 +463,7 @@ def test_resident_preference_cuts_context_loads_without_missing_deadlines():
         assert sched.stats.drops.total() == 0, (prefer, sched.stats.drops)
         assert len(report.results) == n
         runs[prefer] = sched.stats.context_loads
-    assert runs[True] <= 0.85 * runs[False], runs
+    assert runs[True] <= 0.8 * runs[False], runs
 
 
 def test_residency_yields_when_staying_would_break_a_deadline():
@@ -456,7 +474,7 @@ def test_residency_yields_when_staying_would_break_a_deadline():
     clock.t = first.est_finish_ns
     sched.complete(first, [None], first.switch_s + 0.3)
     sched.submit(job("adaface", "cam0", "face", 60 * S))
-    sched.submit(job("sapiens2", "cam1", "urgent box", clock.t + 2_600 * MS))
+    sched.submit(job("sapiens2", "cam1", "urgent box", clock.t + 3_100 * MS))
     batch = sched.next_batch()
     assert batch.model == "sapiens2"
     clock.t = batch.est_finish_ns
@@ -487,8 +505,9 @@ def test_no_model_starves_behind_a_resident_one():
     events.append((1 * S, lambda: sched.submit(job("sapiens2", "cam0", "box", 30 * S))))
     report = simulate(sched, clock, events, device_s, until_ns=30 * S)
     box = [p for p, j, _ in report.results if j.model == "sapiens2"]
-    # faces are always ready and resident; the box still runs after at most max_stay_s
-    assert box and box[0] <= 1 * S + round((sched.max_stay_s + 0.3 + 2.5) * S)
+    # faces are always ready and resident; the box runs once adaface is a fairness window
+    # of device time ahead (plus the face running and the box itself)
+    assert box and box[0] <= 1 * S + round((sched.fairness_window_s + 0.5 + 2.5) * S)
 
 
 # -- cost estimates, overlap, metrics -------------------------------------------------------
@@ -508,7 +527,7 @@ def test_cost_estimate_follows_measured_device_time_by_ema():
 
 def test_next_batch_is_planned_while_one_runs_and_bounded_by_max_in_flight():
     clock = SimClock()
-    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=2)
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=2, prepare_ahead_s=None)
     for i in range(3):
         sched.submit(job("adaface", f"cam{i}", i, 60 * S))
     running = sched.next_batch()
