@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "npu.bundle_commands",
     "npu.device_commands",
     "stages.face_commands",
+    "stages.clip_commands",
 )
 
 

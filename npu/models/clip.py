@@ -56,6 +56,7 @@ __all__ = [
     "BOS_TOKEN",
     "CONTEXT_LENGTH",
     "CROP",
+    "DEFAULT_TEMPLATE",
     "EOS_TOKEN",
     "OPENAI_CLIP_MEAN",
     "OPENAI_CLIP_STD",
