@@ -57,14 +57,16 @@ def _byteorder(dtype: np.dtype) -> str:
     return "little" if order == "<" else "big"
 
 
+# dtype -> (name, byteorder); numpy's dtype.name is slow enough to matter per message.
+_DTYPE_INFO: dict[np.dtype, tuple[str, str]] = {}
+
+
 def part_descriptor(name: str, array: np.ndarray, encoding: str | None = None) -> dict:
     """The header entry that describes one binary part."""
-    desc = {
-        "name": name,
-        "dtype": array.dtype.name,
-        "shape": list(array.shape),
-        "byteorder": _byteorder(array.dtype),
-    }
+    info = _DTYPE_INFO.get(array.dtype)
+    if info is None:
+        info = _DTYPE_INFO[array.dtype] = (array.dtype.name, _byteorder(array.dtype))
+    desc = {"name": name, "dtype": info[0], "shape": list(array.shape), "byteorder": info[1]}
     if encoding is not None:
         desc["encoding"] = encoding
     return desc
