@@ -5,8 +5,11 @@ A discrete-event simulation (no NPU, no wall-clock timing): faces (AdaFace), per
 capacity; both schedulers see the same arrival trace, the same device-time model (per-item
 costs from the NPU2 field notes, drawn per run) and the same 16-context LRU with a per-load
 switch cost. The baseline runs jobs in arrival order, one per device pass (a CLIP pass then
-carries 1 image instead of 4), skipping jobs already past their deadline. Only results
-delivered before their deadline count. Every number printed is simulated.
+carries 1 image instead of 4), skipping jobs already past their deadline, from a drop-oldest
+queue; it is run with the scheduler's total queue capacity (96) and with every bound in
+FIFO_QUEUE_SIZES, and the best of those is the baseline the target is judged on. Only results
+delivered before their deadline count. Host glue time is not modelled (so the overlap of the
+next batch's glue with the device run earns nothing here). Every number printed is simulated.
 
 Usage: .venv/bin/python bench/scheduler.py [--seconds 600] [--seed 0]
 """
@@ -107,6 +110,7 @@ class RunStats:
     results: Counter | None = None
     drops: Counter | None = None
     late: int = 0
+    queue_size: int = 0
 
     def row(self) -> dict[str, float]:
         lat = np.array(self.latencies or [0.0])
@@ -157,7 +161,8 @@ def run_fifo(trace, seconds: float, seed: int, queue_size: int) -> RunStats:
     lru = ContextLRU()
     contexts = {p.name: p.contexts for p in profiles()}
     queue: deque = deque()
-    stats = RunStats(f"fifo (queue {queue_size})", seconds, latencies=[], results=Counter())
+    stats = RunStats(f"fifo q{queue_size}", seconds, latencies=[], results=Counter())
+    stats.queue_size = queue_size
     stats.drops = Counter()
     end = round(seconds * S)
     t = 0
@@ -215,34 +220,36 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"  16-context LRU, {CONTEXT_LOAD_S * 1000:.1f} ms per context load")
     ours = run_scheduler(trace, args.seconds, args.seed + 1)
-    # the baseline gets its best queue bound (a long FIFO queue only builds latency)
-    fifos = [run_fifo(trace, args.seconds, args.seed + 1, n) for n in FIFO_QUEUE_SIZES]
-    base = max(fifos, key=lambda r: sum(r.results.values()))
+    fifos = {n: run_fifo(trace, args.seconds, args.seed + 1, n) for n in FIFO_QUEUE_SIZES}
+    # two baselines: the same total queue capacity as the scheduler (3 models x 32), and the
+    # FIFO's best queue bound in hindsight (a short FIFO queue is "latest wins")
+    same = fifos[96]
+    best = max(fifos.values(), key=lambda r: sum(r.results.values()))
     print(
-        "  fifo queue bound swept over "
-        + ", ".join(
-            f"{n}: {sum(r.results.values()) / args.seconds:.3f}/s"
-            for n, r in zip(FIFO_QUEUE_SIZES, fifos, strict=True)
-        )
-        + f"; best {base.name}"
+        "  fifo results/s by queue bound: "
+        + ", ".join(f"{n}: {sum(r.results.values()) / args.seconds:.3f}" for n, r in fifos.items())
     )
-    rows_ours, rows_base = ours.row(), base.row()
-    keys = list(dict.fromkeys([*rows_ours, *rows_base]))
-    print(f"\n{'simulated measure':30s} {'scheduler':>12s} {'fifo':>12s} {'ratio':>8s}")
-    print(f"{'':30s} {'':>12s} {base.name.removeprefix('fifo '):>12s}")
-    for key in keys:
-        a, b = rows_ours.get(key, 0.0), rows_base.get(key, 0.0)
-        ratio = f"{a / b:8.2f}" if b else f"{'-':>8s}"
-        print(f"{key:30s} {a:12.3f} {b:12.3f} {ratio}")
-    print(f"drops (scheduler): {dict(sorted(ours.drops.items()))}")
-    print(f"drops (fifo):      {dict(sorted(base.drops.items()))}")
-    speedup = rows_ours["results/s (on time)"] / rows_base["results/s (on time)"]
-    fewer = rows_ours["context loads/min"] < rows_base["context loads/min"]
+    runs = [("scheduler", ours), ("fifo q96", same), (f"fifo q{best.queue_size}", best)]
+    rows = [run.row() for _, run in runs]
+    print(f"\n{'simulated measure':28s}" + "".join(f"{name:>13s}" for name, _ in runs))
+    for key in dict.fromkeys(k for row in rows for k in row):
+        print(f"{key:28s}" + "".join(f"{row.get(key, 0.0):13.3f}" for row in rows))
+    for name, run in runs:
+        print(f"drops ({name}): {dict(sorted(run.drops.items()))}")
+    print()
+    for name, row in zip([n for n, _ in runs[1:]], rows[1:], strict=True):
+        speedup = rows[0]["results/s (on time)"] / row["results/s (on time)"]
+        loads = rows[0]["context loads/min"] / row["context loads/min"]
+        print(f"SIMULATED scheduler / {name}: results/s {speedup:.2f}x, context loads {loads:.2f}x")
+    # the target is judged against the stronger baseline
+    speedup = rows[0]["results/s (on time)"] / rows[2]["results/s (on time)"]
+    fewer = rows[0]["context loads/min"] < rows[2]["context loads/min"]
+    met = speedup >= 1.5 and fewer
     print(
-        f"\nresults/s ratio (simulated) scheduler/fifo: {speedup:.2f}x "
-        f"(target >= 1.5x); fewer context loads: {fewer}"
+        f"target vs the best FIFO (>= 1.5x results/s with fewer context loads): "
+        f"{'met' if met else 'NOT met'}"
     )
-    return 0 if speedup >= 1.5 and fewer else 1
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

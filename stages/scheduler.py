@@ -288,12 +288,19 @@ class _Candidate:
 class BatchScheduler:
     """Per-model bounded queues -> batches of exactly the export size, one device.
 
-    Protocol (docs/scheduler.md): `submit` jobs as they arrive; call `next_batch` whenever
-    fewer than `max_in_flight` batches are outstanding (by default one running + one being
-    prepared, so the host glue of the next batch overlaps the device run of the current one);
-    when it returns None, call it again at `wake_ns()` or on the next submit/complete; report
-    every batch, in dispatch order, with `complete` (outputs per slot, measured device time)
-    or `fail`. Only `complete`'s return value may be published.
+    Protocol (docs/scheduler.md): `submit` jobs as they arrive; call `next_batch` on every
+    submit and complete and at `wake_ns()`. While a batch runs, `next_batch` hands out the
+    next one once the device is within `prepare_ahead_s` of finishing (None: at once), up to
+    `max_in_flight` outstanding, so the host glue of the next batch overlaps the device run
+    of the current one. Run batches in dispatch order and report each with `complete`
+    (outputs per slot, measured device time) or `fail`; only what `complete` returns may be
+    published.
+
+    Fairness, cost, residency (docs/scheduler.md): cameras and models are each charged the
+    estimated device-seconds of their work (camera: per real slot / weight; model: per pass
+    / share); a batch is eligible only if its camera and its model are within
+    `fairness_window_s` of the least-served; among eligible batches a model with resident
+    contexts goes first unless that makes another batch miss a deadline it could meet.
     """
 
     def __init__(
@@ -308,7 +315,7 @@ class BatchScheduler:
         camera_weights: dict[str, float] | None = None,
         prefer_resident: bool = True,
         max_in_flight: int = 2,
-        prepare_ahead_s: float | None = 0.25,
+        prepare_ahead_s: float | None = 0.05,
         margin_devs: float = 2.0,
     ) -> None:
         self.profiles: dict[str, ModelProfile] = {}
@@ -327,6 +334,14 @@ class BatchScheduler:
             raise SchedulerError(f"scheduler: cost_alpha must be in (0, 1], got {cost_alpha}")
         if max_in_flight < 1:
             raise SchedulerError(f"scheduler: max_in_flight must be >= 1, got {max_in_flight}")
+        for name, value in (
+            ("fairness_window_s", fairness_window_s),
+            ("prepare_ahead_s", prepare_ahead_s),
+            ("margin_devs", margin_devs),
+            ("context_load_s", context_load_s),
+        ):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise SchedulerError(f"scheduler: {name} must be finite and >= 0, got {value}")
         for camera, weight in (camera_weights or {}).items():
             if not weight > 0:
                 raise SchedulerError(f"camera {camera!r}: weight must be > 0, got {weight}")
@@ -380,7 +395,6 @@ class BatchScheduler:
                     queued.payload = job.payload
                     queued.deadline_ns = job.deadline_ns
                     queued.priority = job.priority
-                    queued.camera = job.camera
                     self.stats.models[job.model].replaced += 1
                     return True
         if len(queue) >= profile.queue_size:
@@ -440,9 +454,11 @@ class BatchScheduler:
         partial batch's max-wait close, or the prepare-ahead point of the last batch in flight
         (None if no job is queued)."""
         times = [
-            queue[0].enqueue_ns + _ms_to_ns(self.profiles[name].max_wait_ms)
+            queue[0].enqueue_ns
+            + (0 if len(queue) >= profile.batch_size else _ms_to_ns(profile.max_wait_ms))
             for name, queue in self._queues.items()
             if queue
+            for profile in [self.profiles[name]]
         ]
         if times and self._in_flight and self.prepare_ahead_ns is not None:
             prepare_at = self._device_free_ns(self.clock()) - self.prepare_ahead_ns
