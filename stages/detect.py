@@ -50,7 +50,9 @@ def _check_boxes(boxes_xywh: np.ndarray | list) -> np.ndarray:
     return boxes.astype(np.float32)
 
 
-def crop_windows(boxes_xywh: np.ndarray, output_size: tuple[int, int] = CROP_SIZE) -> np.ndarray:
+def crop_windows(
+    boxes_xywh: np.ndarray, output_size: tuple[int, int] = CROP_SIZE, padding: float = BOX_PADDING
+) -> np.ndarray:
     """The sampled window of each box: float32 [N, 4] as (cx, cy, w, h) in image pixels.
 
     boxes_xywh: float [N, 4] COCO boxes. Computed in float32 like HF's boxes_to_crop_params
@@ -63,8 +65,8 @@ def crop_windows(boxes_xywh: np.ndarray, output_size: tuple[int, int] = CROP_SIZ
     half = np.float32(0.5)
     cx = x + half * w
     cy = y + half * h
-    sw = w * np.float32(BOX_PADDING)
-    sh = h * np.float32(BOX_PADDING)
+    sw = w * np.float32(padding)
+    sh = h * np.float32(padding)
     aspect = np.float32(out_w / out_h)
     wider = sw > sh * aspect
     win_w = np.where(wider, sw, sh * aspect)
@@ -128,12 +130,14 @@ def crop_persons(
     output_size: tuple[int, int] = CROP_SIZE,
     mean: tuple[float, float, float] = IMAGENET_MEAN,
     std: tuple[float, float, float] = IMAGENET_STD,
+    padding: float = BOX_PADDING,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Crop and normalise one Sapiens2 input per person box.
 
     image_rgb: uint8 [H, W, 3] in RGB order (convert OpenCV's BGR frames first).
     boxes_xywh: float [N, 4] COCO boxes (x, y, w, h) in image pixels.
     output_size: (height, width) of the crops; 1024 x 768 for the released models.
+    mean, std: per-channel normalisation (ImageNet's); padding: the box scale (1.25).
     Returns crops float32 [N, 3, out_h, out_w] = (v - 255 mean) / (255 std) of the sampled
     values v (0..255 scale, bicubic may overshoot), and windows float32 [N, 4] as
     (cx, cy, w, h) of the sampled region, for mapping keypoints back.
@@ -143,7 +147,7 @@ def crop_persons(
     reformulations of grid_sample's per-pixel sum.
     """
     _check_image(image_rgb)
-    windows = crop_windows(boxes_xywh, output_size)
+    windows = crop_windows(boxes_xywh, output_size, padding)
     out_h, out_w = output_size
     in_h, in_w = image_rgb.shape[:2]
     mean255 = np.asarray(mean, dtype=np.float32) * np.float32(255.0)

@@ -563,3 +563,206 @@ def from_pretrained(model_dir: str | Path) -> Sapiens2Pose:
     cfg = Config.from_hf(model_dir)
     gemms, host = hf_weights(cfg, _load_safetensors(model_dir), where=str(model_dir))
     return Sapiens2Pose(cfg, NumpyOps(gemms), host)
+
+
+# -- bundles: the simulator's layout of the spec §1.2 records ----------------------------------
+
+GEMM_K_ALIGN = 512  # flm.GEMM's K % 512 (docs/device.md)
+GEMM_N_ALIGN = 128  # a multiple of every tile_n
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _gemm_record_keys(cfg: Config) -> dict[str, str]:
+    """op key -> the gemm record (kernel) it runs on; one record per distinct shape."""
+    keys = {"patch": "patch", "pred": "pred"}
+    for i, kv in enumerate(cfg.kv_heads):
+        keys[f"{i}.qkv"] = f"qkv{(cfg.heads + 2 * kv) * cfg.hd}"
+        keys.update({f"{i}.{n}": n for n in ("o", "gu", "down")})
+    keys.update({f"d{j}": f"d{j}" for j in range(len(cfg.up))})
+    keys.update({f"c{j}": f"c{j}" for j in range(len(cfg.convs))})
+    return keys
+
+
+def _pad_gemm(gw: GemmWeights) -> tuple[np.ndarray, np.ndarray | None]:
+    """B [K, N] and bias zero-padded to K % 512 and N % 128 (swiglu pads each half)."""
+    k, n = gw.w.shape
+    kp = _round_up(k, GEMM_K_ALIGN)
+    halves = 2 if gw.epilogue == "swiglu" else 1
+    hp = _round_up(n // halves, GEMM_N_ALIGN // halves)
+    w = np.zeros((kp, hp * halves), np.float32)
+    b = None if gw.bias is None else np.zeros(hp * halves, np.float32)
+    for h in range(halves):
+        cols = slice(h * (n // halves), (h + 1) * (n // halves))
+        w[:k, h * hp : h * hp + n // halves] = gw.w[:, cols]
+        if b is not None:
+            b[h * hp : h * hp + n // halves] = gw.bias[cols]
+    return w, b
+
+
+def write_sim_bundle(
+    model: Sapiens2Pose, path: str | Path, version: int = 1, flip_pairs: str = ""
+) -> Path:
+    """Write a cpu-backend model as a bundle the simulated NPU runs; returns its directory.
+
+    Records follow spec §1.2 (gemm keys patch, qkv<width>, o, gu, down, d<j>, c<j>, pred; one
+    mha), weights are packed with npu.sim.pack_gemm_b (bfp16ebs8, bias as bf16 after it), and
+    host tensors are f32. IRON's real packing is unpublished (spec open question 1), so B and
+    A are zero-padded here to flm.GEMM's K % 512 and N % 128; the host pads A and drops the
+    extra C columns. version 2 leaves the down and deconv biases to the host.
+    """
+    from npu.bundle_writer import BundleWriter
+    from npu.sim import CT_MAX_K_FOR_N, pack_gemm_b, write_mha, write_xclbin
+
+    cfg, ops = model.config, model.ops
+    if not isinstance(ops, NumpyOps):
+        raise ModelError("write_sim_bundle needs a cpu-backend model (its float32 weights)")
+    gemms: dict[str, GemmWeights] = ops._gemms
+    records = _gemm_record_keys(cfg)
+    host = dict(model.host)
+    with BundleWriter(path, version) as bw:
+        for name, value in (
+            ("D", cfg.D), ("I", cfg.I), ("layers", cfg.layers), ("heads", cfg.heads),
+            ("hd", cfg.hd), ("kv_heads", ",".join(map(str, cfg.kv_heads))), ("regs", cfg.regs),
+            ("patch", cfg.patch), ("H", cfg.H), ("W", cfg.W), ("eps", cfg.eps),
+            ("in_eps", cfg.in_eps), ("up", ",".join(map(str, cfg.up))),
+            ("convs", ",".join(map(str, cfg.convs))), ("K", cfg.K), ("box_pad", cfg.box_pad),
+            ("blur", cfg.blur), ("mean", ",".join(map(str, cfg.mean))),
+            ("std", ",".join(map(str, cfg.std))),
+            ("flip_pairs", flip_pairs or ",".join(f"{a}:{b}" for a, b in cfg.flip_pairs) or ","),
+        ):  # fmt: skip
+            bw.param(name, value)
+        write_xclbin(bw, "gemm")
+        write_xclbin(bw, "mha")
+        written: set[str] = set()
+        for key, rec in records.items():
+            gw = gemms[key]
+            bias = gw.bias
+            if version == 2 and (key.endswith(".down") or key.startswith("d")):
+                host[f"{key}.bias"] = np.zeros(gw.w.shape[1], np.float32) if bias is None else bias
+                bias = None
+            w, b = _pad_gemm(GemmWeights(gw.w, bias, gw.epilogue))
+            kp, np_ = w.shape
+            tile_n = 128 if kp == 512 else 64
+            packed = pack_gemm_b(w, b, tile_n, 512, CT_MAX_K_FOR_N[tile_n])
+            bw.tensor(key, packed, "u8")
+            if rec not in written:
+                written.add(rec)
+                insts = f"kernels/{rec}.bin"
+                bw.file(insts, np.arange(16, dtype=np.uint32).tobytes())
+                bw.record(
+                    "gemm", rec, ctx="gemm", insts=insts, M=256, K=kp, N=np_, tile_n=tile_n,
+                    tile_k=512, ct_k=CT_MAX_K_FOR_N[tile_n], bias=b is not None,
+                    epilogue=gw.epilogue, b_bytes=packed.nbytes,
+                )  # fmt: skip
+        write_mha(bw, "mha", ctx="mha", heads=cfg.heads, d=cfg.hd, seq=cfg.tokens)
+        for name, t in host.items():
+            bw.tensor(name, np.asarray(t, np.float32).reshape(-1), "f32")
+    return Path(path)
+
+
+class _PaddedGemms:
+    """The op interface over a bundle's padded GEMMs: A is zero-padded to the record's K and
+    C cut to the model's N (the host side of the padding write_sim_bundle applies)."""
+
+    def __init__(self, ops: Any, valid_n: Mapping[str, int], k_pad: Mapping[str, int]) -> None:
+        self.ops = ops
+        self.backend = ops.backend
+        self._n = dict(valid_n)
+        self._k = dict(k_pad)
+
+    def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
+        k = self._k.get(key, a.shape[1])
+        if k > a.shape[1]:
+            a = np.concatenate([a, np.zeros((len(a), k - a.shape[1]), np.float32)], axis=1)
+        c = self.ops.gemm(key, a)
+        return c[:, : self._n[key]] if key in self._n else c
+
+    def mha(self, key: str, q, k, v, *, scale: float, causal: bool = False) -> np.ndarray:
+        return self.ops.mha(key, q, k, v, scale=scale, causal=causal)
+
+
+def _valid_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
+    """op key -> (K, N') the forward passes and expects (N' after a swiglu epilogue)."""
+    d, hd = cfg.D, cfg.hd
+    shapes = {"patch": (3 * cfg.patch**2, d)}
+    for i, kv in enumerate(cfg.kv_heads):
+        shapes[f"{i}.qkv"] = (d, (cfg.heads + 2 * kv) * hd)
+        shapes[f"{i}.o"] = (d, d)
+        shapes[f"{i}.gu"] = (d, cfg.I)
+        shapes[f"{i}.down"] = (cfg.I, d)
+    c = d
+    for j, c_out in enumerate(cfg.up):
+        shapes[f"d{j}"] = (4 * c, 4 * c_out)
+        c = c_out
+    for j, c_out in enumerate(cfg.convs):
+        shapes[f"c{j}"] = (c, c_out)
+        c = c_out
+    shapes["pred"] = (c, cfg.K)
+    return shapes
+
+
+def from_bundle(path: str | Path, device: Any) -> Sapiens2Pose:
+    """A bundle (format 1, or 2 with host biases) on a device: an npu.sim.SimDevice or
+    npu.xrt.XrtDevice, or the backend name "sim" / "npu" to open one."""
+    from npu.bundle import Bundle, BundleError
+    from npu.device import kernel_spec
+    from npu.ops import DeviceOps
+
+    path = Path(path)
+    bundle = Bundle.open(path)
+    where = f"{path}/manifest.txt"
+    if bundle.version not in (1, 2):
+        raise BundleError(f"{where}: version {bundle.version}; Sapiens2 reads versions 1 and 2")
+    cfg = Config.from_params(bundle.manifest.params, where=where)
+    if device == "sim":
+        from npu.sim import SimDevice
+
+        device = SimDevice()
+    elif device == "npu":
+        from npu.xrt import open_device
+
+        device = open_device()
+    elif isinstance(device, str):
+        raise ModelError(f"device {device!r}: expected 'sim', 'npu' or a device object")
+    records = {r.fields[0]: r for r in bundle.tagged("gemm") if r.fields}
+    shapes = _valid_shapes(cfg)
+    k_pad: dict[str, int] = {}
+    for key, rec in _gemm_record_keys(cfg).items():
+        if rec not in records:
+            raise BundleError(f"{where}: no gemm record {rec} (for {key})")
+        spec = kernel_spec(bundle, records[rec])
+        k, n = shapes[key]
+        swiglu = spec.get_str("epilogue", "none") == "swiglu"
+        kr, nr = spec.get_int("K"), spec.get_int("N") // (2 if swiglu else 1)
+        if kr < k or nr < n:
+            raise BundleError(f"{spec.where()}: gemm {rec} is K={kr} N'={nr}, {key} needs {k}x{n}")
+        k_pad[key] = kr
+    host: dict[str, np.ndarray] = {}
+    patches = cfg.gh * cfg.gw
+    sizes = {
+        "prefix": cfg.prefix * cfg.D,
+        "rope.cos": patches * cfg.hd,
+        "rope.sin": patches * cfg.hd,
+    }
+    for i in range(cfg.layers):
+        sizes[f"{i}.q_norm"] = sizes[f"{i}.k_norm"] = cfg.hd
+        if bundle.version == 2:
+            sizes[f"{i}.down.bias"] = cfg.D
+    if bundle.version == 2:
+        sizes.update({f"d{j}.bias": 4 * c for j, c in enumerate(cfg.up)})
+    for name, elems in sizes.items():
+        bundle.expect(name, "f32", elems)
+        host[name] = bundle.f32(name).reshape(-1)
+    for key in shapes:
+        bundle.entry(key)
+    ops = DeviceOps.from_bundle(
+        device,
+        bundle,
+        gemms={key: (rec, key) for key, rec in _gemm_record_keys(cfg).items()},
+        mhas={"mha": "mha"},
+    )
+    padded = _PaddedGemms(ops, {k: n for k, (_, n) in shapes.items()}, k_pad)
+    return Sapiens2Pose(cfg, padded, host)

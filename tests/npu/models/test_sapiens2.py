@@ -22,8 +22,10 @@ from npu.models.sapiens2 import (
     deconv_gemm_input,
     deconv_scatter,
     deconv_weights,
+    from_bundle,
     from_pretrained,
     rope_tables,
+    write_sim_bundle,
 )
 
 torch.set_num_threads(1)
@@ -176,3 +178,66 @@ def test_unsupported_hf_variants_are_refused(tiny_sapiens2_dir, tmp_path, field,
     with pytest.raises(ModelError) as err:
         Config.from_hf(tmp_path)
     assert needle in str(err.value) and str(tmp_path) in str(err.value)
+
+
+@pytest.fixture
+def sim(tmp_path):
+    from npu.sim import SimDevice
+
+    dev = SimDevice(registry_dir=tmp_path / "hwctx")
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_sim_bundle_matches_the_cpu_forward(tiny_sapiens2_dir, tmp_path, sim, version):
+    _, path = tiny_sapiens2_dir
+    cpu = from_pretrained(path)
+    write_sim_bundle(cpu, tmp_path / "b", version=version)
+    on_sim = from_bundle(tmp_path / "b", sim)
+    assert on_sim.backend == "sim" and on_sim.config == cpu.config
+    if version == 2:
+        assert "0.down.bias" in on_sim.host and "d1.bias" in on_sim.host
+    crops = np.random.default_rng(3).normal(size=(1, 3, 64, 48)).astype(np.float32)
+    # bf16 activations and bfp16 weights on the device: the gate is cosine >= 0.999
+    assert _cos(on_sim.heatmaps(crops), cpu.heatmaps(crops)) >= 0.999
+
+
+def _corrupt_param(b):
+    text = (b / "manifest.txt").read_text().replace("param kv_heads 4,2", "param kv_heads 4,x")
+    (b / "manifest.txt").write_text(text)
+
+
+def _drop_record(b):
+    lines = (b / "manifest.txt").read_text().splitlines()
+    (b / "manifest.txt").write_text("\n".join(x for x in lines if not x.startswith("gemm gu ")))
+
+
+def _truncate(b):
+    data = (b / "tensors.bin").read_bytes()
+    (b / "tensors.bin").write_bytes(data[: len(data) // 2])
+
+
+def _retype_host(b):
+    text = (b / "tensors.txt").read_text()
+    (b / "tensors.txt").write_text(text.replace("0.q_norm f32 16 ", "0.q_norm u8 64 "))
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "needle"),
+    [
+        (_corrupt_param, "kv_heads"),
+        (_drop_record, "no gemm record gu"),
+        (_truncate, "runs past the end of tensors.bin"),
+        (_retype_host, "tensor 0.q_norm"),
+    ],
+)
+def test_corrupted_bundles_raise_named_errors(tiny_sapiens2_dir, tmp_path, sim, corrupt, needle):
+    from pipeline.errors import NpucamError
+
+    _, path = tiny_sapiens2_dir
+    b = write_sim_bundle(from_pretrained(path), tmp_path / "b")
+    corrupt(b)
+    with pytest.raises(NpucamError) as err:
+        from_bundle(b, sim)
+    assert needle in str(err.value)

@@ -1,0 +1,151 @@
+"""`npucam pose ...`: Sapiens2-Pose on still images.
+
+`pose image IMAGE --box x,y,w,h [--box ...] --model DIR` runs crop (stages.detect) ->
+heatmaps (npu.models.sapiens2 on the chosen backend) -> DARK keypoints (stages.postprocess)
+and writes taconite's JSON, `[{"box": [x, y, w, h], "keypoints": [[x, y, score], ...]}]`,
+each person also naming the backend. `--draw` saves the image with the keypoints whose score
+is above --threshold and the skeleton links between them. Exit codes: 0 done, 2 an error
+naming the file or argument at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import NpucamError
+
+BACKENDS = ("cpu", "sim", "npu")
+
+
+class PoseCommandError(NpucamError):
+    """A pose command argument or file that cannot be used."""
+
+
+def parse_box(text: str) -> list[float]:
+    """"x,y,w,h" -> [x, y, w, h] (COCO, image pixels); w and h must be positive."""
+    parts = text.split(",")
+    try:
+        box = [float(p) for p in parts]
+    except ValueError:
+        box = []
+    if len(box) != 4 or not all(np.isfinite(box)) or box[2] <= 0 or box[3] <= 0:
+        raise PoseCommandError(f"--box {text!r}: expected x,y,w,h with w, h > 0")
+    return box
+
+
+def read_rgb(path: str) -> np.ndarray:
+    """An image file as uint8 [H, W, 3] RGB."""
+    import cv2
+
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise PoseCommandError(f"{path}: not a readable image")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def load_model(model: str, backend: str):
+    """The Sapiens2-Pose model a --model / --backend pair names."""
+    from npu.models import sapiens2
+
+    path = Path(model)
+    if not path.is_dir():
+        raise PoseCommandError(f"--model {model}: not a directory")
+    if backend == "cpu":
+        return sapiens2.from_pretrained(path)
+    if backend not in BACKENDS:
+        raise PoseCommandError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    return sapiens2.from_bundle(path, backend)
+
+
+def estimate(model, rgb: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Keypoints float32 [N, K, 3] (x, y, score) in image pixels for COCO boxes [N, 4]."""
+    from stages.detect import crop_persons
+    from stages.postprocess import dark_keypoints
+
+    cfg = model.config
+    crops, windows = crop_persons(
+        rgb, boxes, output_size=(cfg.H, cfg.W), mean=cfg.mean, std=cfg.std, padding=cfg.box_pad
+    )
+    return dark_keypoints(model.heatmaps(crops), windows, kernel=cfg.blur)
+
+
+def draw(rgb: np.ndarray, keypoints: np.ndarray, boxes: np.ndarray, threshold: float):
+    """uint8 [H, W, 3] BGR with boxes, skeleton links and keypoints above threshold."""
+    import cv2
+
+    from npu.models.keypoints308 import SKELETON
+
+    out = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+    radius = max(1, round(max(out.shape[:2]) / 300))
+    for box, kp in zip(boxes, keypoints, strict=True):
+        x, y, w, h = (round(v) for v in box)
+        cv2.rectangle(out, (x, y), (x + w, y + h), (0, 200, 255), radius)
+        ok = kp[:, 2] > threshold
+        if len(kp) == 308:
+            for a, b in SKELETON:
+                if ok[a] and ok[b]:
+                    pa, pb = (tuple(int(round(v)) for v in kp[i, :2]) for i in (a, b))
+                    cv2.line(out, pa, pb, (255, 128, 0), radius, cv2.LINE_AA)
+        for px, py, _ in kp[ok]:
+            cv2.circle(out, (int(round(px)), int(round(py))), radius + 1, (0, 255, 0), -1)
+    return out
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    boxes = np.array([parse_box(b) for b in args.box], dtype=np.float32)
+    rgb = read_rgb(args.image)
+    model = load_model(args.model, args.backend)
+    keypoints = estimate(model, rgb, boxes)
+    persons = [
+        {
+            "box": [float(v) for v in box],
+            "keypoints": [[float(v) for v in k] for k in kp],
+            "backend": model.backend,
+        }
+        for box, kp in zip(boxes, keypoints, strict=True)
+    ]
+    text = json.dumps(persons)
+    if args.output:
+        try:
+            Path(args.output).write_text(text + "\n")
+        except OSError as exc:
+            raise PoseCommandError(f"-o {args.output}: cannot write: {exc}") from None
+    else:
+        print(text)
+    if args.draw:
+        import cv2
+
+        if not cv2.imwrite(args.draw, draw(rgb, keypoints, boxes, args.threshold)):
+            raise PoseCommandError(f"--draw {args.draw}: cannot write the image")
+    confident = int((keypoints[:, :, 2] > args.threshold).sum())
+    print(
+        f"pose: {len(boxes)} box(es) on {model.backend}, {confident} of {keypoints[:, :, 0].size}"
+        f" keypoints with score > {args.threshold}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    pose = subparsers.add_parser("pose", help="Sapiens2-Pose keypoints from person boxes")
+    sub = pose.add_subparsers(dest="pose_command", required=True, metavar="SUBCOMMAND")
+    img = sub.add_parser("image", help="keypoints for person boxes in one image")
+    img.add_argument("image", help="image file (any format OpenCV reads)")
+    img.add_argument(
+        "--box", action="append", required=True, help="person box x,y,w,h (repeatable)"
+    )
+    img.add_argument(
+        "--model",
+        required=True,
+        help="HF Sapiens2ForPoseEstimation directory (cpu) or a bundle (sim, npu)",
+    )
+    img.add_argument("--backend", choices=BACKENDS, default="cpu")
+    img.add_argument("-o", "--output", help="write the JSON here instead of stdout")
+    img.add_argument("--draw", help="save an annotated copy of the image here")
+    img.add_argument("--threshold", type=float, default=0.3, help="score to draw (0.3)")
+    img.set_defaults(func=cmd_image)
