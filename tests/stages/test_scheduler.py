@@ -558,3 +558,50 @@ def test_metrics_snapshot_reports_busy_fill_waits_loads_and_drops():
     assert clip["queue_wait_mean_s"] == pytest.approx(0.1)
     assert snap["drops"] == [{"model": "adaface", "camera": "cam1", "reason": "stale", "count": 1}]
     assert snap["results"] == [{"model": "clip", "camera": "cam0", "count": 1}]
+
+
+def test_switching_models_loads_and_evicts_contexts_as_the_lru_models():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, prepare_ahead_s=None)
+    sched.submit(job("adaface", "cam0", 0, 60 * S))
+    face = sched.next_batch()
+    assert (len(face.loads), face.evictions, face.switch_s) == (16, (), pytest.approx(0.04))
+    clock.t = 1 * S
+    sched.complete(face, [0], 0.34)
+    sched.submit(job("sapiens2", "cam0", 0, 60 * S))
+    clock.t = 1 * S + 50 * MS
+    box = sched.next_batch()
+    assert len(box.loads) == 7 and box.evictions == tuple(f"adaface/{i}" for i in range(7))
+    assert (sched.stats.context_loads, sched.stats.context_evictions) == (23, 7)
+
+
+def test_model_share_weights_the_device_time_split():
+    clock = SimClock()
+    shared = [
+        ModelProfile("adaface", 1, 0.0, ("a",), 0.3, share=2.0),
+        ModelProfile("sapiens2", 1, 0.0, ("s",), 0.3),
+    ]
+    sched = BatchScheduler(shared, clock=clock)
+    events = []
+    for k in range(600):
+        t = k * 100 * MS
+        for model in ("adaface", "sapiens2"):
+            events.append((t, lambda t=t, m=model: sched.submit(job(m, "cam0", 0, t + 3 * S))))
+    report = simulate(sched, clock, events, lambda b: 0.3, until_ns=60 * S)
+    runs = {
+        m: sum(1 for _, _, b in report.batches if b.model == m) for m in ("adaface", "sapiens2")
+    }
+    assert runs["adaface"] / runs["sapiens2"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_residency_stays_when_one_of_two_deadlines_is_lost_either_way():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1)
+    sched.submit(job("adaface", "cam0", "warm", 60 * S))
+    first = sched.next_batch()
+    clock.t = first.est_finish_ns
+    sched.complete(first, [None], first.switch_s + 0.3)
+    # the face fits only if it runs first, the box only if it runs first
+    sched.submit(job("adaface", "cam0", "face", clock.t + 500 * MS))
+    sched.submit(job("sapiens2", "cam1", "box", clock.t + 3_000 * MS))
+    assert sched.next_batch().model == "adaface"  # no context switch spent on a loss
