@@ -9,7 +9,6 @@ image, no enrollable face, a corrupt gallery, ...), each message naming the file
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -20,30 +19,46 @@ import numpy as np
 from stages.gallery import FaceEncoder, GalleryError, GalleryFile, QualityGate, read_image
 
 DEFAULT_GALLERY = "gallery.npz"
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "sim", "npu")
 
 
 def _gallery_path(args: argparse.Namespace) -> Path:
     return Path(args.gallery or os.environ.get("NPUCAM_GALLERY") or DEFAULT_GALLERY)
 
 
+def open_device(backend: str):
+    """The device of a sim/npu backend (a DeviceError names what is missing for npu)."""
+    if backend == "sim":
+        from npu.sim import SimDevice
+
+        return SimDevice()
+    from npu.xrt import open_device as open_xrt
+
+    return open_xrt()
+
+
+def load_embedder(model: str, backend: str):
+    """AdaFace for a backend: cpu from a cvlface-style safetensors dir, sim/npu from a bundle."""
+    if backend not in BACKENDS:
+        raise GalleryError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    if backend == "cpu":
+        from npu.models.adaface import AdaFaceCpu
+
+        return AdaFaceCpu.from_pretrained(model)
+    from npu.models.adaface import AdaFaceBundle
+
+    return AdaFaceBundle.load(model, open_device(backend))
+
+
 def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
     """The detector + embedder the arguments name, and the model id stored in the gallery."""
-    from npu.models.adaface import AdaFaceCpu
     from stages.detectors.blazeface import BlazeFace
 
     model_dir = args.model or os.environ.get("NPUCAM_FACE_MODEL")
     if not model_dir:
         raise GalleryError("no face model: pass --model DIR (or set NPUCAM_FACE_MODEL)")
-    if args.backend not in BACKENDS:
-        raise GalleryError(
-            f"--backend {args.backend}: face commands run on {', '.join(BACKENDS)} only "
-            "(the sim/npu AdaFace step interpreter is not built yet)"
-        )
-    embedder = AdaFaceCpu.from_pretrained(model_dir)
-    head = embedder.program.steps[-1]
-    digest = hashlib.sha256(head.b2.tobytes()).hexdigest()[:12]  # type: ignore[union-attr]
-    return FaceEncoder(BlazeFace(args.detector), embedder), f"{embedder.model}:{digest}"
+    embedder = load_embedder(model_dir, args.backend)
+    return FaceEncoder(BlazeFace(args.detector), embedder), embedder.fingerprint
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
@@ -59,7 +74,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         print(f"rejected: {msg}", file=sys.stderr)
     if not samples:
         raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
-    store = GalleryFile(_gallery_path(args), encoder.embedder.program.embed_dim, model_id)
+    store = GalleryFile(_gallery_path(args), encoder.embedder.embed_dim, model_id)
     g = store.enrol(args.name, np.stack(samples), model=model_id)
     print(
         f"enrolled {args.name!r}: {len(samples)} sample(s), {len(rejected)} rejected; "
@@ -128,6 +143,55 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """taconite's run_ir18 / run_ir101 self-check of a bundle on the sim or npu device."""
+    import statistics
+    import time
+
+    from npu.models.adaface import AdaFaceBundle, AdaFaceError, cosine
+
+    if args.backend not in ("sim", "npu"):
+        raise GalleryError(f"face check replays a bundle: --backend sim or npu, not {args.backend}")
+    model = AdaFaceBundle.load(args.bundle, open_device(args.backend))
+    b = model.bundle
+    refs = {}
+    for name in ("ref.npu_embedding", "ref.cpu_embedding", "ref.input_chw"):
+        if not b.has(name):
+            raise AdaFaceError(f"{args.bundle}: tensor {name} missing (the check needs it)")
+        refs[name] = b.f32(name).reshape(-1)
+    reps = args.reps
+    if reps is None:
+        env = os.environ.get("NREPS", "1")
+        if not env.isdigit():
+            raise GalleryError(f"NREPS={env!r} is not a whole number")
+        reps = int(env)
+    times = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        recorded = model.embed_recorded()
+        times.append(time.perf_counter() - t0)
+    api = model.embed(refs["ref.input_chw"])
+    checks = {
+        "cosine(replay, recorder embedding)": cosine(recorded, refs["ref.npu_embedding"]),
+        "cosine(embed() API, recorded replay)": cosine(api, recorded),
+        "cosine(replay, CPU reference)": cosine(recorded, refs["ref.cpu_embedding"]),
+    }
+    c, h, w = model.input_dims
+    print(f"model {model.model}: {model.num_conv_dispatches} conv dispatches, input {c}x{h}x{w}")
+    warm = statistics.median(times[1:]) if len(times) > 1 else float("nan")
+    sim = getattr(model.device, "sim", None)
+    note = f" (simulated device time {sim.device_time_s:.3f} s in all)" if sim else ""
+    print(
+        f"backend {model.backend}: cold {1e3 * times[0]:.0f} ms, warm {1e3 * warm:.0f} ms "
+        f"host wall{note}"
+    )
+    for name, value in checks.items():
+        print(f"{name} = {value:.5f}")
+    ok = all(v > 0.99 for v in checks.values())
+    print("RESULT: MATCH" if ok else "RESULT: MISMATCH (a cosine <= 0.99)")
+    return 0 if ok else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `npucam face {enroll,identify,list,remove}`."""
     face = subparsers.add_parser("face", help="face gallery: enroll, identify, list, remove")
@@ -139,8 +203,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             help=f"gallery file (default $NPUCAM_GALLERY or ./{DEFAULT_GALLERY})",
         )
         if model:
-            p.add_argument("--model", help="cvlface-style AdaFace dir ($NPUCAM_FACE_MODEL)")
-            p.add_argument("--backend", default="cpu", help="cpu (default; sim/npu: not yet)")
+            p.add_argument(
+                "--model",
+                help="cpu: a cvlface-style safetensors dir; sim/npu: an AdaFace bundle dir "
+                "($NPUCAM_FACE_MODEL)",
+            )
+            p.add_argument("--backend", default="cpu", choices=BACKENDS, help="default cpu")
             p.add_argument(
                 "--detector", default="short", choices=("short", "full"), help="BlazeFace range"
             )
@@ -162,6 +230,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--margin", type=float, default=0.05, help="min lead over 2nd identity")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=cmd_identify)
+
+    p = sub.add_parser("check", help="self-check an AdaFace bundle (as taconite's run_ir18)")
+    p.add_argument("bundle")
+    p.add_argument("--backend", default="sim", choices=("sim", "npu"))
+    p.add_argument("--reps", type=int, help="forwards to time (default $NREPS or 1)")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("list", help="list enrolled identities")
     common(p, model=False)

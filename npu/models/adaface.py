@@ -316,6 +316,16 @@ def run_program(program: IrProgram, x: np.ndarray, ops: Ops) -> np.ndarray:
 # ---- the loaded model ----------------------------------------------------------------------
 
 
+def head_fingerprint(b2: np.ndarray) -> str:
+    """12 hex digits identifying a model by its head bias (rounded to bf16, so a cpu model and
+    a bundle exported from the same weights agree): galleries record it."""
+    import hashlib
+
+    from npu.bf16 import f32_to_bf16
+
+    return hashlib.sha256(f32_to_bf16(np.asarray(b2, np.float32)).tobytes()).hexdigest()[:12]
+
+
 def l2_normalize(e: np.ndarray) -> np.ndarray:
     """e: float [..., D] -> float32 rows scaled to unit L2 norm (all-zero rows stay zero)."""
     e = np.asarray(e, dtype=np.float32)
@@ -360,6 +370,12 @@ class AdaFaceCpu:
     @property
     def embed_dim(self) -> int:
         return self.program.embed_dim
+
+    @property
+    def fingerprint(self) -> str:
+        head = self.program.steps[-1]
+        assert isinstance(head, Head)
+        return f"{self.model}:{head_fingerprint(head.b2)}"
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> AdaFaceCpu:
@@ -534,6 +550,7 @@ class AdaFaceBundle:
         self.steps = steps
         self._input = input_step  # (record line, buf, c, h, w, tensor)
         self.model = bundle.param("model") if bundle.has_param("model") else "IR"
+        self.colour_order: ColourOrder = "rgb"  # as taconite documents it (spec Q1 is open)
         self._kernels: dict[int, tuple] = {}
 
     # loading and checking
@@ -670,6 +687,10 @@ class AdaFaceBundle:
     @property
     def embed_dim(self) -> int:
         return int(self.steps[-1][3].shape[0])
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.model}:{head_fingerprint(self.steps[-1][3])}"
 
     @property
     def num_conv_dispatches(self) -> int:
