@@ -663,8 +663,9 @@ class BatchScheduler:
     def complete(self, batch: Batch, outputs: Sequence[Any], device_s: float) -> list[tuple]:
         """Report a finished batch: one output per slot and its measured device time (s,
         context loads included). Returns [(job, output)] for the real jobs still within their
-        deadline; padded slots are discarded and late results are counted as `stale` drops."""
-        self._retire(batch)
+        deadline; padded slots are discarded and late results are counted as `stale` drops.
+        A malformed report raises and leaves the batch in flight (report it with `fail`)."""
+        self._check_order(batch)
         if len(outputs) != batch.size:
             raise SchedulerError(
                 f"model {batch.model!r}: batch {batch.seq} has {batch.size} slots, "
@@ -674,6 +675,7 @@ class BatchScheduler:
             raise SchedulerError(
                 f"model {batch.model!r}: batch {batch.seq} device time {device_s!r} is invalid"
             )
+        self._retire(batch)
         self.stats.busy_s += device_s
         measured = max(device_s - batch.switch_s, 0.0)
         cost = self._cost[batch.model]
@@ -699,13 +701,16 @@ class BatchScheduler:
         for job in batch.jobs:
             self._drop(job, "error")
 
-    def _retire(self, batch: Batch) -> None:
+    def _check_order(self, batch: Batch) -> None:
         if not self._in_flight or self._in_flight[0] is not batch:
             expected = self._in_flight[0].seq if self._in_flight else None
             raise SchedulerError(
                 f"model {batch.model!r}: batch {batch.seq} reported out of order or twice "
                 f"(expected batch {expected})"
             )
+
+    def _retire(self, batch: Batch) -> None:
+        self._check_order(batch)
         self._in_flight.pop(0)
         self._head_start_ns = self.clock()  # the next batch in flight starts now
 

@@ -155,6 +155,9 @@ def test_complete_rejects_wrong_output_count_and_out_of_order_reports():
         sched.complete(second, [1], 0.3)
     with pytest.raises(SchedulerError, match="1 slots, got 2 outputs"):
         sched.complete(first, [1, 2], 0.3)
+    sched.fail(first)  # still in flight: the stage reports it failed
+    assert sched.stats.drops == {("adaface", "cam0", "error"): 1}
+    assert sched.in_flight == (second,)
 
 
 @settings(max_examples=60, deadline=None)
