@@ -567,6 +567,11 @@ class CameraReader:
         self._last_error = message
         log.warning("camera %s: %s", self.spec.name, message)
 
+    def _lost(self, message: str) -> None:
+        """The source broke while reading: health says so before the slow close."""
+        self._fail(message)
+        self._state = "reconnecting" if self.spec.reconnects else "ended"
+
     def _run(self) -> None:
         attempt = 0
         retry = False
@@ -642,7 +647,7 @@ class CameraReader:
             except Exception as exc:
                 # An unexpected backend error is a failure of this source, handled by policy.
                 log.exception("camera %s: read failed", self.spec.name)
-                self._fail(f"read from {self._source.description} failed: {exc!r}")
+                self._lost(f"read from {self._source.description} failed: {exc!r}")
                 return flowed, "failed"
             finally:
                 self._reading_since = None
@@ -651,13 +656,14 @@ class CameraReader:
                     break
                 waited = time.monotonic() - started
                 if spec.live and waited >= 0.9 * spec.stall_timeout_s:
+                    self._state = "stale"
                     self._fail(f"{self._source.description}: no frame for {waited:.1f} s (stalled)")
                     return flowed, "stalled"
                 failed_reads += 1
                 if failed_reads < MAX_FAILED_READS:
                     continue
                 if spec.live:
-                    self._fail(f"{self._source.description}: stream ended")
+                    self._lost(f"{self._source.description}: stream ended")
                 return flowed, "ended"
             # Reads that failed between two good frames were frames FFmpeg could not decode.
             self._counts["bad_frames"] += failed_reads
