@@ -1,9 +1,10 @@
 """`npucam face ...`: enrol, identify, list and remove identities in a face gallery file.
 
 Still images go through the same chain as the face-ID stage: BlazeFace -> 4-point
-alignment -> AdaFace (the cpu backend from a cvlface-style safetensors dir) -> the gallery
-(stages.gallery). Exit codes: 0 done, 1 an identify found no known face, 2 an error (a bad
-image, no enrollable face, a corrupt gallery, ...), each message naming the file at fault.
+alignment -> AdaFace (cpu: a cvlface-style safetensors dir; sim/npu: a bundle) -> the
+gallery (stages.gallery). `face check` is taconite's run_ir18 bundle self-check. Exit
+codes: 0 done, 1 an identify found no known face (or a check mismatched), 2 an error (a
+bad image, no enrollable face, a corrupt gallery, ...), each message naming the file.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""AdaFace IR-18 / IR-101 (cvlface iresnet) as a program of taconite-adaface steps, run in f32.
+"""AdaFace IR-18 / IR-101 (cvlface iresnet) as a program of taconite-adaface steps.
 
 The network of spec adaface-clip-align.md a.7 (cvlface's `Backbone` with `BasicBlockIR`
 units) is lowered to the step records of spec a.2: `affine` (a unit's leading BN),
 `conv` (stride 1, BN folded into its weights) + `prelu_bias` or `bias`, `subsample` (stride
 2), `add` and `head` (BN2d + Linear + BN1d folded into one f32 mat-vec). The cpu backend
-runs the program in float32, each conv as im2col + `ops.gemm`; it matches the torch module
-up to float32 rounding. The output is the un-normalised 512-d embedding, as cvlface's
-Backbone and taconite's head return it.
+(`AdaFaceCpu`) runs that program in float32, each conv as im2col + `ops.gemm`, matching the
+torch module up to float32 rounding. `AdaFaceBundle` replays a bundle's steps on a device
+(sim or xrt) with the bf16 tiled numerics of spec a.3, as taconite-adaface's IrEmbedder.
+Both return the un-normalised 512-d embedding, as cvlface's Backbone and taconite's head do.
 """
 
 from __future__ import annotations
