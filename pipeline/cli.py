@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "npu.device_commands",
     "stages.face_commands",
     "stages.clip_commands",
+    "stages.pose_commands",
 )
 
 
