@@ -19,11 +19,19 @@ A frame travels as one ZeroMQ multipart message of exactly two parts:
    Booleans are not integers here. Unknown fields are ignored, so a later version can add
    fields without breaking version-1 readers.
 
-2. payload: the image, BGR channel order (OpenCV's).
-   - `raw`: the H*W*3 bytes of a C-contiguous uint8 [H, W, 3] array (row-major, no padding;
-     byte order does not apply to uint8).
-   - `jpeg`: a baseline/progressive JPEG (as cv2.imencode writes it) whose decoded size is
-     exactly H x W; a colour JPEG decodes to BGR, a greyscale one is expanded to 3 channels.
+2. payload: the image.
+   - `raw`: the H*W*3 bytes of a C-contiguous uint8 [H, W, 3] array, row-major, no padding,
+     channels in B, G, R order per pixel (OpenCV's); byte order does not apply to uint8.
+   - `jpeg`: a standard JFIF JPEG (baseline or progressive, as cv2.imencode writes it) of
+     exactly H x W pixels. Decoders that return RGB give the frame's channels reversed; a
+     greyscale JPEG is accepted and expanded to 3 equal channels.
+
+Sockets: the sender PUSHes from a socket with a bounded SNDHWM (stages.publish's zmq_push
+binds by default); a `zmq:tcp://HOST:PORT` camera (stages.sources) connects a PULL socket
+with RCVHWM 4 and MAXMSGSIZE = the largest raw frame + 64 KiB, so a slow receiver makes the
+sender's PUSH hit its high-water mark instead of queueing old frames. There is no topic
+part: PUSH/PULL is point to point, and every frame on one endpoint belongs to the camera
+that PULLs it (its seq is renumbered there; capture_ts_ns is kept).
 
 decode_frame checks every field and the payload against the header and raises FrameWireError
 naming what is wrong; it raises nothing else, whatever the input bytes.
