@@ -10,7 +10,9 @@ num_threads=1, torch.set_num_threads(1)), so the numbers are per core.
      stages.align.align_face_4pt on each detected face.
   2. align only: stages.align.align_face (our Umeyama + warp) vs the scikit-image path on
      the same 5-point landmark sets (the ratio is ours / reference time).
-  3. embed (--embed): the IR-18-shaped cpu forward (random weights) vs torch on one core.
+  3. embed (--embed): the IR-18-shaped cpu forward (random weights) vs torch on one core,
+     and the same network as a sim bundle through the step interpreter (host wall time and
+     the simulator's modelled device time, which is not a hardware measurement).
 
 Run: .venv/bin/python bench/face.py [--repeat 3] [--embed]
 """
@@ -140,6 +142,35 @@ def bench_embed(repeat: int) -> None:
         f"({1 / t_ours:.1f} faces/s/core); torch {1e3 * t_ref:.0f} ms/face; "
         f"ours/torch time = {t_ours / t_ref:.2f}"
     )
+    bench_embed_sim(model, x, t_ours, repeat)
+
+
+def bench_embed_sim(model, x: np.ndarray, t_cpu: float, repeat: int) -> None:
+    """The same IR-18 as a sim bundle, replayed by the step interpreter on SimDevice."""
+    import tempfile
+
+    from npu.models.adaface import AdaFaceBundle, cosine, write_sim_bundle
+    from npu.sim import SimDevice
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_sim_bundle(model.program, os.path.join(tmp, "b"), x)
+        dev = SimDevice(registry_dir=os.path.join(tmp, "hwctx"))
+        try:
+            sim = AdaFaceBundle.load(os.path.join(tmp, "b"), dev)
+            e = sim.embed(x)  # cold: loads the kernels and creates the contexts
+            before = dev.sim.device_time_s
+            t_sim = float("inf")
+            for _ in range(repeat):
+                t_sim = min(t_sim, best_of(1, lambda: sim.embed(x)))
+            device_s = (dev.sim.device_time_s - before) / repeat
+            print(
+                f"embed IR-18   sim bundle ({sim.num_conv_dispatches} conv dispatches): host "
+                f"wall {1e3 * t_sim:.0f} ms/face; simulated device time {1e3 * device_s:.1f} "
+                f"ms/face (sim, not hardware); host/cpu-forward time = {t_sim / t_cpu:.2f}; "
+                f"cosine to the cpu forward {cosine(e, model.embed(x)):.5f}"
+            )
+        finally:
+            dev.close()
 
 
 def main() -> None:
