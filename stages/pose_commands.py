@@ -4,8 +4,15 @@
 heatmaps (npu.models.sapiens2 on the chosen backend) -> DARK keypoints (stages.postprocess)
 and writes taconite's JSON, `[{"box": [x, y, w, h], "keypoints": [[x, y, score], ...]}]`,
 each person also naming the backend. `--draw` saves the image with the keypoints whose score
-is above --threshold and the skeleton links between them. Exit codes: 0 done, 2 an error
-naming the file or argument at fault.
+is above --threshold and the skeleton links between them.
+
+`pose check BUNDLE [--backend sim|npu]` replays every `ref` case of a bundle as taconite's
+`sapiens2 check` does (spec sapiens2 §6): the pixel max |diff| of our crop against the
+reference crop, feature and heatmap cosines from the reference pixels, and the keypoint error
+through the whole path over keypoints whose reference score > 0.3. A case passes when pixels
+<= 2e-3, heatmap cosine >= 0.98 and mean keypoint error <= 1% of max(box w, box h); feature
+cosine is reported, not gated. Exit codes: 0 done (check: all cases pass), 1 a check case
+failed, 2 an error naming the file or argument at fault.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ class PoseCommandError(NpucamError):
 
 
 def parse_box(text: str) -> list[float]:
-    """"x,y,w,h" -> [x, y, w, h] (COCO, image pixels); w and h must be positive."""
+    """ "x,y,w,h" -> [x, y, w, h] (COCO, image pixels); w and h must be positive."""
     parts = text.split(",")
     try:
         box = [float(p) for p in parts]
@@ -131,6 +138,86 @@ def cmd_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
+
+
+def check_case(model, bundle, record) -> dict:
+    """One `ref <name> w= h=` case of a bundle: the metrics and verdict of spec §6."""
+    from npu.bundle import BundleError
+    from stages.detect import crop_persons
+    from stages.postprocess import dark_keypoints
+
+    cfg = model.config
+    name, w, h = record.field(0), record.get("w"), record.get("h")
+    hh, wh = cfg.heatmap_size
+    sizes = {
+        "rgb": ("u8", h * w * 3), "box": ("f32", 4), "pixels": ("f32", 3 * cfg.H * cfg.W),
+        "features": ("bf16", cfg.gh * cfg.gw * cfg.D), "heatmaps": ("bf16", cfg.K * hh * wh),
+        "keypoints": ("f32", cfg.K * 2), "scores": ("f32", cfg.K),
+    }  # fmt: skip
+    ref = {}
+    for part, (dtype, elems) in sizes.items():
+        tensor = f"ref.{name}.{part}"
+        try:
+            bundle.expect(tensor, dtype, elems)
+        except BundleError as exc:
+            raise BundleError(
+                f"{record.root}/manifest.txt:{record.line}: ref {name}: {exc}"
+            ) from None
+        ref[part] = bundle.view(tensor).copy() if dtype == "u8" else bundle.f32(tensor).reshape(-1)
+    rgb = ref["rgb"].reshape(h, w, 3)
+    box = ref["box"].astype(np.float32)
+    pixels = ref["pixels"].reshape(1, 3, cfg.H, cfg.W)
+    crops, windows = crop_persons(
+        rgb, box[None], output_size=(cfg.H, cfg.W), mean=cfg.mean, std=cfg.std, padding=cfg.box_pad
+    )
+    features = model.features(pixels[0])
+    heatmaps = model.heatmaps(pixels)
+    keypoints = dark_keypoints(model.heatmaps(crops), windows, kernel=cfg.blur)[0]
+    confident = ref["scores"] > 0.3
+    err = np.linalg.norm(keypoints[:, :2] - ref["keypoints"].reshape(-1, 2), axis=1)[confident]
+    result = {
+        "name": name,
+        "pixels_max_diff": float(np.abs(crops - pixels).max()),
+        "features_cos": _cosine(features, ref["features"]),
+        "heatmaps_cos": _cosine(heatmaps, ref["heatmaps"]),
+        "keypoints": int(confident.sum()),
+        "mean_err_px": float(err.mean()) if err.size else 0.0,
+        "max_err_px": float(err.max()) if err.size else 0.0,
+        "box_size": float(max(box[2], box[3])),
+    }
+    result["pass"] = (
+        result["pixels_max_diff"] <= 2e-3
+        and result["heatmaps_cos"] >= 0.98
+        and result["mean_err_px"] <= 0.01 * result["box_size"]
+    )
+    return result
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from npu.bundle import Bundle
+
+    model = load_model(args.bundle, args.backend)
+    bundle = Bundle.open(args.bundle)
+    cases = list(bundle.tagged("ref"))
+    if not cases:
+        raise PoseCommandError(f"{args.bundle}/manifest.txt: no ref records to check")
+    results = [check_case(model, bundle, r) for r in cases]
+    for r in results:
+        print(
+            f"{r['name']}: pixels max|d| {r['pixels_max_diff']:.2e}, features cos "
+            f"{r['features_cos']:.6f}, heatmaps cos {r['heatmaps_cos']:.6f}, keypoints "
+            f"(score > 0.3: {r['keypoints']}) mean {r['mean_err_px']:.3f} px max "
+            f"{r['max_err_px']:.3f} px ({100 * r['mean_err_px'] / r['box_size']:.3f}% of box) "
+            f"[{model.backend}] {'PASS' if r['pass'] else 'FAIL'}"
+        )
+    failed = sum(not r["pass"] for r in results)
+    print(f"check: {len(results) - failed}/{len(results)} ref cases pass on {model.backend}")
+    return 1 if failed else 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     pose = subparsers.add_parser("pose", help="Sapiens2-Pose keypoints from person boxes")
     sub = pose.add_subparsers(dest="pose_command", required=True, metavar="SUBCOMMAND")
@@ -149,3 +236,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     img.add_argument("--draw", help="save an annotated copy of the image here")
     img.add_argument("--threshold", type=float, default=0.3, help="score to draw (0.3)")
     img.set_defaults(func=cmd_image)
+    chk = sub.add_parser("check", help="replay a bundle's ref cases (taconite sapiens2 check)")
+    chk.add_argument("bundle", help="bundle directory with ref records")
+    chk.add_argument("--backend", choices=("sim", "npu"), default="sim")
+    chk.set_defaults(func=cmd_check)

@@ -602,8 +602,18 @@ def _pad_gemm(gw: GemmWeights) -> tuple[np.ndarray, np.ndarray | None]:
     return w, b
 
 
+REF_TENSORS = {
+    "rgb": "u8", "box": "f32", "pixels": "f32", "features": "bf16", "heatmaps": "bf16",
+    "keypoints": "f32", "scores": "f32",
+}  # fmt: skip
+
+
 def write_sim_bundle(
-    model: Sapiens2Pose, path: str | Path, version: int = 1, flip_pairs: str = ""
+    model: Sapiens2Pose,
+    path: str | Path,
+    version: int = 1,
+    flip_pairs: str = "",
+    refs: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> Path:
     """Write a cpu-backend model as a bundle the simulated NPU runs; returns its directory.
 
@@ -612,6 +622,9 @@ def write_sim_bundle(
     host tensors are f32. IRON's real packing is unpublished (spec open question 1), so B and
     A are zero-padded here to flm.GEMM's K % 512 and N % 128; the host pads A and drops the
     extra C columns. version 2 leaves the down and deconv biases to the host.
+    refs: validation cases {name: {rgb uint8 [h, w, 3], box [4], pixels [3, H, W], features
+    [gh*gw, D], heatmaps [K, Hh, Wh], keypoints [K, 2], scores [K]}} written as spec §6's
+    `ref <name> w= h=` records and ref.<name>.* tensors.
     """
     from npu.bundle_writer import BundleWriter
     from npu.sim import CT_MAX_K_FOR_N, pack_gemm_b, write_mha, write_xclbin
@@ -660,6 +673,12 @@ def write_sim_bundle(
         write_mha(bw, "mha", ctx="mha", heads=cfg.heads, d=cfg.hd, seq=cfg.tokens)
         for name, t in host.items():
             bw.tensor(name, np.asarray(t, np.float32).reshape(-1), "f32")
+        for name, case in (refs or {}).items():
+            h, w = case["rgb"].shape[:2]
+            bw.record("ref", name, w=w, h=h)
+            for part, dtype in REF_TENSORS.items():
+                kind = np.uint8 if dtype == "u8" else np.float32
+                bw.tensor(f"ref.{name}.{part}", np.asarray(case[part], kind).reshape(-1), dtype)
     return Path(path)
 
 

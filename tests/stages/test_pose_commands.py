@@ -1,0 +1,154 @@
+"""`npucam pose image` (cpu, on a tiny saved HF model) and `npucam pose check` (sim bundle
+whose ref cases come from HF's processor and torch model)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "npu" / "models"))
+from sapiens2_torch_ref import save_tiny_sapiens2  # noqa: E402
+
+from npu.models.sapiens2 import from_pretrained, write_sim_bundle  # noqa: E402
+from pipeline.cli import main  # noqa: E402
+from stages.detect import crop_persons  # noqa: E402
+from stages.postprocess import dark_keypoints  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pose") / "tiny"
+    return save_tiny_sapiens2(path), path
+
+
+@pytest.fixture
+def image(tmp_path):
+    rgb = np.random.default_rng(0).integers(0, 256, (90, 70, 3), dtype=np.uint8)
+    path = tmp_path / "img.png"
+    cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    return rgb, path
+
+
+def test_pose_image_on_cpu_writes_keypoints_and_a_drawing(tiny, image, tmp_path, capsys):
+    _, model_dir = tiny
+    rgb, img = image
+    out, png = tmp_path / "kp.json", tmp_path / "kp.png"
+    argv = ["pose", "image", str(img), "--box", "10,5,30,40", "--box=-5,20,50,60.5"]
+    argv += ["--model", str(model_dir), "-o", str(out), "--draw", str(png), "--threshold", "-9"]
+    assert main(argv) == 0
+    persons = json.loads(out.read_text())
+    assert [p["box"] for p in persons] == [[10, 5, 30, 40], [-5, 20, 50, 60.5]]
+    assert all(p["backend"] == "cpu" and len(p["keypoints"]) == 17 for p in persons)
+    # the command is the API chain: crop -> cpu heatmaps -> DARK
+    model = from_pretrained(model_dir)
+    boxes = np.array([p["box"] for p in persons], np.float32)
+    crops, windows = crop_persons(rgb, boxes, output_size=(64, 48))
+    want = dark_keypoints(model.heatmaps(crops), windows)
+    np.testing.assert_allclose(np.array([p["keypoints"] for p in persons]), want, rtol=1e-6)
+    drawn = cv2.imread(str(png))
+    assert drawn.shape == (90, 70, 3) and not np.array_equal(drawn[..., ::-1], rgb)
+    assert "2 box(es) on cpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--box", "1,2,3"], "--box '1,2,3'"),
+        (["--box", "1,2,0,4"], "--box '1,2,0,4'"),
+        (["--box", "1,2,3,4", "--model", "/nonexistent"], "not a directory"),
+    ],
+)
+def test_pose_image_bad_arguments_exit_2(tiny, image, capsys, args, needle):
+    _, model_dir = tiny
+    _, img = image
+    argv = ["pose", "image", str(img), *args]
+    if "--model" not in args:
+        argv += ["--model", str(model_dir)]
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_pose_image_unreadable_image_exit_2(tiny, tmp_path, capsys):
+    _, model_dir = tiny
+    bad = tmp_path / "x.png"
+    bad.write_bytes(b"nope")
+    assert main(["pose", "image", str(bad), "--box", "1,2,3,4", "--model", str(model_dir)]) == 2
+    assert "not a readable image" in capsys.readouterr().err
+
+
+def _hf_ref(model, rgb: np.ndarray, box: list[float]) -> dict:
+    """A ref case from HF's processor and torch model (spec §6's tensors)."""
+    from transformers import Sapiens2ImageProcessor
+
+    proc = Sapiens2ImageProcessor(size={"height": 64, "width": 48})
+    pixels = proc(images=rgb, boxes=[[box]], return_tensors="pt").pixel_values
+    with torch.no_grad():
+        out = model(pixels)
+        feats = model.model(pixels).last_hidden_state[0, 3:]
+    post = proc.post_process_pose_estimation(SimpleNamespace(heatmaps=out.heatmaps), boxes=[[box]])[
+        0
+    ][0]
+    return {
+        "rgb": rgb, "box": np.array(box), "pixels": pixels[0].numpy(),
+        "features": feats.numpy(), "heatmaps": out.heatmaps[0].numpy(),
+        "keypoints": post["keypoints"].numpy(), "scores": post["scores"].numpy(),
+    }  # fmt: skip
+
+
+def test_pose_check_replays_hf_ref_cases_on_sim(tiny, image, tmp_path, monkeypatch, capsys):
+    from npu.bundle import Bundle
+    from npu.models.sapiens2 import from_bundle
+    from stages.pose_commands import check_case
+
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    torch_model, model_dir = tiny
+    rgb, _ = image
+    refs = {
+        "a": _hf_ref(torch_model, rgb, [10.0, 5.0, 30.0, 40.0]),
+        "b": _hf_ref(torch_model, rgb, [-5.0, 20.0, 50.0, 60.5]),
+    }
+    cpu = from_pretrained(model_dir)
+    bundle = write_sim_bundle(cpu, tmp_path / "b", refs=refs)
+    results = {}
+    with Bundle.open(bundle) as b:
+        model = from_bundle(bundle, "sim")
+        for record in b.tagged("ref"):
+            results[record.field(0)] = check_case(model, b, record)
+    for r in results.values():
+        # the crop is HF's to float rounding; bf16/bfp16 device heatmaps stay close to HF's
+        assert r["pixels_max_diff"] <= 2e-3 and r["heatmaps_cos"] >= 0.98
+        gate = r["mean_err_px"] <= 0.01 * r["box_size"]
+        assert r["pass"] == gate
+    # A random-weight model's heatmaps are noise, so DARK's Newton step is ill-conditioned and
+    # the device's rounding moves some keypoints far (case a); real heatmaps are peaked.
+    assert not results["a"]["pass"] and results["b"]["pass"]
+    assert main(["pose", "check", str(bundle), "--backend", "sim"]) == 1
+    out = capsys.readouterr().out
+    assert "a: " in out and "FAIL" in out and out.count("PASS") == 1
+    assert "1/2 ref cases pass on sim" in out
+
+    del refs["a"]
+    bundle = write_sim_bundle(cpu, tmp_path / "c", refs=refs)
+    assert main(["pose", "check", str(bundle)]) == 0
+    assert "1/1 ref cases pass on sim" in capsys.readouterr().out
+    refs["b"]["keypoints"] = refs["b"]["keypoints"] + 5.0  # 7 px off: > 1% of the box
+    refs["b"]["scores"] = np.full_like(refs["b"]["scores"], 1.0)
+    bundle = write_sim_bundle(cpu, tmp_path / "d", refs=refs)
+    assert main(["pose", "check", str(bundle)]) == 1
+
+
+def test_pose_check_without_refs_exit_2(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    _, model_dir = tiny
+    bundle = write_sim_bundle(from_pretrained(model_dir), tmp_path / "b")
+    assert main(["pose", "check", str(bundle)]) == 2
+    assert "no ref records" in capsys.readouterr().err
