@@ -765,3 +765,22 @@ def test_stop_is_prompt_during_pacing_and_start_twice_is_an_error(start_reader):
     t0 = time.monotonic()
     assert reader.stop(timeout=1.0)
     assert time.monotonic() - t0 < 0.5
+
+
+def test_stop_never_hangs_even_if_emit_does_not_return():
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck_emit(frame: Frame) -> None:
+        entered.set()
+        release.wait(10)
+
+    reader = CameraReader(spec("stuck", "synthetic:?width=16&height=16"), stuck_emit)
+    reader.start()
+    assert entered.wait(2)
+    t0 = time.monotonic()
+    assert reader.stop(timeout=0.3) is False  # joined for 0.3 s, then gives up
+    assert time.monotonic() - t0 < 0.6
+    release.set()  # the engine's emit returns: the thread ends at once
+    assert reader.stop(timeout=1.0)
+    assert reader.health == "ended"
