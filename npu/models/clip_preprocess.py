@@ -78,12 +78,24 @@ def axis_weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, i
 
 @functools.lru_cache(maxsize=64)
 def _banded_pass(in_size: int, out_size: int, start: int, count: int) -> _Pass:
-    """Outputs [start, start+count) of one resized axis as dense float64 blocks of the band."""
+    """Outputs [start, start+count) of one resized axis as dense blocks of the band.
+
+    The pass works on pixels centred by -128, so every partial sum S = Σ (px-128)·w is an
+    integer with |S| <= 128·Σ|w|. Dense weights are scaled by 2^-p (exact in binary), and
+    torch's (Σ px·w + 2^(p-1)) >> p becomes floor(S/2^p + frac) + whole, where
+    whole + frac (0 <= frac < 1) = (128·Σw + 2^(p-1)) / 2^p. float32 is exact when
+    128·Σ|w| + 2^p < 2^24 (scale factors up to about 3); otherwise the pass runs in float64.
+    """
     xmin, weights, precision = axis_weights(in_size, out_size)
     xmin, weights = xmin[start : start + count], weights[start : start + count]
     taps = weights.shape[1]
     reach = np.minimum(xmin + taps, in_size)
     first = int(xmin.min())
+    bound = 128 * int(np.abs(weights).astype(np.int64).sum(axis=1).max()) + (1 << precision)
+    dtype = np.float32 if bound < (1 << 24) else np.float64
+    offset = 128 * weights.astype(np.int64).sum(axis=1) + (1 << (precision - 1))
+    whole = offset >> precision
+    frac = (offset - (whole << precision)) / float(1 << precision)
     blocks = []
     for o0 in range(0, count, _BLOCK):
         o1 = min(o0 + _BLOCK, count)
@@ -92,51 +104,58 @@ def _banded_pass(in_size: int, out_size: int, start: int, count: int) -> _Pass:
         for o in range(o0, o1):
             n = int(reach[o] - xmin[o])
             dense[xmin[o] - lo : xmin[o] - lo + n, o - o0] = weights[o, :n]
-        # 2^-p is exact in binary, so the GEMM yields sum/2^p exactly (at most 53 bits).
         dense *= 1.0 / (1 << precision)
-        blocks.append((o0, o1, lo - first, hi - first, dense))
+        blocks.append((o0, o1, lo - first, hi - first, dense.astype(dtype)))
     span = int(reach.max()) - first
-    return _Pass(first, span, tuple(blocks), precision)
+    # the pass's output is centred again for the next one
+    return _Pass(first, span, tuple(blocks), frac.astype(dtype), (whole - 128).astype(dtype))
 
 
 class _Pass(NamedTuple):
     first: int
     span: int
     blocks: tuple[tuple[int, int, int, int, np.ndarray], ...]
-    precision: int
+    frac: np.ndarray  # [count]
+    whole: np.ndarray  # [count], minus the 128 that centres the output
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.frac.dtype
 
 
-def _round_shift(acc: np.ndarray) -> np.ndarray:
-    """acc = sum/2^p -> (sum + 2^(p-1)) >> p clamped to [0, 255], in place."""
-    acc += 0.5
+def _round_shift(acc: np.ndarray, frac: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """acc = S/2^p -> torch's rounded, clamped uint8 result minus 128, in place."""
+    acc += frac
     np.floor(acc, out=acc)
-    return np.clip(acc, 0.0, 255.0, out=acc)
+    acc += whole
+    return np.clip(acc, -128.0, 127.0, out=acc)
 
 
 def _row_pass(rows: np.ndarray, band: _Pass) -> np.ndarray:
-    """float64 [span, n] -> [count, n]: one fixed-point pass along the first axis."""
-    out = np.empty((band.blocks[-1][1], rows.shape[1]), dtype=np.float64)
+    """Centred [span, n] -> [count, n]: one fixed-point pass along the first axis."""
+    rows = rows.astype(band.dtype, copy=False)
+    out = np.empty((band.blocks[-1][1], rows.shape[1]), dtype=band.dtype)
     for o0, o1, lo, hi, dense in band.blocks:
         np.matmul(dense.T, rows[lo:hi], out=out[o0:o1])
-    return _round_shift(out)
+    return _round_shift(out, band.frac[:, None], band.whole[:, None])
 
 
 def _column_pass(cols: np.ndarray, band: _Pass) -> np.ndarray:
-    """float64 [n, span] -> [n, count]: one fixed-point pass along the last axis."""
-    out = np.empty((cols.shape[0], band.blocks[-1][1]), dtype=np.float64)
+    """Centred [n, span] -> [n, count]: one fixed-point pass along the last axis."""
+    cols = cols.astype(band.dtype, copy=False)
+    out = np.empty((cols.shape[0], band.blocks[-1][1]), dtype=band.dtype)
     for o0, o1, lo, hi, dense in band.blocks:
         np.matmul(cols[:, lo:hi], dense, out=out[:, o0:o1])
-    return _round_shift(out)
+    return _round_shift(out, band.frac, band.whole)
 
 
 def resize_crop(
     image: np.ndarray, resize_shortest: int = RESIZE_SHORTEST, crop: int = CROP
 ) -> np.ndarray:
-    """uint8 [H, W, 3] -> float64 [3, crop, crop] of integers 0..255: HF's shortest-edge resize
+    """uint8 [H, W, 3] -> float32 [3, crop, crop] of integers 0..255: HF's shortest-edge resize
     followed by its centre crop, computing only the kept pixels.
 
-    Each output is the fixed-point sum of its taps; those are integers below 2^53, so float64
-    GEMMs over dense blocks of the band give them exactly.
+    Each pass is GEMMs over dense blocks of its band whose sums are exact (see _banded_pass).
     """
     height, width = image.shape[:2]
     out_h, out_w = resized_size(height, width, resize_shortest)
@@ -149,16 +168,21 @@ def resize_crop(
     yband = _banded_pass(height, out_h, top, crop) if out_h != height else None
     cols = slice(xband.first, xband.first + xband.span) if xband else slice(left, left + crop)
     rows = slice(yband.first, yband.first + yband.span) if yband else slice(top, top + crop)
-    # Work on [x, c, y]: the horizontal pass (first, as torch) reads whole rows of it, the
-    # vertical pass whole columns.
-    xcy = image[rows, cols].transpose(1, 2, 0).astype(np.float64, order="C")
-    h = xcy.shape[2]
+    # Work on [y, c, x]: the horizontal pass (first, as torch) contracts the last axis of
+    # [y·c, x], the vertical pass the first axis of [y, c·x]; no transposes in between.
+    window = image[rows, cols].transpose(0, 2, 1)
+    dtype = (xband or yband).dtype if (xband or yband) else np.float32
+    ycx = np.empty(window.shape, dtype=dtype)
+    np.subtract(window, 128, out=ycx, dtype=dtype)
+    h = ycx.shape[0]
     if xband:
-        xcy = _row_pass(xcy.reshape(xcy.shape[0], -1), xband)
-    xcy = xcy.reshape(crop * 3, h)
+        ycx = _column_pass(ycx.reshape(h * 3, -1), xband)
+    ycx = ycx.reshape(h, 3 * crop)
     if yband:
-        xcy = _column_pass(xcy, yband)
-    return xcy.reshape(crop, 3, crop).transpose(1, 2, 0)
+        ycx = _row_pass(ycx, yband)
+    out = np.empty((3, crop, crop), dtype=np.float32)
+    np.add(ycx.reshape(crop, 3, crop).transpose(1, 0, 2), 128, out=out, dtype=np.float32)
+    return out
 
 
 def normalize(

@@ -91,3 +91,15 @@ def test_resized_size_truncates_the_long_side_as_hf():
 def test_bad_images_raise_a_clear_error(image, message):
     with pytest.raises(ImageInputError, match=message):
         preprocess(image)
+
+
+def test_sizes_cover_the_float32_and_float64_passes():
+    from npu.models.clip_preprocess import _banded_pass
+
+    dtypes = set()
+    for height, width in SIZES:
+        out_h, out_w = resized_size(height, width)
+        for n_in, n_out in ((width, out_w), (height, out_h)):
+            if n_in != n_out:
+                dtypes.add(_banded_pass(n_in, n_out, (n_out - 224) // 2, 224).dtype)
+    assert dtypes == {np.dtype(np.float32), np.dtype(np.float64)}
