@@ -59,12 +59,18 @@ def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
     if not model_dir:
         raise GalleryError("no face model: pass --model DIR (or set NPUCAM_FACE_MODEL)")
     embedder = load_embedder(model_dir, args.backend)
-    return FaceEncoder(BlazeFace(args.detector), embedder), embedder.fingerprint
+    if args.yunet:
+        from stages.detectors.yunet import YuNet
+
+        detector = YuNet(args.yunet)
+    else:
+        detector = BlazeFace(args.detector)
+    return FaceEncoder(detector, embedder), embedder.fingerprint
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
     encoder, model_id = _encoder(args)
-    gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness)
+    gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness, args.max_nose_offset)
     samples, rejected = [], []
     for image_path in args.images:
         try:
@@ -213,6 +219,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             p.add_argument(
                 "--detector", default="short", choices=("short", "full"), help="BlazeFace range"
             )
+            p.add_argument(
+                "--yunet",
+                metavar="ONNX",
+                help="detect with YuNet from this ONNX file (5-point alignment) instead",
+            )
 
     p = sub.add_parser("enroll", help="enrol NAME from one or more face images")
     p.add_argument("name")
@@ -222,6 +233,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-face-px", type=float, default=gate.min_face_px)
     p.add_argument("--min-score", type=float, default=gate.min_score)
     p.add_argument("--min-sharpness", type=float, default=gate.min_sharpness)
+    p.add_argument("--max-nose-offset", type=float, default=gate.max_nose_offset)
     p.set_defaults(func=cmd_enroll)
 
     p = sub.add_parser("identify", help="name every face in IMAGE")

@@ -253,3 +253,21 @@ def test_read_image_rejects_non_images(tmp_path):
         read_image(empty)
     with pytest.raises(GalleryError, match="no such image"):
         read_image(tmp_path / "missing.png")
+
+
+def test_turned_faces_are_rejected_by_nose_offset(astronaut):
+    from stages.align import ARCFACE_TEMPLATE
+    from stages.gallery import FaceObservation, nose_offset
+
+    assert abs(nose_offset(ARCFACE_TEMPLATE)) < 1e-3
+    turned = ARCFACE_TEMPLATE.copy()
+    turned[2, 0] = turned[0, 0] + 0.1 * (turned[1, 0] - turned[0, 0])  # nose near one eye
+    assert nose_offset(turned) == pytest.approx(-0.4, abs=0.01)
+    assert nose_offset(np.zeros((5, 2))) == 0.0  # degenerate eyes: no verdict, no crash
+    crop = np.ascontiguousarray(astronaut[80:192, 170:282])
+    face = FaceObservation(
+        np.array([0, 0, 100, 100], np.float32), 0.95, turned, crop, np.eye(2, 3), 500.0, False
+    )
+    assert "face turned aside: nose offset -0.40" in QualityGate().reject_reason(face)
+    face.keypoints = ARCFACE_TEMPLATE
+    assert QualityGate().reject_reason(face) is None
