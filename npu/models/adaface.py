@@ -495,6 +495,7 @@ def conv_kernel_size(wt_elems: int, oc: int, icg: int) -> int:
 
 def _sim_conv_factory():
     from npu.bf16 import bf16_to_f32, f32_to_bf16
+    from npu.device import DeviceError
     from npu.sim import sim_kernel
 
     @sim_kernel("conv")
@@ -511,6 +512,11 @@ def _sim_conv_factory():
         def __init__(self, spec) -> None:
             self.icg, self.h, self.wp = spec.get_int("icg"), spec.get_int("h"), spec.get_int("wp")
             self.oc, self.owp, self.k = spec.get_int("oc"), spec.get_int("owp"), spec.get_int("k")
+            if self.k == 0:
+                raise DeviceError(
+                    f"{spec.where()}: conv weights are not the simulator's bf16 [oc, icg, k, k]"
+                    " layout (an IRON hardware bundle runs on --backend npu only)"
+                )
             self.arg_bytes = (
                 self.h * self.icg * self.wp * 2,
                 self.oc * self.icg * self.k * self.k * 2,

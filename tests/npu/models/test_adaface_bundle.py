@@ -208,3 +208,15 @@ def test_embed_input_checks(tmp_path, device):
         model.embed(np.ones(17, np.float32))
     with pytest.raises(AdaFaceError, match="NaN"):
         model.embed(np.full((3, 4, 4), np.nan, np.float32))
+
+
+def test_hardware_weight_layout_is_refused_by_the_simulator(tmp_path, device):
+    def build(wr):
+        wr.tensor("hw.wt", np.zeros(100, np.float32), "bf16")  # not oc*icg*k*k
+        wr.record("input", "x", 8, 4, 4, "ref.input")
+        wr.record("conv", *GOOD_CONV[:13], "hw.wt", "x2", 1, 1)
+        wr.record("head", "x2", 8, 4, 4, 128, 2, "bT", "b2")
+
+    model = AdaFaceBundle.load(_bundle(tmp_path, build), device)
+    with pytest.raises(NpucamError, match="manifest.txt:4: conv weights are not the simulator"):
+        model.embed(np.ones((3, 4, 4), np.float32))
