@@ -784,3 +784,21 @@ def test_stop_never_hangs_even_if_emit_does_not_return():
     release.set()  # the engine's emit returns: the thread ends at once
     assert reader.stop(timeout=1.0)
     assert reader.health == "ended"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts fds in /proc")
+def test_reconnect_cycles_leak_no_descriptors_or_threads(mjpeg, start_reader):
+    reader, got = start_reader(
+        spec("cycle", mjpeg.url, stall_timeout_s=1, reconnect_min_s=0.02, reconnect_max_s=0.05)
+    )
+    got.wait_for(5)
+    fds, threads = len(list(Path("/proc/self/fd").iterdir())), threading.active_count()
+    for _ in range(5):
+        mjpeg.down()
+        wait_until(lambda: reader.health == "reconnecting", what="reconnecting")
+        mjpeg.up()
+        n = len(got.frames)
+        got.wait_for(n + 3)
+    assert reader.stats()["reconnects"] >= 5
+    assert len(list(Path("/proc/self/fd").iterdir())) <= fds
+    assert threading.active_count() <= threads
