@@ -158,14 +158,16 @@ def main() -> None:
         )
     ctx.term()
     bare, engine = min(bare_t) / n, min(engine_t) / n
-    print(f"\nmessages per run: {n}, best of {args.repeat}")
-    print("| path | us / message | messages / s |")
+    paired = sorted(e / b for e, b in zip(engine_t, bare_t, strict=True))
+    print(f"\nmessages per run: {n}, {args.repeat} runs (bare then engine in each run)")
+    print("| path | best us / message | messages / s |")
     print("|---|---|---|")
     print(f"| bare pyzmq loop | {bare * 1e6:.2f} | {1 / bare:,.0f} |")
     print(f"| queue hop + publish stage | {engine * 1e6:.2f} | {1 / engine:,.0f} |")
     print(
-        f"ratio engine / bare: {engine / bare:.2f} (target <= 2.0); "
-        f"engine throughput {1 / engine:,.0f} msg/s (target >= 2,000)"
+        f"ratio engine / bare: best-of {engine / bare:.2f}, median of per-run ratios "
+        f"{paired[len(paired) // 2]:.2f} (target <= 2.0); engine throughput "
+        f"{1 / engine:,.0f} msg/s (target >= 2,000)"
     )
 
 

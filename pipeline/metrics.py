@@ -99,6 +99,18 @@ class Metrics:
         with self._lock:
             self.drops[stage, camera, reason] += n
 
+    def took(self, stage: str, camera: str, waited_s: float) -> None:
+        """count_in + observe_queue_wait under one lock (the per-item path of every queue)."""
+        with self._lock:
+            self.items_in[stage, camera] += 1
+            self.queue_wait[stage].observe(waited_s)
+
+    def did(self, stage: str, camera: str, work_s: float) -> None:
+        """count_out + observe_work under one lock."""
+        with self._lock:
+            self.items_out[stage, camera] += 1
+            self.work_time[stage].observe(work_s)
+
     def observe_queue_wait(self, stage: str, seconds: float) -> None:
         with self._lock:
             self.queue_wait[stage].observe(seconds)

@@ -176,8 +176,7 @@ class BoundedQueue:
             item, put_at = self._items.popleft()
             _wake_one(self._putters)
             cam = camera_of(item)
-            self.metrics.count_in(self.stage, cam)
-            self.metrics.observe_queue_wait(self.stage, time.perf_counter() - put_at)
+            self.metrics.took(self.stage, cam, time.perf_counter() - put_at)
             if self.drop_stale and now_ns() > getattr(item, "deadline_ns", 1 << 63):
                 self.metrics.drop(self.stage, cam, "stale")
                 continue

@@ -20,7 +20,7 @@ from pipeline.config import CameraConfig, Config
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
-from stages.sources import CameraReader, CameraSpec, SourceError
+from stages.sources import CameraReader, CameraSpec, SourceError, redact
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Capture(Stage):
         log.info(
             "capture %s: %s",
             self.name,
-            ", ".join(f"{n} ({r.spec.url})" for n, r in self.readers.items()),
+            ", ".join(f"{n} ({redact(r.spec.url)})" for n, r in self.readers.items()),
         )
         try:
             while not self._stop_requested.is_set():

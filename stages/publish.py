@@ -91,9 +91,11 @@ class Publish(Stage):
             async for item in inbox:
                 start = time.perf_counter()
                 try:
-                    for parts in await self._messages(item):
-                        send(parts, NOBLOCK)
-                    self.metrics.count_out(self.name, camera_of(item))
+                    if isinstance(item, Result):
+                        send(wire.encode_result(item, now_ns()), NOBLOCK)
+                    else:
+                        for parts in await self._frame_messages(item):
+                            send(parts, NOBLOCK)
                 except zmq.Again:
                     self.metrics.drop(self.name, camera_of(item), "queue_full")
                 except Exception:
@@ -104,8 +106,8 @@ class Publish(Stage):
                         getattr(item, "seq", "?"),
                     )
                     self.metrics.drop(self.name, camera_of(item), "error")
-                finally:
-                    self.metrics.observe_work(self.name, time.perf_counter() - start)
+                else:
+                    self.metrics.did(self.name, camera_of(item), time.perf_counter() - start)
         finally:
             if ticker is not None:
                 ticker.cancel()
@@ -124,9 +126,7 @@ class Publish(Stage):
         if wanted:
             log.info("publish %s: %d subscriber(s) joined", self.name, seen)
 
-    async def _messages(self, item: Result | Frame) -> list[list]:
-        if isinstance(item, Result):
-            return [wire.encode_result(item, now_ns())]
+    async def _frame_messages(self, item: Frame) -> list[list]:
         messages = []
         if self.options.frame_meta:
             messages.append(wire.encode_result(Detections.without_detector(item), now_ns()))
