@@ -786,3 +786,7 @@ def write_mha(
     if seq_word is not None:
         fields["seq_word"] = seq_word
     writer.record("mha", key, **fields)
+
+
+# Kernel kinds defined in their own modules register themselves on import.
+import npu.sim_conv  # noqa: E402, F401  (adaface_conv)

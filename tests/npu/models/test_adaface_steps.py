@@ -1,0 +1,331 @@
+"""npu/models/adaface_steps.py + adaface_export.py + npu/sim_conv.py: a tiny IR network built in
+torch (spec a.7), exported as a bundle in taconite-adaface's record format, replayed on the
+simulated NPU; the self-check, load-time checks and the context LRU."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from adaface_torch_ref import tiny_ir  # beside this file
+
+from npu.bf16 import f32_to_bf16, round_bf16
+from npu.bundle import Bundle, BundleError
+from npu.bundle_writer import BundleWriter
+from npu.device import KernelSpec
+from npu.models.adaface_export import channel_groups, export_bundle
+from npu.models.adaface_steps import (
+    AdafaceBundle,
+    InputError,
+    check_bundle,
+    check_command,
+    cosine,
+    from_tiled,
+    head_f32,
+    to_tiled,
+)
+from npu.sim import SimDevice
+from npu.sim_conv import CONV_KIND, conv_insts, pack_conv_weights
+
+torch.set_num_threads(1)
+WIDTHS = (16, 32, 48, 64)
+MAX_ICG = 24  # groups of 24 leave remainders (32 = 24 + 8, 64 = 24 + 24 + 16)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(torch net, input [3, 112, 112], bundle dir): stem 8, one unit per stage."""
+    net = tiny_ir(seed=3, stem=8, widths=WIDTHS, units=(1, 1, 1, 1))
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
+    sd = {k: v.numpy() for k, v in net.state_dict().items()}
+    path = export_bundle(
+        sd, tmp_path_factory.mktemp("adaface") / "tiny", x, model="IR-tiny", max_icg=MAX_ICG
+    )
+    return net, x, path
+
+
+@pytest.fixture
+def sim(tmp_path):
+    dev = SimDevice(registry_dir=tmp_path / "hwctx")
+    yield dev
+    dev.close()
+
+
+def _torch(net, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return net(torch.from_numpy(np.ascontiguousarray(x))[None]).numpy()[0]
+
+
+def test_tiled_layout_is_the_spec_index_formula():
+    rng = np.random.default_rng(1)
+    c, h, w = 16, 3, 5
+    chw = rng.standard_normal((c, h, w)).astype(np.float32)
+    flat = to_tiled(chw).reshape(-1)
+    for ch, y, x in [(0, 0, 0), (9, 2, 4), (15, 1, 3), (7, 0, 2)]:
+        assert flat[((y * (c // 8) + ch // 8) * w + x) * 8 + ch % 8] == chw[ch, y, x]
+    assert np.array_equal(from_tiled(to_tiled(chw)), chw)
+
+
+def test_head_is_taconites_sequential_f32_loop():
+    rng = np.random.default_rng(2)
+    k, n = 1500, 40  # several HEAD_CHUNK blocks and a partial one
+    flat = rng.standard_normal(k).astype(np.float32)
+    bT = round_bf16(rng.standard_normal((k, n)).astype(np.float32))
+    b2 = rng.standard_normal(n).astype(np.float32)
+    e = b2.copy()
+    for i in range(k):
+        e += flat[i] * bT[i]
+    assert np.array_equal(head_f32(flat, bT, b2), e)
+    # a different order (f64, then rounded) is not bit-equal: the check can tell them apart
+    assert not np.array_equal((b2 + flat.astype(np.float64) @ bT).astype(np.float32), e)
+
+
+@pytest.mark.parametrize(
+    ("k", "h", "w", "wp", "icg", "oc"), [(3, 7, 7, 8, 16, 8), (1, 6, 14, 16, 8, 16)]
+)
+def test_sim_conv_dispatch_equals_torch_conv2d(tmp_path, sim, k, h, w, wp, icg, oc):
+    """One dispatch in the documented layouts = torch's conv2d (float64) of the bf16 operands,
+    rounded to float32 and then bf16, on the first w output columns."""
+    rng = np.random.default_rng(k)
+    x = round_bf16(rng.standard_normal((icg, h, w)).astype(np.float32))
+    wt = round_bf16(rng.standard_normal((oc, icg, k, k)).astype(np.float32))
+    (tmp_path / "x.xclbin").write_bytes(b"placeholder")
+    spec = KernelSpec("c", CONV_KIND, tmp_path / "x.xclbin", "MLIR_AIE",
+                      conv_insts(k, h, wp, icg, oc, wp))  # fmt: skip
+    kernel = sim.load(spec)
+    padded = np.zeros((icg, h, wp), np.float32)
+    padded[:, :, :w] = x
+    bufs = [sim.alloc(n) for n in (h * icg * wp * 2, oc * icg * k * k * 2, oc * h * wp * 2)]
+    bufs[0].write(f32_to_bf16(to_tiled(padded)))
+    bufs[1].write(f32_to_bf16(pack_conv_weights(wt)))
+    sim.run(kernel, bufs)
+    got = from_tiled(np.asarray(bufs[2].array(np.uint16, (h, oc // 8, wp, 8)), np.uint16))
+    ref = torch.nn.functional.conv2d(
+        torch.from_numpy(x[None]).double(), torch.from_numpy(wt).double(), padding=k // 2
+    )[0].numpy()
+    assert np.array_equal(got[:, :, :w], f32_to_bf16(ref.astype(np.float32)))
+
+
+def test_export_writes_taconites_record_format(tiny):
+    _, _, path = tiny
+    b = Bundle.open(path, version=1)
+    tags = [r.tag for r in b.records]
+    assert tags[0] == "input" and tags[-1] == "head"
+    assert set(tags) == {"input", "conv", "affine", "prelu_bias", "bias", "subsample", "add",
+                         "head"}  # fmt: skip
+    keys = {
+        "input": "buf c h w tensor",
+        "conv": "in ict h w c0 icg wp oc oh ow owp ctx insts wt out first last",
+        "affine": "in c h w scale shift out",
+        "prelu_bias": "buf c h w alpha bias",
+        "bias": "buf c h w bias",
+        "subsample": "in c h w stride out",
+        "add": "a b c h w out",
+        "head": "in c h w k n bT b2",
+    }
+    for r in b.records:
+        assert list(r.kv) == keys[r.tag].split(), r.text
+    convs = list(b.tagged("conv"))
+    # input-channel groups: ict 64 in 24 + 24 + 16, accumulated from first=1 to last=1
+    groups = [(r.get("c0"), r.get("icg")) for r in convs if r.get("ict") == 64]
+    assert groups[:3] == [(0, 24), (3, 24), (6, 16)] == channel_groups(64, 24)
+    # 14x14 and 7x7 inputs are padded to widths 16 and 8; the rest are not
+    pads = {(r.get("w"), r.get("wp"), r.get("owp")) for r in convs}
+    assert pads == {(112, 112, 112), (56, 56, 56), (28, 28, 28), (14, 16, 16), (7, 8, 8)}
+    for name in ("ref.npu_embedding", "ref.cpu_embedding", "ref.input_chw"):
+        assert b.entry(name).dtype == "f32"
+    assert b.entry("ref.input").dtype == "bf16" and b.entry("ref.input").elems == 8 * 112 * 112
+
+
+def test_bundle_on_sim_matches_torch_and_its_own_records(tiny, sim):
+    net, x, path = tiny
+    model = AdafaceBundle.load(path, sim)
+    assert model.backend == "sim" and model.model() == "IR-tiny"
+    assert model.input_dims() == (8, 112, 112) and model.embed_dim() == 512
+    assert model.num_conv_dispatches() == len(list(model.bundle.tagged("conv")))
+    recorded = model.embed_recorded()
+    # the replay reproduces the exporter's independent CHW model of the NPU numerics exactly
+    assert np.array_equal(recorded, model.bundle.f32("ref.npu_embedding"))
+    # embed() of the raw input pads, rounds and tiles it into exactly the recorded input
+    api = model.embed(x)
+    assert api.dtype == np.float32 and api.shape == (512,)
+    assert np.array_equal(api, recorded)
+    assert np.array_equal(model.embed(x.reshape(-1)), recorded)
+    # the torch module in float32 vs the bf16 NPU path
+    assert cosine(recorded, _torch(net, x)) >= 0.999
+    for seed in (1, 2):
+        y = np.random.default_rng(seed).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
+        assert cosine(model.embed(y), _torch(net, y)) >= 0.999
+    model.close()
+
+
+def test_embed_rejects_bad_inputs(tiny, sim):
+    _, x, path = tiny
+    model = AdafaceBundle.load(path, sim)
+    with pytest.raises(InputError, match="not a multiple of h\\*w = 12544"):
+        model.embed(np.zeros(100, np.float32))
+    with pytest.raises(InputError, match="9 channels, but the bundle's stem takes at most 8"):
+        model.embed(np.zeros((9, 112, 112), np.float32))
+    with pytest.raises(InputError, match="NaN"):
+        model.embed(np.full((3, 112, 112), np.nan, np.float32))
+    with pytest.raises(InputError, match="not an array of numbers"):
+        model.embed("a face")
+    # missing stem channels are zero, and explicit zero channels change nothing
+    padded = np.concatenate([x, np.zeros((5, 112, 112), np.float32)])
+    assert np.array_equal(model.embed(padded), model.embed(x))
+
+
+def test_check_bundle_passes_and_prints_run_ir18_lines(tiny, sim, capsys):
+    _, _, path = tiny
+    report = check_bundle(path, sim, reps=2)
+    assert report.passed, report.text()
+    assert report.recorder_identical and report.api_identical
+    assert 0.999 < report.cos_cpu <= 1.0
+    text = report.text()
+    assert "IR-tiny forward:" in text and "RESULT: MATCH" in text
+    assert "cosine(replay, CPU reference)" in text and "simulated device" in text
+    assert check_command(path, sim) == 0
+    assert "RESULT: MATCH" in capsys.readouterr().out
+
+
+def _corrupt(src: Path, dst: Path, pattern: str, repl: str, tag: str) -> Path:
+    """A copy of the bundle with `pattern` replaced once on the first `tag` record line."""
+    shutil.copytree(src, dst)
+    lines = (dst / "manifest.txt").read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.split()[0] == tag)
+    new = re.sub(pattern, repl, lines[i], count=1)
+    assert new != lines[i]
+    lines[i] = new
+    (dst / "manifest.txt").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("tag", "pattern", "repl", "message"),
+    [
+        ("add", r" c=(\d+)", " c=8", r"a is \(\d+, 56, 56\) \(c, h, w\), the step says \(8, 56"),
+        ("conv", r" wt=\S+", " wt=no.such.tensor", "tensor no.such.tensor missing from the bundle"),
+        ("input", r" c=8", " c=4", "c must be a positive multiple of 8"),
+        ("affine", r" in=\d+", " in=999", "in=999 is not a defined buffer here"),
+        ("conv", r" icg=\d+", " icg=12", "icg=12 is not a positive multiple of 8"),
+        ("conv", r" ctx=\S+", " ctx=nope", "xclbin nope missing from the manifest"),
+        ("head", r" k=\d+", " k=5", "k=5 is not the input's c \\* h \\* w"),
+        ("bias", r"^bias", "biass", "unknown step biass"),
+    ],
+)
+def test_check_bundle_fails_on_a_corrupt_manifest_naming_the_line(
+    tiny, sim, tmp_path, tag, pattern, repl, message
+):
+    _, _, path = tiny
+    bad = _corrupt(path, tmp_path / "bad", pattern, repl, tag)
+    with pytest.raises(BundleError, match=r"manifest.txt:\d+: .*" + message):
+        AdafaceBundle.load(bad, sim)
+    report = check_bundle(bad, sim)
+    assert not report.passed and "manifest.txt:" in report.error
+    assert "RESULT: FAIL" in report.text()
+    assert check_command(bad, sim) == 1
+
+
+def test_check_bundle_flags_wrong_weights(tiny, sim, tmp_path):
+    """Weights that load fine but are wrong: the cosines catch it (MISMATCH, exit 1)."""
+    _, _, path = tiny
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    b = Bundle.open(bad, version=1)
+    e = b.entry("u1.conv1.wt0")
+    b.close()
+    with (bad / "tensors.bin").open("r+b") as f:
+        f.seek(e.offset)
+        f.write(f32_to_bf16(np.full(e.elems, 0.5, np.float32)).tobytes())
+    report = check_bundle(bad, sim)
+    assert report.error is None and not report.passed
+    assert report.cos_cpu < 0.99 and report.cos_recorder < 0.99
+    assert "RESULT: MISMATCH" in report.text()
+
+
+def test_load_checks_step_structure(tiny, sim, tmp_path):
+    _, _, path = tiny
+    text = (path / "manifest.txt").read_text()
+    lines = text.splitlines()
+
+    def variant(name: str, new_lines: list[str]) -> Path:
+        d = tmp_path / name
+        shutil.copytree(path, d)
+        (d / "manifest.txt").write_text("\n".join(new_lines) + "\n")
+        return d
+
+    first_input = next(i for i, line in enumerate(lines) if line.startswith("input "))
+    head = next(i for i, line in enumerate(lines) if line.startswith("head "))
+    cases = {
+        "second input step": lines[: first_input + 1] + [lines[first_input]]
+        + lines[first_input + 1 :],
+        "in=0 is not a defined buffer here": lines[:first_input]
+        + lines[first_input + 1 :],
+        "last step is not a head": lines[:head],
+        "first=0, but no accumulation into it is open": [
+            line.replace("first=1", "first=0", 1) if line.startswith("conv ") else line
+            for line in lines
+        ],
+        "version 2, this runtime reads version 1": [
+            "version 2" if line.startswith("version") else line for line in lines
+        ],
+    }  # fmt: skip
+    for i, (message, new) in enumerate(cases.items()):
+        with pytest.raises(BundleError, match=message):
+            AdafaceBundle.load(variant(f"v{i}", new), sim)
+
+
+def test_context_lru_smaller_than_the_kernel_count_evicts_and_stays_correct(
+    tiny, tmp_path, monkeypatch
+):
+    _, _, path = tiny
+    dev = SimDevice(registry_dir=tmp_path / "a")
+    model = AdafaceBundle.load(path, dev)
+    want = model.embed_recorded()
+    n = model.num_conv_kernels()
+    assert 4 < n <= 16
+    assert dev.stats.loads == n and dev.stats.evict == 0
+    model.embed_recorded()  # warm: every context resident, nothing reloads
+    assert dev.stats.loads == n and dev.stats.evict == 0
+    assert len(dev.resident_contexts()) == n
+    dev.close()
+
+    monkeypatch.setenv("TACONITE_CTX_CACHE", "3")
+    small = SimDevice(registry_dir=tmp_path / "b")
+    model = AdafaceBundle.load(path, small)
+    for _ in range(2):
+        assert np.array_equal(model.embed_recorded(), want)
+        assert len(small.resident_contexts()) <= 3
+    assert small.stats.evict > 0 and small.stats.loads > n
+    small.close()
+
+
+def test_full_hwctx_table_is_shared_with_other_users(tiny, tmp_path):
+    """A machine-wide table of only 2 contexts (as if other processes held the rest) under the
+    default cap of 16: creation fails like CREATE_HWCTX, the LRU evicts and retries (spec a.5),
+    and the forward is still exact."""
+    _, _, path = tiny
+    dev = SimDevice(registry_dir=tmp_path / "hw", hwctx_limit=2)
+    model = AdafaceBundle.load(path, dev)
+    out = model.embed_recorded()
+    assert np.array_equal(out, model.bundle.f32("ref.npu_embedding"))
+    assert dev.stats.evict > 0 and len(dev.resident_contexts()) <= 2
+    dev.close()
+
+
+def test_exporter_refuses_bad_groups(tmp_path):
+    from npu.models.adaface_export import ExportError
+
+    net = tiny_ir(seed=0, stem=8, widths=(8, 16, 24, 32))
+    sd = {k: v.numpy() for k, v in net.state_dict().items()}
+    x = np.zeros((3, 112, 112), np.float32)
+    with pytest.raises(ExportError, match="max_icg=12"):
+        export_bundle(sd, tmp_path / "b", x, max_icg=12)
+    with BundleWriter(tmp_path / "taken", version=1):
+        pass
+    with pytest.raises(BundleError, match="already holds a bundle"):
+        export_bundle(sd, tmp_path / "taken", x)
