@@ -12,6 +12,9 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -55,17 +58,37 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config, _ = load(args.config)
     pipeline = Pipeline(config)
-    code = asyncio.run(pipeline.run(duration=args.duration))
-    if pipeline.abandoned:
-        # A stage stuck in a blocking call cannot be joined; do not hang the process on it.
+    # Stages' blocking work runs on this executor. A worker stuck in a call that never
+    # returns must not keep the process alive after the run, so it is not joined at exit.
+    executor = ThreadPoolExecutor(thread_name_prefix=WORKER_PREFIX)
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(executor)
+    try:
+        code = loop.run_until_complete(pipeline.run(duration=args.duration))
+    finally:
+        loop.close()  # shuts the executor down without waiting
+    stuck = _stuck_workers(timeout=2.0)
+    if stuck or pipeline.abandoned:
         log.error(
-            "stages %s did not stop; exiting without waiting for them",
-            ", ".join(pipeline.abandoned),
+            "exiting without waiting for %s still inside a blocking call",
+            ", ".join(pipeline.abandoned + stuck),
         )
         logging.shutdown()
         sys.stdout.flush()
-        os._exit(code or 1)
+        os._exit(code)
     return code
+
+
+WORKER_PREFIX = "npucam-worker"
+
+
+def _stuck_workers(timeout: float) -> list[str]:
+    """Names of executor threads still running after up to timeout s of waiting."""
+    end = time.monotonic() + timeout
+    workers = [t for t in threading.enumerate() if t.name.startswith(WORKER_PREFIX)]
+    for t in workers:
+        t.join(max(0.0, end - time.monotonic()))
+    return [t.name for t in workers if t.is_alive()]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -121,3 +121,41 @@ inbox = {{ size = 8, policy = "block" }}
     assert det == published  # everything published before exit reached the subscriber
     drops = json.dumps(final["stages"].get("model", {}).get("drops", {}))
     assert drops == "{}", drops
+
+
+def test_a_stage_wedged_in_a_blocking_call_does_not_hang_the_process_on_sigterm(tmp_path):
+    config = tmp_path / "wedged.toml"
+    config.write_text(
+        """
+[pipeline]
+drain_timeout_s = 1.0
+[[cameras]]
+name = "a"
+url = "synthetic:?width=32&height=24&fps=30"
+[[stages]]
+kind = "capture"
+[[stages]]
+kind = "engine_stages:Hangs"
+inbox = { size = 2, policy = "block" }
+"""
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", str(config)],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO / "tests" / "pipeline"), "PATH": "/usr/bin:/bin"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        code = proc.wait(timeout=8)
+        elapsed = time.monotonic() - t0
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+    assert code == 0, err
+    assert elapsed < 5, err
+    assert "did not drain within 1.0 s" in err
+    assert "exiting without waiting for npucam-worker" in err

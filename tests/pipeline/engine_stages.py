@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import zmq
@@ -98,3 +99,14 @@ async def receive(sub, until_idle_s: float = 1.0, limit: int = 100_000) -> list[
     while len(got) < limit and await sub.poll(int(until_idle_s * 1000)):
         got.append(await sub.recv_multipart())
     return got
+
+
+class Hangs(MapStage):
+    """Blocks forever in its worker thread on the first frame: a wedged device call."""
+
+    kind = "hangs"
+    accepts = (Frame,)
+
+    def process(self, item):
+        threading.Event().wait()
+        return [item]
