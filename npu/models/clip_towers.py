@@ -307,15 +307,38 @@ def logits_and_probs(
 
 
 class ClipTowers:
-    """Both towers bound to an ops backend; `stride` is the row pitch of an image's tokens."""
+    """Both towers bound to an ops backend.
 
-    def __init__(self, cfg: ClipConfig, host: HostWeights, ops: Ops, stride: int | None = None):
+    v_stride / t_stride: row pitch of an image's tokens / a prompt's tokens in a pass (the
+    bundle's 264 and t_seq_pad; on cpu the token counts). v_batch / t_batch: images / prompts
+    per pass; a smaller request still runs a full pass and its padded slots are dropped.
+    """
+
+    def __init__(
+        self,
+        cfg: ClipConfig,
+        host: HostWeights,
+        ops: Ops,
+        *,
+        v_stride: int | None = None,
+        t_stride: int | None = None,
+        v_batch: int = V_BATCH,
+        t_batch: int = T_BATCH,
+    ) -> None:
         self.cfg = cfg
         self.host = host
         self.ops = ops
-        self.v_stride = stride or cfg.v_tokens
-        if self.v_stride < cfg.v_tokens:
-            raise EncodeInputError(f"image stride {self.v_stride} < {cfg.v_tokens} tokens")
+        self.v_stride = v_stride or cfg.v_tokens
+        self.t_stride = t_stride or cfg.context
+        self.v_batch = v_batch
+        self.t_batch = t_batch
+        if self.v_stride < cfg.v_tokens or self.t_stride < cfg.context:
+            raise CheckpointError(
+                f"strides {self.v_stride}/{self.t_stride} are below the token counts "
+                f"{cfg.v_tokens}/{cfg.context}"
+            )
+        if v_batch < 1 or t_batch < 1:
+            raise CheckpointError(f"batch sizes {v_batch}/{t_batch} must be >= 1")
 
     @property
     def backend(self) -> str:
@@ -329,18 +352,18 @@ class ClipTowers:
         return x.reshape(n * g * g, 3 * p * p)
 
     def _image_pass(self, pixels: np.ndarray) -> np.ndarray:
-        """One full pass of V_BATCH images: float32 [V_BATCH, 3, S, S] -> [V_BATCH, embed]."""
-        cfg, host = self.cfg, self.host
+        """One full pass: float32 [v_batch, 3, S, S] -> [v_batch, embed]."""
+        cfg, host, nb = self.cfg, self.host, self.v_batch
         tokens, stride, dim = cfg.v_tokens, self.v_stride, cfg.vision.dim
-        emb = (self._patch_rows(pixels) @ host.v_patch_w.T).reshape(V_BATCH, tokens - 1, dim)
-        x = np.zeros((V_BATCH * stride, dim), dtype=np.float32)
-        for im in range(V_BATCH):
+        emb = (self._patch_rows(pixels) @ host.v_patch_w.T).reshape(nb, tokens - 1, dim)
+        x = np.zeros((nb * stride, dim), dtype=np.float32)
+        for im in range(nb):
             rows = slice(im * stride, im * stride + tokens)
             x[rows] = np.concatenate([host.v_cls[None], emb[im]]) + host.v_pos
             x[rows] = layer_norm(x[rows], cfg.vision.eps, host.v_ln_pre)
-        regions = [(im * stride, tokens) for im in range(V_BATCH)]
+        regions = [(im * stride, tokens) for im in range(nb)]
         x = run_tower(self.ops, "v", cfg.vision, x, regions, causal=False)
-        cls = layer_norm(x[0 : V_BATCH * stride : stride], cfg.vision.eps, host.v_ln_post)
+        cls = layer_norm(x[0 : nb * stride : stride], cfg.vision.eps, host.v_ln_post)
         return cls @ host.v_proj.T
 
     def encode_images(self, pixels: np.ndarray) -> np.ndarray:
@@ -362,9 +385,9 @@ class ClipTowers:
             raise EncodeInputError("no images to encode")
         pixels = pixels.astype(np.float32, copy=False)
         out = []
-        for start in range(0, pixels.shape[0], V_BATCH):
-            group = pixels[start : start + V_BATCH]
-            full = np.zeros((V_BATCH, 3, size, size), dtype=np.float32)
+        for start in range(0, pixels.shape[0], self.v_batch):
+            group = pixels[start : start + self.v_batch]
+            full = np.zeros((self.v_batch, 3, size, size), dtype=np.float32)
             full[: len(group)] = group
             out.append(self._image_pass(full)[: len(group)])
         return np.concatenate(out).astype(np.float32)
@@ -376,13 +399,15 @@ class ClipTowers:
         return (ids == self.cfg.eos_token_id).argmax(axis=1)
 
     def _text_pass(self, ids: np.ndarray) -> np.ndarray:
-        """One pass of T_BATCH prompts: int [T_BATCH, context] -> [T_BATCH, embed]."""
-        cfg, host = self.cfg, self.host
-        ctx = cfg.context
-        x = (host.t_tok_emb[ids] + host.t_pos[None]).reshape(T_BATCH * ctx, cfg.text.dim)
-        regions = [(p * ctx, ctx) for p in range(T_BATCH)]
+        """One full pass: int [t_batch, context] -> [t_batch, embed]."""
+        cfg, host, nb = self.cfg, self.host, self.t_batch
+        ctx, stride = cfg.context, self.t_stride
+        x = np.zeros((nb * stride, cfg.text.dim), dtype=np.float32)
+        for p in range(nb):
+            x[p * stride : p * stride + ctx] = host.t_tok_emb[ids[p]] + host.t_pos
+        regions = [(p * stride, ctx) for p in range(nb)]
         x = run_tower(self.ops, "t", cfg.text, x, regions, causal=True)
-        rows = np.arange(T_BATCH) * ctx + self._pool_index(ids)
+        rows = np.arange(nb) * stride + self._pool_index(ids)
         pooled = layer_norm(x[rows], cfg.text.eps, host.t_ln_final)
         return pooled @ host.t_proj.T
 
@@ -402,9 +427,9 @@ class ClipTowers:
                 f"of {self.cfg.vocab_size}"
             )
         out = []
-        for start in range(0, ids.shape[0], T_BATCH):
-            group = ids[start : start + T_BATCH]
-            full = np.zeros((T_BATCH, ctx), dtype=np.int64)
+        for start in range(0, ids.shape[0], self.t_batch):
+            group = ids[start : start + self.t_batch]
+            full = np.zeros((self.t_batch, ctx), dtype=np.int64)
             full[: len(group)] = group
             out.append(self._text_pass(full)[: len(group)])
         return np.concatenate(out).astype(np.float32)
