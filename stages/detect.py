@@ -124,6 +124,34 @@ def _taps(coords: np.ndarray, n_in: int, bicubic: bool) -> tuple[np.ndarray, np.
     return np.clip(idx, 0, n_in - 1), np.where(inside, wts, np.float32(0.0)).astype(np.float32)
 
 
+def _used(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct source indices the taps read, and each tap's position among them."""
+    used, pos = np.unique(idx, return_inverse=True)
+    return used, pos.reshape(idx.shape)
+
+
+def _resample_rows(
+    src: np.ndarray, idx: np.ndarray, wts: np.ndarray, block: int = 16
+) -> np.ndarray:
+    """out[i] = sum_t wts[i, t] * src[idx[i, t]]: float32 [S, F] -> float32 [n_out, F].
+
+    The taps of consecutive outputs read a narrow band of rows (the grid is monotonic), so
+    each block of outputs is one small dense GEMM over its band; weights of out-of-image
+    taps are 0, so the band matrix holds exactly grid_sample's weights.
+    """
+    n_out = len(idx)
+    out = np.empty((n_out, src.shape[1]), np.float32)
+    for i0 in range(0, n_out, block):
+        ib, wb = idx[i0 : i0 + block], wts[i0 : i0 + block]
+        lo, hi = int(ib.min()), int(ib.max()) + 1
+        band = np.zeros((len(ib), hi - lo), np.float32)
+        rows = np.arange(len(ib))
+        for t in range(ib.shape[1]):
+            band[rows, ib[:, t] - lo] += wb[:, t]
+        np.matmul(band, src[lo:hi], out=out[i0 : i0 + block])
+    return out
+
+
 def crop_persons(
     image_rgb: np.ndarray,
     boxes_xywh: np.ndarray,
@@ -143,8 +171,9 @@ def crop_persons(
     (cx, cy, w, h) of the sampled region, for mapping keypoints back.
 
     The grid is separable (x depends only on the column, y only on the row), so each crop
-    is one horizontal pass over the rows it touches and one vertical pass; both are exact
-    reformulations of grid_sample's per-pixel sum.
+    is one horizontal pass over the pixels it touches and one vertical pass, each as banded
+    GEMMs; both are exact reformulations of grid_sample's per-pixel sum (only the float32
+    summation order differs).
     """
     _check_image(image_rgb)
     windows = crop_windows(boxes_xywh, output_size, padding)
@@ -159,18 +188,23 @@ def crop_persons(
         bicubic = not (shrink_x or shrink_y)
         x_idx, x_w = _taps(xs, in_w, bicubic)
         y_idx, y_w = _taps(ys, in_h, bicubic)
-        rows, row_tap = np.unique(y_idx, return_inverse=True)
-        cols, col_tap = np.unique(x_idx, return_inverse=True)
-        row_tap = row_tap.reshape(y_idx.shape)
-        col_tap = col_tap.reshape(x_idx.shape)
+        rows, row_tap = _used(y_idx)
+        cols, col_tap = _used(x_idx)
         # only the pixels some tap reads, channel-first: float32 [3, R, C]
-        src = image_rgb[rows[:, None], cols[None, :]].transpose(2, 0, 1).astype(np.float32)
-        horiz = src[:, :, col_tap[:, 0]] * x_w[:, 0]
-        for t in range(1, x_w.shape[1]):
-            horiz += src[:, :, col_tap[:, t]] * x_w[:, t]
-        vert = horiz[:, row_tap[:, 0], :] * y_w[:, 0, None]
-        for t in range(1, y_w.shape[1]):
-            vert += horiz[:, row_tap[:, t], :] * y_w[:, t, None]
+        r, c = len(rows), len(cols)
+        src = np.empty((3, r, c), np.float32)
+        if rows[-1] - rows[0] + 1 == r and cols[-1] - cols[0] + 1 == c:
+            picked = image_rgb[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+        else:
+            picked = image_rgb[rows[:, None], cols[None, :]]
+        src[...] = picked.transpose(2, 0, 1)
+        r, c = len(rows), len(cols)
+        # horizontal pass on the transposed view: [C, 3R] -> [out_w, 3R]
+        horiz = _resample_rows(src.reshape(3 * r, c).T, col_tap, x_w)
+        horiz = horiz.reshape(out_w, 3, r)
+        vert = np.empty((3, out_h, out_w), np.float32)
+        for ch in range(3):
+            vert[ch] = _resample_rows(horiz[:, ch, :].T, row_tap, y_w)
         np.subtract(vert, mean255[:, None, None], out=vert)
         np.divide(vert, std255[:, None, None], out=crops[n])
     return crops, windows
