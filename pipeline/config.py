@@ -35,6 +35,7 @@ class InboxConfig(_Strict):
 
     size: int = Field(8, ge=1, le=100_000)
     policy: Literal["drop_oldest", "block", "latest"] = "drop_oldest"
+    drop_stale: bool = True  # drop items past their deadline (counted `stale`) before the stage
 
 
 class CameraConfig(_Strict):

@@ -283,7 +283,7 @@ class Pipeline:
         for i, (name, (cls, _)) in enumerate(zip(names, self.classes, strict=True)):
             if cls.accepts:
                 inbox = self.config.stages[i].inbox or InboxConfig()
-                q = BoundedQueue(name, inbox.size, inbox.policy, self.metrics)
+                q = BoundedQueue(name, inbox.size, inbox.policy, self.metrics, inbox.drop_stale)
                 self.inboxes[name] = q
                 self.metrics.add_queue(name, q.__len__)
         wired = []

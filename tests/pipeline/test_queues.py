@@ -21,15 +21,6 @@ class Item:
     deadline_ns: int = 1 << 62
 
 
-def drain(q: BoundedQueue) -> list[tuple[str, int]]:
-    out = []
-    while len(q):
-        item = q._items[0][0]
-        q._items.popleft()
-        out.append((item.camera, item.seq))
-    return out
-
-
 def test_drop_oldest_keeps_the_newest_and_counts_queue_full_per_camera():
     async def main():
         m = Metrics()
@@ -52,7 +43,8 @@ def test_latest_keeps_one_item_per_camera():
         for i in range(4):
             await q.put(Item("a", i))
             await q.put(Item("b", 10 + i))
-        return m, drain(q)
+        q.close()
+        return m, [(item.camera, item.seq) async for item in q]
 
     m, got = asyncio.run(main())
     assert sorted(got) == [("a", 3), ("b", 13)]
@@ -91,10 +83,13 @@ def test_stale_items_are_dropped_at_get_and_counted():
         await q.put(Item("a", 0, deadline_ns=now_ns() - 1))
         await q.put(Item("a", 1))
         got = await q.get()
-        return m, got
+        keep = BoundedQueue("k", 4, "block", Metrics(), drop_stale=False)
+        await keep.put(Item("a", 0, deadline_ns=now_ns() - 1))
+        return m, got, await keep.get()
 
-    m, got = asyncio.run(main())
+    m, got, kept = asyncio.run(main())
     assert got.seq == 1
+    assert kept.seq == 0  # drop_stale=False hands late items on
     assert m.dropped("s", "a", "stale") == 1
     assert m.items_in["s", "a"] == 2  # both were taken in; one was dropped as stale
 
