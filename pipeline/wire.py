@@ -9,6 +9,7 @@ subscriber in any language can rebuild each array without knowing npucam.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,14 +153,16 @@ def _decode_part(topic: str, i: int, desc: dict, raw: bytes) -> np.ndarray:
     dtype_name, shape, order = desc.get("dtype"), desc.get("shape"), desc.get("byteorder")
     if dtype_name not in DTYPES:
         raise WireError(f"{where}: dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+    if not (
+        isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)  # noqa: E721 - bools are not sizes
+    ):
         raise WireError(f"{where}: shape {shape!r} is not a list of non-negative integers")
     dtype = np.dtype(dtype_name)
     if order not in ("little", "big", "none") or (order == "none") != (dtype.itemsize == 1):
         raise WireError(f"{where}: byteorder {order!r} does not fit dtype {dtype_name}")
     if "encoding" in desc and desc["encoding"] not in ENCODINGS:
         raise WireError(f"{where}: unknown encoding {desc['encoding']!r}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     buf = memoryview(raw)
     if buf.nbytes != expected:
         raise WireError(f"{where}: {buf.nbytes} bytes; dtype and shape say {expected}")

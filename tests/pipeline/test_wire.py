@@ -3,10 +3,13 @@ with a WireError that says what is wrong."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import wire
 from pipeline.messages import Detections, Frame
@@ -63,6 +66,8 @@ def _common() -> dict:
         (lambda p: [p[0], _part(p[1], shape=[-1, 4]), *p[2:]], "shape \\[-1, 4\\]"),
         (lambda p: [p[0], _part(p[1], byteorder="none"), *p[2:]], "byteorder 'none'"),
         (lambda p: [b"\xff\xfe", *p[1:]], "topic is not UTF-8"),
+        (lambda p: [p[0], _part(p[1], shape=[2**40, 2**40]), *p[2:]], "dtype and shape say"),
+        (lambda p: [p[0], _part(p[1], shape=[True, 4]), *p[2:]], "shape \\[True, 4\\]"),
     ],
 )
 def test_malformed_messages_raise_wire_error_naming_the_problem(mutate, reason):
@@ -82,3 +87,28 @@ def _part(raw: bytes, **fields) -> bytes:
     header = json.loads(raw)
     header["parts"][0] |= fields
     return json.dumps(header).encode()
+
+
+DESC_KEYS = st.sampled_from(["name", "dtype", "shape", "byteorder", "encoding"])
+DESC_VALUES = st.one_of(
+    st.text(max_size=8),
+    st.lists(st.integers(-1, 2**70), max_size=3),
+    st.sampled_from(["float32", "uint8", "little", "none"]),
+)
+HEADER_VALUES = st.one_of(
+    st.none(),
+    st.integers(-2, 3),
+    st.text(max_size=5),
+    st.lists(st.dictionaries(DESC_KEYS, DESC_VALUES), max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.binary(max_size=64), max_size=5),
+    header=st.dictionaries(st.sampled_from([*wire.COMMON_FIELDS, "parts"]), HEADER_VALUES),
+)
+def test_decode_raises_only_wire_error_whatever_the_bytes(parts, header):
+    for candidate in (parts, [b"t", json.dumps(header).encode(), *parts]):
+        with contextlib.suppress(wire.WireError):
+            wire.decode(candidate)

@@ -147,3 +147,39 @@ def test_a_malformed_message_on_a_zmq_camera_is_counted_and_skipped(write_config
     stats = pipeline.metrics.snapshot()["cameras"]["remote"]
     assert stats["bad_messages"] == 2
     assert stats["frames"] == 4
+
+
+def test_a_cut_stream_reconnects_while_the_other_camera_keeps_flowing(write_config):
+    from mjpeg_server import MjpegServer  # the capture tests' loopback MJPEG camera
+
+    with MjpegServer(fps=25) as server:
+        path = write_config(
+            config_with(
+                f'url = "{server.url}"\nstall_timeout_s = 1.0\n'
+                "reconnect_min_s = 0.2\nreconnect_max_s = 0.5"
+            )
+        )
+
+        async def main():
+            pipeline, task = await start(path, duration=6.0)
+            await asyncio.sleep(1.5)
+            before_cut = len(frames_of(pipeline, "doomed"))
+            server.down()
+            await asyncio.sleep(1.5)
+            cut = pipeline.metrics.snapshot()["cameras"]["doomed"]
+            during_cut = len(frames_of(pipeline, "doomed"))
+            steady_cut = len(frames_of(pipeline, "steady"))
+            await asyncio.sleep(0.5)
+            steady_after = len(frames_of(pipeline, "steady"))
+            server.up()
+            code = await task
+            return pipeline, code, before_cut, during_cut, cut, steady_cut, steady_after
+
+        pipeline, code, before_cut, during_cut, cut, steady_cut, steady_after = asyncio.run(main())
+    assert code == 0
+    assert before_cut > 5
+    assert cut["health"] == "reconnecting" and cut["reconnects"] >= 1
+    assert steady_after > steady_cut + 5  # the other camera flowed through the outage
+    doomed = frames_of(pipeline, "doomed")
+    assert len(doomed) > during_cut + 10  # back online after the stream returned
+    assert [f.seq for f in doomed] == list(range(len(doomed)))
