@@ -15,7 +15,9 @@ directly in CHW (no tiling, no device), independent of the step interpreter that
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ import numpy as np
 from npu.bf16 import round_bf16
 from npu.bundle_writer import BundleWriter
 from npu.models.adaface import (
+    AdaFaceCpu,
     Add,
     Affine,
     Bias,
@@ -240,3 +243,48 @@ def export_bundle(
                 wr.record("head", **{"in": ids[s.src]}, c=c, h=h, w=w, k=k, n=n, bT="head.bT",
                           b2="head.b2")  # fmt: skip
     return Path(path)
+
+
+def export_pretrained(
+    model_dir: str | Path,
+    path: str | Path,
+    input_chw: np.ndarray | None = None,
+    max_icg: int = DEFAULT_MAX_ICG,
+) -> Path:
+    """export_bundle of a cvlface-style model dir (model.safetensors + optional config.json,
+    read by AdaFaceCpu.from_pretrained; `name` becomes the model param). Without input_chw the
+    recorded input is a synthetic one: uniform(−1, 1) float32 [3, 112, 112], seed 0."""
+    program = AdaFaceCpu.from_pretrained(model_dir).program
+    if input_chw is None:
+        input_chw = np.random.default_rng(0).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
+    return export_bundle(program, path, input_chw, model=program.name, max_icg=max_icg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m npu.models.adaface_export MODEL_DIR OUT [--input X.npy] [--max-icg N]`."""
+    p = argparse.ArgumentParser(
+        prog="python -m npu.models.adaface_export",
+        description="Write a cvlface-style AdaFace IR model as a bundle for the simulated NPU.",
+    )
+    p.add_argument("model_dir", help="model.safetensors (+ config.json) dir, or the file")
+    p.add_argument("out", help="new bundle directory")
+    p.add_argument("--input", help="recorded input: .npy float32 [3, 112, 112] (default random)")
+    p.add_argument("--max-icg", type=int, default=DEFAULT_MAX_ICG, help="channels per dispatch")
+    args = p.parse_args(argv)
+    try:
+        x = None
+        if args.input:
+            try:
+                x = np.load(args.input, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise ExportError(f"{args.input}: not a .npy array: {exc}") from None
+        out = export_pretrained(args.model_dir, args.out, x, args.max_icg)
+    except NpucamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
