@@ -27,6 +27,9 @@ from pipeline.errors import NpucamError
 BUNDLE_VERSION = 1  # taconite-adaface's BUNDLE_VERSION (= export_ir18.VERSION)
 HEAD_CHUNK = 512  # rows of bT per vectorised slice of the head's sequential f32 sum
 PASS_COSINE = 0.99  # run_ir18's "RESULT: MATCH" gate
+# npucam's bound on conv width padding (IRON pads to a multiple of 4), so a malformed record
+# cannot make a forward allocate without limit
+MAX_PAD = 64
 
 
 class InputError(NpucamError):
@@ -261,9 +264,9 @@ class _StepParser:
             (8 * c0 + icg <= ict, f"the group [8·c0, 8·c0 + icg) = [{8 * c0}, {8 * c0 + icg})"
              f" runs past ict={ict}"),
             (oc > 0 and oc % 8 == 0, f"oc={oc} is not a positive multiple of 8"),
-            (oh > 0 and ow > 0, f"oh={oh}, ow={ow} must be positive"),
-            (wp >= w, f"wp={wp} is less than w={w}"),
-            (owp >= ow, f"owp={owp} is less than ow={ow}"),
+            (0 < oh <= h and 0 < ow <= w, f"oh={oh}, ow={ow} must be in 1..h, 1..w"),
+            (w <= wp < w + MAX_PAD, f"wp={wp} is not in w..w+{MAX_PAD - 1} (w={w})"),
+            (ow <= owp < ow + MAX_PAD, f"owp={owp} is not in ow..ow+{MAX_PAD - 1} (ow={ow})"),
         ):  # fmt: skip
             if not ok:
                 raise r.error(f"inconsistent channel group or padded widths: {what}")

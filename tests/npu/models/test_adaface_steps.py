@@ -410,3 +410,19 @@ def test_export_cli_from_a_cvlface_dir(tmp_path, sim, capsys):
     assert np.array_equal(Bundle.open(tmp_path / "b").f32("ref.input_chw").reshape(x.shape), x)
     assert main([str(tmp_path / "nowhere"), str(tmp_path / "c")]) == 2
     assert "no such model directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("pattern", "repl", "message"),
+    [
+        (r" wp=\d+", " wp=100000000", "wp=100000000 is not in w..w\\+63"),
+        (r" oh=\d+", " oh=999", "oh=999, ow=112 must be in 1..h, 1..w"),
+        (r" first=1", " first=2", "`first=2` is not 0 or 1"),
+        (r" out=\d+", " out=4294967296", "`out=4294967296` is malformed"),
+    ],
+)
+def test_conv_record_bounds(tiny, sim, tmp_path, pattern, repl, message):
+    _, _, path = tiny
+    bad = _corrupt(path, tmp_path / "bad", pattern, repl, "conv")
+    with pytest.raises(BundleError, match=r"manifest.txt:\d+: .*" + message):
+        AdafaceBundle.load(bad, sim)
