@@ -21,7 +21,8 @@ code. A config may also name any class directly: `kind = "mypkg.mystage:MyStage"
 - `run(inbox, out)` is the whole life of a stage: take items with `async for item in inbox`
   (items past their deadline are already dropped and counted `stale`), send results with
   `await out.send(item)`. MapStage implements run() for the common case: process() in a
-  thread, one item at a time; an exception on one item is logged and counted `error`.
+  thread, one item at a time; an exception on one item is logged and counted `error`
+  (Stage.item_failed, which stages with their own run() call from their except blocks).
 - A stage with accepts = () is a source (capture): it has no inbox, and stop() must make its
   run() return soon (the runner calls it on SIGINT/SIGTERM or --duration).
 - `to` in the config lists where a stage's output goes (default: the next stage). out.send
@@ -63,6 +64,9 @@ STAGE_KINDS: dict[str, str] = {
 }
 
 
+ERROR_TRACEBACKS = 5
+
+
 class StageOptions(BaseModel):
     """Base of a stage's Options: typed like TOML, unknown keys are errors."""
 
@@ -96,6 +100,24 @@ class Stage:
     def stop(self) -> None:
         """Sources: stop producing soon. Called from the event loop."""
 
+    def item_failed(self, item: Any) -> None:
+        """Count a failure on one item as an `error` drop and log it (call from an except
+        block). The first ERROR_TRACEBACKS get a traceback; then one line per 100, so a
+        stage failing on every frame does not flood the log."""
+        self._failures = getattr(self, "_failures", 0) + 1
+        self.metrics.drop(self.name, camera_of(item), "error")
+        n = self._failures
+        where = f"stage {self.name}: failed on {camera_of(item)} #{getattr(item, 'seq', '?')}"
+        if n <= ERROR_TRACEBACKS:
+            log.exception("%s", where)
+        elif n % 100 == 0:
+            log.error(
+                "%s (%d failures so far; tracebacks after the first %d are not logged)",
+                where,
+                n,
+                ERROR_TRACEBACKS,
+            )
+
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
         """Extra `key: problem` lines for this stage's part of the config."""
@@ -115,13 +137,7 @@ class MapStage(Stage):
             try:
                 results = await asyncio.to_thread(lambda it=item: list(self.process(it)))
             except Exception:
-                log.exception(
-                    "stage %s: failed on %s #%s",
-                    self.name,
-                    camera_of(item),
-                    getattr(item, "seq", "?"),
-                )
-                self.metrics.drop(self.name, camera_of(item), "error")
+                self.item_failed(item)
                 continue
             finally:
                 self.metrics.observe_work(self.name, time.perf_counter() - start)

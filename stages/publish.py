@@ -99,13 +99,7 @@ class Publish(Stage):
                 except zmq.Again:
                     self.metrics.drop(self.name, camera_of(item), "queue_full")
                 except Exception:
-                    log.exception(
-                        "publish %s: cannot send %s #%s",
-                        self.name,
-                        camera_of(item),
-                        getattr(item, "seq", "?"),
-                    )
-                    self.metrics.drop(self.name, camera_of(item), "error")
+                    self.item_failed(item)
                 else:
                     self.metrics.did(self.name, camera_of(item), time.perf_counter() - start)
         finally:
@@ -254,10 +248,7 @@ class FramePush(Stage):
                 except zmq.Again:
                     self.metrics.drop(self.name, frame.camera, "queue_full")
                 except Exception:
-                    log.exception(
-                        "zmq_push %s: cannot send %s #%s", self.name, frame.camera, frame.seq
-                    )
-                    self.metrics.drop(self.name, frame.camera, "error")
+                    self.item_failed(frame)
                 finally:
                     self.metrics.observe_work(self.name, time.perf_counter() - start)
         finally:
