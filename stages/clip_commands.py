@@ -1,9 +1,12 @@
-"""`npucam clip classify MODEL IMAGES... --label L ...`: CLIP zero-shot labels for image files.
+"""`npucam clip classify MODEL IMAGES... --label L ...` and `npucam clip check BUNDLE`.
 
-Images are decoded with OpenCV (BGR -> RGB), preprocessed as HF CLIPImageProcessor and
-classified against `template` filled with each label (npu.models.clip.ClipModel on the cpu
-backend, from an HF CLIPModel directory). Prints each image's labels by probability, or JSON
-with `--json`. Exit codes: 0 done, 2 an error naming the file or argument at fault.
+classify: images are decoded with OpenCV (BGR -> RGB), preprocessed as HF CLIPImageProcessor
+and classified against the prompt template filled with each label (npu.models.clip). MODEL is
+an HF CLIPModel directory for `--backend cpu`, or a CLIP bundle for `--backend sim` / `npu`;
+the backend is never chosen silently. Prints each image's labels by probability, or JSON.
+check: a bundle's tokenizer cases and reference sets against their gates (spec b.9), on the
+simulated NPU or the real one; prints ALL CHECKS PASSED or the failures.
+Exit codes: 0 done / passed, 1 a check failed, 2 an error naming the file or argument.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from npu.models.clip import DEFAULT_TEMPLATE, ClipInputError, ClipModel
+from npu.models.clip import ClipInputError, ClipModel, check_bundle, load_bundle
 from pipeline.errors import NpucamError
 
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "sim", "npu")
 
 
 class ImageReadError(NpucamError):
@@ -34,22 +37,33 @@ def read_rgb(path: str | Path) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
+def load_model(path: Path, backend: str) -> ClipModel:
+    """An HF CLIPModel directory on cpu, or a bundle (manifest.txt) on sim / npu."""
+    if backend not in BACKENDS:
+        raise ClipInputError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    is_bundle = (Path(path) / "manifest.txt").is_file()
+    if backend == "cpu":
+        if is_bundle:
+            raise ClipInputError(
+                f"{path}: a bundle runs on --backend sim or npu; cpu takes an HF CLIPModel dir"
+            )
+        return ClipModel.from_pretrained(path)
+    if not is_bundle:
+        raise ClipInputError(f"{path}: --backend {backend} needs a CLIP bundle (manifest.txt)")
+    return load_bundle(path, backend)
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
-    if args.backend not in BACKENDS:
-        raise ClipInputError(
-            f"--backend {args.backend}: clip classify runs on {', '.join(BACKENDS)} only "
-            "(the CLIP bundle path for sim/npu is not built yet)"
-        )
     if not args.label:
         raise ClipInputError("no labels: pass --label L at least once")
     images = [read_rgb(p) for p in args.images]
-    model = ClipModel.from_pretrained(args.model, backend=args.backend)
+    model = load_model(args.model, args.backend)
     result = model.classify(images, args.label, args.template)
     if args.json:
         doc = {
             "model": str(args.model),
             "backend": result.backend,
-            "template": args.template,
+            "template": args.template or model.template,
             "labels": list(result.labels),
             "results": [
                 {
@@ -71,26 +85,57 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    model = load_model(args.bundle, args.backend)
+    lines = check_bundle(model, read_rgb)
+    print(f"{args.bundle} (backend {model.backend}):")
+    for line in lines:
+        mark = "info" if line.ok is None else ("ok" if line.ok else "FAIL")
+        print(f"  [{mark:4s}] {line.name}: {line.detail}")
+    failed = [line for line in lines if line.ok is False]
+    print("ALL CHECKS PASSED" if not failed else f"{len(failed)} CHECK(S) FAILED")
+    return 0 if not failed else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    clip = subparsers.add_parser("clip", help="CLIP zero-shot labels")
+    clip = subparsers.add_parser("clip", help="CLIP zero-shot labels and bundle checks")
     sub = clip.add_subparsers(dest="clip_command", required=True, metavar="SUBCOMMAND")
     p = sub.add_parser(
         "classify",
         help="label images with probabilities over --label prompts",
         description="Zero-shot CLIP: probabilities of each --label for each image.",
     )
-    p.add_argument("model", type=Path, help="HF CLIPModel directory (config.json, safetensors, "
-                   "vocab.json, merges.txt)")  # fmt: skip
+    p.add_argument(
+        "model",
+        type=Path,
+        help="HF CLIPModel directory (config.json, *.safetensors, vocab.json, merges.txt) for "
+        "--backend cpu, or a CLIP bundle for sim / npu",
+    )
     p.add_argument("images", nargs="+", help="image files (any format OpenCV reads)")
     p.add_argument("--label", "-l", action="append", default=[], help="a label (repeat)")
     p.add_argument(
         "--template",
-        default=DEFAULT_TEMPLATE,
-        help=f"prompt template (default {DEFAULT_TEMPLATE!r})",
+        default=None,
+        help="prompt template with {} (default: the bundle's, else 'a photo of a {}')",
     )
-    p.add_argument("--backend", default="cpu", help="cpu (HF checkpoint in numpy)")
+    p.add_argument(
+        "--backend",
+        default="cpu",
+        choices=BACKENDS,
+        help="cpu: HF checkpoint in numpy (default); sim / npu: a bundle on the simulated / "
+        "real NPU",
+    )
     p.add_argument("--top", type=int, default=0, help="print only the top K labels")
     p.add_argument(
         "--json", action="store_true", help="print JSON (probs per image, in --label order)"
     )
     p.set_defaults(func=cmd_classify)
+    c = sub.add_parser(
+        "check",
+        help="check a CLIP bundle against its reference sets",
+        description="Tokenizer, preprocessing, embeddings and zero-shot against the bundle's "
+        "tok_test and refset records with spec b.9's tolerances.",
+    )
+    c.add_argument("bundle", type=Path, help="CLIP bundle directory")
+    c.add_argument("--backend", default="sim", choices=("sim", "npu"), help="default sim")
+    c.set_defaults(func=cmd_check)

@@ -1,4 +1,5 @@
-"""`npucam clip classify` on a tiny random HF CLIPModel directory with the cpu backend."""
+"""`npucam clip classify` (cpu: tiny random HF CLIPModel; sim: its bundle) and `clip check`."""
+# ruff: noqa: F811  (pytest fixtures imported from conftest_clip are parameters here)
 
 from __future__ import annotations
 
@@ -88,9 +89,92 @@ def test_classify_errors_name_the_input(tiny_clip_dir, image_files, tmp_path, ca
         ["clip", "classify", str(tmp_path), str(image_files[0]), "--label", "cat"], capsys
     )
     assert code == 2 and "config.json" in err
+    with pytest.raises(SystemExit):  # argparse refuses an unknown backend
+        cli.main(["clip", "classify", str(tiny_clip_dir), str(image_files[0]), "-l", "cat",
+                  "--backend", "gpu"])  # fmt: skip
+    assert "invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tiny_clip_dir, image_files, tmp_path_factory):  # noqa: F811
+    from npu.models.clip import write_sim_bundle
+
+    rgb = [cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB) for p in image_files]
+    return write_sim_bundle(
+        tiny_clip_dir,
+        tmp_path_factory.mktemp("clip_cli_bundle") / "b",
+        tok_tests=["a photo of a cat", "it's 7"],
+        refsets=[(rgb, LABELS)],
+    )
+
+
+@pytest.fixture()
+def sim_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+
+
+def test_check_passes_on_a_sim_bundle(bundle_dir, sim_registry, capsys):
+    code, out, _ = run(["clip", "check", str(bundle_dir)], capsys)
+    assert code == 0, out
+    assert "(backend sim)" in out and out.strip().endswith("ALL CHECKS PASSED")
+    assert "[ok  ] tokenizer: 2/2" in out
+
+
+def test_check_fails_with_exit_1_when_references_disagree(
+    bundle_dir, sim_registry, tmp_path, capsys
+):
+    import shutil
+
+    from npu.bundle import Bundle
+
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle_dir, broken)
+    manifest = broken / "manifest.txt"
+    manifest.write_text(
+        manifest.read_text().replace("tok_test 0 a photo of a cat", "tok_test 0 a dog")
+    )
+    with Bundle.open(broken) as b:
+        offset = b.entry("ref.0.pixel_values").offset
+    with open(broken / "tensors.bin", "r+b") as f:
+        f.seek(offset)
+        f.write(np.float32(123.0).tobytes())
+    code, out, _ = run(["clip", "check", str(broken)], capsys)
+    assert code == 1
+    assert "[FAIL] tokenizer: 1/2 tok_test cases equal; differ: 0" in out
+    assert "[FAIL] set 0 preprocess refs/0/0.png: 1 differing values" in out
+    assert "2 CHECK(S) FAILED" in out
+
+
+def test_classify_on_the_sim_backend_matches_cpu(
+    bundle_dir, tiny_clip_dir, image_files, sim_registry, capsys
+):  # noqa: F811
+    args = [*map(str, image_files), *label_args(), "--json"]
+    code, out, _ = run(["clip", "classify", str(bundle_dir), *args, "--backend", "sim"], capsys)
+    assert code == 0
+    sim = json.loads(out)
+    code, out, _ = run(["clip", "classify", str(tiny_clip_dir), *args], capsys)
+    cpu = json.loads(out)
+    assert sim["backend"] == "sim" and cpu["backend"] == "cpu"
+    for s, c in zip(sim["results"], cpu["results"], strict=True):
+        assert np.allclose(s["probs"], c["probs"], atol=0.03)
+
+
+def test_backend_and_model_kind_must_agree(bundle_dir, tiny_clip_dir, image_files, capsys):  # noqa: F811
     code, _, err = run(
-        ["clip", "classify", str(tiny_clip_dir), str(image_files[0]), "-l", "cat", "--backend",
-         "npu"],
+        ["clip", "classify", str(bundle_dir), str(image_files[0]), "-l", "cat"], capsys
+    )
+    assert code == 2 and "a bundle runs on --backend sim or npu" in err
+    code, _, err = run(
+        [
+            "clip",
+            "classify",
+            str(tiny_clip_dir),
+            str(image_files[0]),
+            "-l",
+            "cat",
+            "--backend",
+            "sim",
+        ],
         capsys,
-    )  # fmt: skip
-    assert code == 2 and "--backend npu" in err
+    )
+    assert code == 2 and "needs a CLIP bundle" in err

@@ -169,3 +169,86 @@ def test_missing_checkpoint_pieces_are_named(tmp_path, tiny_clip_dir):  # noqa: 
         ClipModel.from_pretrained(tmp_path)
     with pytest.raises(ClipInputError, match="backend 'npu'"):
         ClipModel.from_pretrained(tiny_clip_dir, backend="npu")
+
+
+# -- the bundle path on the simulated NPU -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sim_bundle(tiny_clip_dir, tmp_path_factory):  # noqa: F811
+    from npu.models.clip import write_sim_bundle
+
+    rng = np.random.default_rng(11)
+    images = [rng.integers(0, 256, s, dtype=np.uint8) for s in [(240, 320, 3), (300, 120, 3)]]
+    return write_sim_bundle(
+        tiny_clip_dir,
+        tmp_path_factory.mktemp("clip_bundle") / "b",
+        tok_tests=["a photo of a cat", "don't 42", "Ångström  café 😀"],
+        refsets=[(images, ["cat", "dog", "person wearing a hard hat"])],
+    )
+
+
+@pytest.fixture(scope="module")
+def sim_model(sim_bundle, tmp_path_factory):
+    from npu.models.clip import load_bundle
+    from npu.sim import SimDevice
+
+    device = SimDevice(registry_dir=tmp_path_factory.mktemp("hwctx"))
+    yield load_bundle(sim_bundle, device)
+    device.close()
+
+
+def test_sim_bundle_embeddings_match_cpu(sim_model, tiny_clip_dir):  # noqa: F811
+    # bf16 activations and bfp16 weights on the device: spec's gate is cosine >= 0.999
+    cpu = ClipModel.from_pretrained(tiny_clip_dir)
+    pixels = np.random.default_rng(2).standard_normal((5, 3, 224, 224)).astype(np.float32)
+    assert sim_model.backend == "sim"
+    assert cosines(sim_model.encode_images(pixels), cpu.encode_images(pixels)).min() >= 0.999
+    ids, _ = cpu.tokenizer(PROMPTS)
+    assert cosines(sim_model.encode_texts(ids), cpu.encode_texts(ids)).min() >= 0.999
+
+
+def test_sim_passes_are_full_and_padded_slots_never_returned(sim_model):
+    towers = sim_model.towers
+    assert (towers.v_batch, towers.t_batch, towers.v_stride, towers.t_stride) == (4, 8, 264, 80)
+    pixels = np.random.default_rng(4).standard_normal((4, 3, 224, 224)).astype(np.float32)
+    full = sim_model.encode_images(pixels)
+    alone = sim_model.encode_images(pixels[:1])
+    assert alone.shape == (1, 24)
+    assert np.allclose(alone[0], full[0], rtol=0, atol=1e-6)
+    ids, _ = sim_model.tokenizer(PROMPTS[:8])
+    three = sim_model.encode_texts(ids[:3])
+    assert three.shape == (3, 24)
+    assert np.allclose(three, sim_model.encode_texts(ids)[:3], rtol=0, atol=1e-6)
+
+
+def test_sim_bundle_passes_its_own_check(sim_model):
+    from npu.models.clip import check_bundle
+    from stages.clip_commands import read_rgb
+
+    lines = check_bundle(sim_model, read_rgb)
+    assert [line for line in lines if line.ok is False] == []
+    assert sum(line.ok is True for line in lines) == 7  # tok, 2 pngs, 2 towers, zero-shot, e2e
+    assert sim_model.template == "a photo of a {}"
+
+
+def test_bundle_errors_name_the_record(sim_bundle, tmp_path):
+    import shutil
+
+    from npu.bundle import BundleError
+    from npu.models.clip import load_bundle
+    from npu.sim import SimDevice
+
+    broken = tmp_path / "broken"
+    shutil.copytree(sim_bundle, broken)
+    manifest = broken / "manifest.txt"
+    manifest.write_text(manifest.read_text().replace("heads=4 d=10", "heads=5 d=10", 1))
+    with pytest.raises(BundleError, match=r"manifest.txt:\d+: heads 5 x d 10 != v_dim 40"):
+        load_bundle(broken, SimDevice(registry_dir=tmp_path / "hwctx"))
+
+
+def test_quick_gelu_checkpoints_cannot_become_sim_bundles(tiny_clip_quick_gelu_dir, tmp_path):  # noqa: F811
+    from npu.models.clip import CheckpointError, write_sim_bundle
+
+    with pytest.raises(CheckpointError, match="quick_gelu"):
+        write_sim_bundle(tiny_clip_quick_gelu_dir, tmp_path / "b")
