@@ -4,6 +4,9 @@ topics, and frames PUSHed to a `zmq:` camera of a second pipeline."""
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -147,3 +150,42 @@ def test_frames_pushed_by_one_pipeline_arrive_at_a_zmq_camera_of_another(write_c
     pushed = sender.metrics.items_out["zmq_push", "card"]
     lost = sender.metrics.dropped("zmq_push", "card", "queue_full")
     assert pushed >= len(got) and pushed + lost == sender.metrics.items_in["zmq_push", "card"]
+
+
+def test_the_protocol_docs_subscriber_example_reads_what_publish_sends(write_config, tmp_path):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    example = tmp_path / "subscriber.py"
+    example.write_text(re.search(r"```python\n(.*?)```", doc, re.S).group(1))
+    path = write_config(
+        """
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=96&height=64&fps=30"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        wait_for_subscribers = 1
+        """
+    )
+
+    async def main():
+        pipeline, task = await start(path, duration=8.0)
+        await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(example),
+            pipeline.stages["publish"].endpoint,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        lines = [(await asyncio.wait_for(proc.stdout.readline(), 5)).decode() for _ in range(3)]
+        proc.kill()
+        await proc.wait()
+        pipeline.stop()
+        return await task, lines
+
+    code, lines = asyncio.run(main())
+    assert code == 0
+    for line in lines:
+        assert re.fullmatch(r"det/card \d+ 96x64 0 boxes lag \d+\.\d ms\n", line), line
