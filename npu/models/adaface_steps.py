@@ -12,7 +12,10 @@ host with the rounding rules of spec a.3. `check_bundle` is taconite's run_ir18 
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -722,8 +725,15 @@ def check_bundle(path: str | Path, device: Device, reps: int = 1) -> CheckReport
     return report
 
 
-def check_command(path: str | Path, device: Device, reps: int = 1) -> int:
-    """`npucam face check BUNDLE`: print check_bundle's report; exit code 0 on MATCH, else 1."""
-    report = check_bundle(path, device, reps)
+def reps_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """`$NREPS` as run_ir18 reads it: a usize (Rust's parse), else 1; at least 1."""
+    raw = (os.environ if environ is None else environ).get("NREPS", "")
+    return max(1, int(raw)) if re.fullmatch(r"\+?[0-9]+", raw) else 1
+
+
+def check_command(path: str | Path, device: Device, reps: int | None = None) -> int:
+    """`npucam face check BUNDLE [--reps N]`: print check_bundle's report (reps default
+    $NREPS, else 1); exit code 0 on MATCH, else 1."""
+    report = check_bundle(path, device, reps_from_env() if reps is None else reps)
     print(report.text())
     return 0 if report.passed else 1

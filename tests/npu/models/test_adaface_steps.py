@@ -426,3 +426,24 @@ def test_conv_record_bounds(tiny, sim, tmp_path, pattern, repl, message):
     bad = _corrupt(path, tmp_path / "bad", pattern, repl, "conv")
     with pytest.raises(BundleError, match=r"manifest.txt:\d+: .*" + message):
         AdafaceBundle.load(bad, sim)
+
+
+def test_check_needs_the_cpu_reference_and_reads_nreps(tiny, sim, tmp_path, monkeypatch, capsys):
+    from npu.models.adaface_steps import reps_from_env
+
+    _, _, path = tiny
+    for name, passes in (("ref.npu_embedding", True), ("ref.cpu_embedding", False)):
+        d = tmp_path / name
+        shutil.copytree(path, d)
+        table = (d / "tensors.txt").read_text().splitlines()
+        (d / "tensors.txt").write_text(
+            "".join(f"{t}\n" for t in table if not t.startswith(name + " "))
+        )
+        report = check_bundle(d, sim)
+        assert report.passed is passes and report.error is None, report.text()
+        assert f"n/a ({name} not in the bundle)" in report.text()
+    assert "RESULT: FAIL (no ref.cpu_embedding" in report.text()
+    assert [reps_from_env({"NREPS": v}) for v in ("3", "+2", "0", "x", "")] == [3, 2, 1, 1, 1]
+    monkeypatch.setenv("NREPS", "2")
+    assert check_command(path, sim) == 0
+    assert "mean of 1 reps" in capsys.readouterr().out
