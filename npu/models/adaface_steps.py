@@ -497,7 +497,7 @@ class AdafaceBundle:
         for s in self.steps:
             if isinstance(s, ConvStep):
                 part = self._dispatch(s, bufs[s.src])
-                if s.first or s.dst not in acc:
+                if s.first:  # load checked that every other dispatch continues one
                     acc[s.dst] = np.zeros_like(part)
                 acc[s.dst] += part
                 if s.last:
