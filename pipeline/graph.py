@@ -247,7 +247,7 @@ def check_stages(config: Config) -> list[tuple[type[Stage], StageOptions]]:
         if cls.accepts and not any(i in _targets_index(config, k) for k in range(len(built))):
             problems.append(f"stages[{i}]: nothing sends to stage {name!r}")
     if problems:
-        raise config.error(problems)
+        raise config.error(dict.fromkeys(problems))  # two capture stages check one camera
     return built
 
 
