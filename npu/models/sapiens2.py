@@ -260,12 +260,15 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
 def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
     """InstanceNorm (per channel over pixels, biased variance, no affine) then SiLU.
 
-    x: float32 [pixels, C] -> float32 [pixels, C]; statistics accumulated in float64.
+    x: float32 [pixels, C] -> float32 [pixels, C]. The per-channel sums are float32 BLAS
+    reductions (ones · x), as torch's InstanceNorm reduces in float32 too.
     """
-    mean = x.mean(axis=0, dtype=np.float64)
-    centred = x - mean.astype(np.float32)
-    var = np.mean(np.square(centred), axis=0, dtype=np.float64)
-    return silu(centred * (1.0 / np.sqrt(var + eps)).astype(np.float32))
+    ones = np.ones(len(x), np.float32)
+    mean = (ones @ x) / np.float32(len(x))
+    centred = x - mean
+    var = (ones @ np.square(centred)) / np.float32(len(x))
+    centred *= np.float32(1.0) / np.sqrt(var + np.float32(eps))
+    return silu(centred)
 
 
 def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
@@ -276,11 +279,15 @@ def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
     device these rows overlap in one buffer of [xp[y] | xp[y+1]] pairs (lda = 2C).
     """
     h0, w0, c = x.shape
-    xp = np.zeros((h0 + 2, w0 + 2, c), np.float32)
-    xp[1:-1, 1:-1] = x
-    pairs = np.concatenate([xp[:-1], xp[1:]], axis=2).reshape(-1, 2 * c)  # [(h0+1)(w0+2), 2C]
-    nxt = np.concatenate([pairs[1:], np.zeros((1, 2 * c), np.float32)])
-    return np.concatenate([pairs, nxt], axis=1)
+    rows = (h0 + 1) * (w0 + 2)
+    pairs = np.zeros((rows + 1, 2 * c), np.float32)  # X2 plus one zero row past the end
+    x2 = pairs[:rows].reshape(h0 + 1, w0 + 2, 2, c)
+    x2[1:, 1:-1, 0] = x  # xp[y]: padded row y holds x row y-1
+    x2[:-1, 1:-1, 1] = x  # xp[y+1]
+    a = np.empty((rows, 4 * c), np.float32)
+    a[:, : 2 * c] = pairs[:-1]
+    a[:, 2 * c :] = pairs[1:]
+    return a
 
 
 def deconv_scatter(c: np.ndarray, h0: int, w0: int, c_out: int) -> np.ndarray:

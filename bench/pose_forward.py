@@ -1,0 +1,105 @@
+"""The Sapiens2-Pose cpu forward (npu.models.sapiens2, numpy float32) against HF's
+Sapiens2ForPoseEstimation in torch, in one run, on the same number of threads.
+
+The model has the 0.4b width on the real 1024x768 input (D 1024, 16 heads x 64, SwiGLU
+I 4096, 8 registers, 3081 tokens, 308 keypoints at 256x192) but reduced depth: --layers
+(default 2: one MHA layer and one GQA layer with 8 KV heads). Head widths: up (1024, 768),
+convs (768, 512, 256); up[0] = 1024 is inferred in spec sapiens2 §1.1, the rest are assumed
+(only the 1b head is sourced). Random weights (HF init, saved with save_pretrained and loaded
+back with from_pretrained). Reported: seconds per crop for each, the ratio, the heatmap cosine,
+and the cpu forward's split into op time (ops.gemm / ops.mha, which a device would take over)
+and host glue (norms, RoPE, GQA replication, deconv staging and scatter, InstanceNorm + SiLU).
+
+Run: .venv/bin/python bench/pose_forward.py [--layers 2] [--threads 1] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+
+class TimedOps:
+    """Wraps an ops object and accumulates the wall time spent inside gemm and mha."""
+
+    def __init__(self, ops) -> None:
+        self.ops, self.backend, self.seconds = ops, ops.backend, 0.0
+
+    def gemm(self, key, a):
+        t0 = time.perf_counter()
+        out = self.ops.gemm(key, a)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def mha(self, key, q, k, v, *, scale, causal=False):
+        t0 = time.perf_counter()
+        out = self.ops.mha(key, q, k, v, scale=scale, causal=causal)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    # both sides on the same thread count; set before numpy / torch load their BLAS
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    import numpy as np
+    import torch
+    from transformers import Sapiens2Config, Sapiens2ForPoseEstimation
+
+    from npu.models.sapiens2 import from_pretrained
+
+    torch.set_num_threads(args.threads)
+
+    kv = [16 if i % 2 == 0 else 8 for i in range(args.layers)]
+    cfg = Sapiens2Config(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=args.layers,
+        num_attention_heads=16, num_key_value_heads_per_layer=kv, num_register_tokens=8,
+        image_size=[1024, 768], patch_size=16, num_labels=308,
+        head_config={"upsample_out_channels": [1024, 768], "conv_out_channels": [768, 512, 256]},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = Sapiens2ForPoseEstimation(cfg).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        ours = from_pretrained(tmp)
+    timed = TimedOps(ours.ops)
+    ours.ops = timed
+    crop = np.random.default_rng(0).normal(size=(1, 3, 1024, 768)).astype(np.float32)
+
+    t_ours, t_hf, op_share = [], [], []
+    for _ in range(args.repeat):
+        timed.seconds = 0.0
+        t0 = time.perf_counter()
+        got = ours.heatmaps(crop)
+        t_ours.append(time.perf_counter() - t0)
+        op_share.append(timed.seconds / t_ours[-1])
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ref = hf(torch.from_numpy(crop)).heatmaps.numpy()
+        t_hf.append(time.perf_counter() - t0)
+    a, b = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    cos = a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+    best = int(np.argmin(t_ours))
+    print(
+        f"0.4b width, {args.layers} layers (kv heads {kv}), 1024x768 -> 308x256x192, "
+        f"{args.threads} thread(s), best of {args.repeat}"
+    )
+    print(f"  cpu forward (numpy): {min(t_ours):.2f} s/crop")
+    print(f"  HF torch eval:       {min(t_hf):.2f} s/crop")
+    print(f"  ours / HF time:      {min(t_ours) / min(t_hf):.2f}")
+    print(f"  heatmap cosine:      {cos:.7f}")
+    print(
+        f"  cpu forward split:   ops {100 * op_share[best]:.1f}%, "
+        f"host glue {100 * (1 - op_share[best]):.1f}%"
+    )
+
+
+if __name__ == "__main__":
+    main()
