@@ -2,8 +2,11 @@
 
 The public CLIP API: `Tokenizer` (clip_tokenizer), `preprocess` (clip_preprocess), the towers
 (clip_towers) and `ClipModel`, which loads an HF CLIPModel directory (config.json,
-*.safetensors, vocab.json, merges.txt) on the cpu backend and classifies images against labels
-as HF does: logits = exp(logit_scale) · cosine(image, prompt), softmax per image over prompts.
+*.safetensors, vocab.json, merges.txt) on the cpu backend, or a CLIP bundle (spec b.2) on the
+simulated or real NPU (`load_bundle`), and classifies images against labels as HF does:
+logits = exp(logit_scale) · cosine(image, prompt), softmax per image over prompts.
+`write_sim_bundle` turns a checkpoint into a bundle the simulator runs; `check_bundle` runs a
+bundle's self-test records with spec b.9's gates.
 """
 
 from __future__ import annotations
