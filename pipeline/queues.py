@@ -1,7 +1,8 @@
 """Bounded queues between stages, each with a declared policy for when it is full.
 
-- `drop_oldest`: the oldest waiting item is dropped (reason queue_full) so the newest gets in;
-  live cameras: latency stays bounded, the latest frame wins.
+- `drop_oldest`: the oldest waiting item of the camera with the most items waiting is
+  dropped (reason queue_full) so the newest gets in; live cameras: latency stays bounded,
+  the latest frame wins, and a fast camera cannot crowd a slow one out of a shared queue.
 - `block`: the producer waits for room; files and offline runs: nothing is lost.
 - `latest`: at most one waiting item per camera; a newer item replaces the waiting one
   (queue_full); a stage that only ever wants the current frame of each camera.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
@@ -131,11 +132,22 @@ class BoundedQueue:
             if self.policy is Policy.BLOCK:
                 self.metrics.drop(self.stage, camera_of(item), "queue_full")
                 return False
-            old, _ = self._items.popleft()
-            self.metrics.drop(self.stage, camera_of(old), "queue_full")
+            self._drop_oldest_of_busiest_camera()
         self._items.append((item, time.perf_counter()))
         _wake_one(self._getters)
         return True
+
+    def _drop_oldest_of_busiest_camera(self) -> None:
+        # A fast camera must not evict a slow one's frames from a shared queue: the camera
+        # with the most waiting items gives up its oldest (ties: the oldest item overall).
+        counts = Counter(camera_of(item) for item, _ in self._items)
+        busiest = max(counts.values())
+        for i, (item, _) in enumerate(self._items):
+            cam = camera_of(item)
+            if counts[cam] == busiest:
+                del self._items[i]
+                self.metrics.drop(self.stage, cam, "queue_full")
+                return
 
     def put_threadsafe(self, item: Any, give_up: Callable[[], bool] = lambda: False) -> bool:
         """put() from a thread that is not the loop's. For `block` it waits for room, checking

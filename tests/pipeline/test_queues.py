@@ -26,14 +26,30 @@ def test_drop_oldest_keeps_the_newest_and_counts_queue_full_per_camera():
         m = Metrics()
         q = BoundedQueue("s", 3, "drop_oldest", m)
         for i in range(5):
-            assert await q.put(Item("a" if i < 2 else "b", i))
+            assert await q.put(Item("a", i))
         got = [(await q.get()).seq for _ in range(3)]
         return m, got
 
     m, got = asyncio.run(main())
     assert got == [2, 3, 4]
     assert m.dropped("s", "a", "queue_full") == 2
-    assert m.dropped("s", "b", "queue_full") == 0
+
+
+def test_drop_oldest_takes_from_the_busiest_camera_so_a_slow_one_keeps_its_frames():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 4, "drop_oldest", m)
+        await q.put(Item("fast", 0))
+        await q.put(Item("slow", 100))
+        for i in range(1, 10):
+            await q.put(Item("fast", i))
+        q.close()
+        return m, [(item.camera, item.seq) async for item in q]
+
+    m, got = asyncio.run(main())
+    assert got == [("slow", 100), ("fast", 7), ("fast", 8), ("fast", 9)]
+    assert m.dropped("s", "fast", "queue_full") == 7
+    assert m.dropped("s", "slow") == 0
 
 
 def test_latest_keeps_one_item_per_camera():
