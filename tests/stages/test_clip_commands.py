@@ -178,3 +178,9 @@ def test_backend_and_model_kind_must_agree(bundle_dir, tiny_clip_dir, image_file
         capsys,
     )
     assert code == 2 and "needs a CLIP bundle" in err
+
+
+def test_npu_backend_without_hardware_is_a_clear_error(bundle_dir, capsys):
+    code, _, err = run(["clip", "check", str(bundle_dir), "--backend", "npu"], capsys)
+    assert code == 2
+    assert err.startswith("npucam: error:") and ("pyxrt" in err or "accel" in err)
