@@ -117,3 +117,14 @@ def test_bad_input_raises_a_named_error(image, boxes, needle):
         crop_persons(image, boxes)
     assert isinstance(err.value, NpucamError)
     assert needle in str(err.value)
+
+
+def test_crop_matches_the_hf_processor_end_to_end():
+    from transformers import Sapiens2ImageProcessor
+
+    rng = np.random.default_rng(4)
+    image = rng.integers(0, 256, (300, 200, 3), dtype=np.uint8)
+    boxes = [[20.5, 30.0, 80.0, 150.0], [-10.0, 100.0, 400.0, 500.0]]
+    ref = Sapiens2ImageProcessor()(images=image, boxes=[boxes], return_tensors="np")
+    crops, _ = crop_persons(image, np.array(boxes))
+    assert np.abs(crops - ref["pixel_values"]).max() <= 1e-4
