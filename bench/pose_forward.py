@@ -10,7 +10,12 @@ back with from_pretrained). Reported: seconds per crop for each, the ratio, the 
 and the cpu forward's split into op time (ops.gemm / ops.mha, which a device would take over)
 and host glue (norms, RoPE, GQA replication, deconv staging and scatter, InstanceNorm + SiLU).
 
-Run: .venv/bin/python bench/pose_forward.py [--layers 2] [--threads 1] [--repeat 2]
+With --sim, the same weights are also written as a sim bundle (npu.models.sapiens2.
+write_sim_bundle) and run once on npu.sim.SimDevice: its host wall time split into host glue
+and time inside the ops (DeviceOps staging plus the simulator's numpy execution), and the
+simulator's modelled device time, which is an estimate, not a hardware measurement.
+
+Run: .venv/bin/python bench/pose_forward.py [--layers 2] [--threads 1] [--repeat 2] [--sim]
 """
 
 from __future__ import annotations
@@ -40,11 +45,40 @@ class TimedOps:
         return out
 
 
+def run_sim(cpu_model, tmp: str) -> None:
+    """One forward of the cpu model's weights as a sim bundle; prints the time split."""
+    import numpy as np
+
+    from npu.models.sapiens2 import from_bundle, write_sim_bundle
+    from npu.sim import SimDevice
+
+    write_sim_bundle(cpu_model, f"{tmp}/bundle")
+    dev = SimDevice(registry_dir=f"{tmp}/hwctx")
+    model = from_bundle(f"{tmp}/bundle", dev)
+    timed = TimedOps(model.ops)
+    model.ops = timed
+    crop = np.random.default_rng(0).normal(size=(1, 3, 1024, 768)).astype(np.float32)
+    t0 = time.perf_counter()
+    got = model.heatmaps(crop)
+    wall = time.perf_counter() - t0
+    ref = cpu_model.heatmaps(crop)
+    a, b = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    host = wall - timed.seconds
+    device = dev.sim.device_time_s
+    print("sim backend (one forward):")
+    print(f"  host wall {wall:.2f} s = host glue {host:.2f} s + in ops {timed.seconds:.2f} s")
+    print(f"  SIMULATED device time {device:.3f} s (npu.sim CostModel, not hardware)")
+    print(f"  host glue / (host glue + simulated device) = {100 * host / (host + device):.1f}%")
+    print(f"  heatmap cosine sim vs cpu {a @ b / np.linalg.norm(a) / np.linalg.norm(b):.6f}")
+    dev.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--sim", action="store_true")
     args = ap.parse_args()
     # both sides on the same thread count; set before numpy / torch load their BLAS
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -69,6 +103,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = from_pretrained(tmp)
+        if args.sim:
+            run_sim(ours, tmp)
     timed = TimedOps(ours.ops)
     ours.ops = timed
     crop = np.random.default_rng(0).normal(size=(1, 3, 1024, 768)).astype(np.float32)
