@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from npu.ops import GemmWeights, NumpyOps, Ops, silu
+from npu.ops import GemmWeights, NumpyOps, Ops
 from pipeline.errors import NpucamError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -261,14 +261,20 @@ def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
     """InstanceNorm (per channel over pixels, biased variance, no affine) then SiLU.
 
     x: float32 [pixels, C] -> float32 [pixels, C]. The per-channel sums are float32 BLAS
-    reductions (ones · x), as torch's InstanceNorm reduces in float32 too.
+    reductions (ones · x), as torch's InstanceNorm reduces in float32 too. SiLU is
+    npu.ops.silu's x·0.5·(1 + tanh(x/2)), evaluated in place in the same order.
     """
+    n = np.float32(len(x))
     ones = np.ones(len(x), np.float32)
-    mean = (ones @ x) / np.float32(len(x))
-    centred = x - mean
-    var = (ones @ np.square(centred)) / np.float32(len(x))
-    centred *= np.float32(1.0) / np.sqrt(var + np.float32(eps))
-    return silu(centred)
+    centred = x - (ones @ x) / n
+    out = np.multiply(centred, centred)
+    centred *= np.float32(1.0) / np.sqrt((ones @ out) / n + np.float32(eps))
+    np.multiply(centred, np.float32(0.5), out=out)
+    np.tanh(out, out=out)
+    out += np.float32(1.0)
+    out *= np.float32(0.5)
+    out *= centred
+    return out
 
 
 def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
