@@ -63,6 +63,11 @@ def load_model(model: str, backend: str):
     if not path.is_dir():
         raise PoseCommandError(f"--model {model}: not a directory")
     if backend == "cpu":
+        if (path / "manifest.txt").exists() and not (path / "config.json").exists():
+            raise PoseCommandError(
+                f"--model {model} is a bundle; the cpu backend reads an HF checkpoint "
+                "(config.json + safetensors); use --backend sim or npu for bundles"
+            )
         return sapiens2.from_pretrained(path)
     if backend not in BACKENDS:
         raise PoseCommandError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")

@@ -146,6 +146,15 @@ def test_pose_check_replays_hf_ref_cases_on_sim(tiny, image, tmp_path, monkeypat
     assert main(["pose", "check", str(bundle)]) == 1
 
 
+def test_pose_image_cpu_on_a_bundle_says_which_backend(tiny, image, tmp_path, capsys):
+    _, model_dir = tiny
+    _, img = image
+    bundle = write_sim_bundle(from_pretrained(model_dir), tmp_path / "b")
+    argv = ["pose", "image", str(img), "--box", "1,2,30,40", "--model", str(bundle)]
+    assert main(argv) == 2
+    assert "use --backend sim or npu" in capsys.readouterr().err
+
+
 def test_pose_check_without_refs_exit_2(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
     _, model_dir = tiny
