@@ -22,6 +22,7 @@ RESIZE_SHORTEST = 224
 CROP = 224
 _CUBIC_A = -0.5
 _BLOCK = 16  # outputs per dense block of the band
+_ROW_CHUNK = 512  # image rows per horizontal-pass chunk
 
 
 class ImageInputError(NpucamError):
@@ -149,6 +150,14 @@ def _column_pass(cols: np.ndarray, band: _Pass) -> np.ndarray:
     return _round_shift(out, band.frac, band.whole)
 
 
+def _horizontal(window: np.ndarray, band: _Pass) -> np.ndarray:
+    """uint8 [n, 3, span] -> centred [n, 3, count]: the horizontal pass over some rows."""
+    centred = np.empty(window.shape, dtype=band.dtype)
+    np.subtract(window, 128, out=centred, dtype=band.dtype)
+    n = window.shape[0]
+    return _column_pass(centred.reshape(n * 3, -1), band).reshape(n, 3, -1)
+
+
 def resize_crop(
     image: np.ndarray, resize_shortest: int = RESIZE_SHORTEST, crop: int = CROP
 ) -> np.ndarray:
@@ -171,12 +180,18 @@ def resize_crop(
     # Work on [y, c, x]: the horizontal pass (first, as torch) contracts the last axis of
     # [y·c, x], the vertical pass the first axis of [y, c·x]; no transposes in between.
     window = image[rows, cols].transpose(0, 2, 1)
-    dtype = (xband or yband).dtype if (xband or yband) else np.float32
-    ycx = np.empty(window.shape, dtype=dtype)
-    np.subtract(window, 128, out=ycx, dtype=dtype)
-    h = ycx.shape[0]
-    if xband:
-        ycx = _column_pass(ycx.reshape(h * 3, -1), xband)
+    h = window.shape[0]
+    if xband and h <= _ROW_CHUNK:
+        ycx = _horizontal(window, xband)
+    elif xband:
+        # rows are independent in this pass: chunks bound the float copy of a large image
+        ycx = np.empty((h, 3, crop), dtype=xband.dtype)
+        for y0 in range(0, h, _ROW_CHUNK):
+            ycx[y0 : y0 + _ROW_CHUNK] = _horizontal(window[y0 : y0 + _ROW_CHUNK], xband)
+    else:
+        dtype = yband.dtype if yband else np.float32
+        ycx = np.empty(window.shape, dtype=dtype)
+        np.subtract(window, 128, out=ycx, dtype=dtype)
     ycx = ycx.reshape(h, 3 * crop)
     if yband:
         ycx = _row_pass(ycx, yband)
@@ -196,8 +211,7 @@ def normalize(
     factor = np.float32(1.0 / (1.0 / 255.0))
     m = (np.asarray(mean, dtype=np.float32) * factor)[:, None, None]
     s = (np.asarray(std, dtype=np.float32) * factor)[:, None, None]
-    chw = crop_chw.astype(np.float32)
-    chw -= m
+    chw = np.subtract(np.asarray(crop_chw, dtype=np.float32), m)
     chw /= s
     return chw
 

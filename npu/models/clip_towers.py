@@ -207,7 +207,10 @@ def load_checkpoint(model_dir: str | Path) -> tuple[ClipConfig, HostWeights, dic
     model_dir = Path(model_dir)
     cfg = ClipConfig.from_json(model_dir / "config.json")
     t = _Tensors(model_dir)
-    ln = lambda name: (t.get(f"{name}.weight"), t.get(f"{name}.bias"))  # noqa: E731
+
+    def ln(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return t.get(f"{name}.weight"), t.get(f"{name}.bias")
+
     patch_w = t.get("vision_model.embeddings.patch_embedding.weight")
     host = HostWeights(
         v_patch_w=patch_w.reshape(patch_w.shape[0], -1),
