@@ -39,16 +39,17 @@ def open_device(backend: str):
 
 
 def load_embedder(model: str, backend: str):
-    """AdaFace for a backend: cpu from a cvlface-style safetensors dir, sim/npu from a bundle."""
+    """AdaFace for a backend: cpu from a cvlface-style safetensors dir (AdaFaceCpu), sim/npu
+    from a bundle (AdafaceBundle); both have the embedder interface FaceEncoder reads."""
     if backend not in BACKENDS:
         raise GalleryError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
     if backend == "cpu":
         from npu.models.adaface import AdaFaceCpu
 
         return AdaFaceCpu.from_pretrained(model)
-    from npu.models.adaface import AdaFaceBundle
+    from npu.models.adaface_steps import AdafaceBundle
 
-    return AdaFaceBundle.load(model, open_device(backend))
+    return AdafaceBundle.load(model, open_device(backend))
 
 
 def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
@@ -65,7 +66,7 @@ def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
         detector = YuNet(args.yunet)
     else:
         detector = BlazeFace(args.detector)
-    return FaceEncoder(detector, embedder), embedder.fingerprint
+    return FaceEncoder(detector, embedder), embedder.fingerprint()
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
@@ -81,7 +82,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         print(f"rejected: {msg}", file=sys.stderr)
     if not samples:
         raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
-    store = GalleryFile(_gallery_path(args), encoder.embedder.embed_dim, model_id)
+    store = GalleryFile(_gallery_path(args), encoder.embedder.embed_dim(), model_id)
     g = store.enrol(args.name, np.stack(samples), model=model_id)
     print(
         f"enrolled {args.name!r}: {len(samples)} sample(s), {len(rejected)} rejected; "
@@ -151,56 +152,15 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """taconite's run_ir18 / run_ir101 self-check of a bundle on the sim or npu device."""
-    import statistics
-    import time
+    """taconite's run_ir18 / run_ir101 self-check of a bundle on the sim or npu device
+    (npu.models.adaface_steps.check_command): 0 on MATCH, 1 otherwise."""
+    from npu.models.adaface_steps import check_command
 
-    from npu.models.adaface import AdaFaceBundle, AdaFaceError, cosine
-
-    if args.backend not in ("sim", "npu"):
-        raise GalleryError(f"face check replays a bundle: --backend sim or npu, not {args.backend}")
-    model = AdaFaceBundle.load(args.bundle, open_device(args.backend))
-    b = model.bundle
-    refs = {}
-    for name in ("ref.npu_embedding", "ref.cpu_embedding", "ref.input_chw"):
-        if not b.has(name):
-            raise AdaFaceError(f"{args.bundle}: tensor {name} missing (the check needs it)")
-        refs[name] = b.f32(name).reshape(-1)
-    reps = args.reps
-    if reps is None:
-        env = os.environ.get("NREPS", "1")
-        if not env.isdigit():
-            raise GalleryError(f"NREPS={env!r} is not a whole number")
-        reps = int(env)
-    times = []
-    for _ in range(max(1, reps)):
-        t0 = time.perf_counter()
-        recorded = model.embed_recorded()
-        times.append(time.perf_counter() - t0)
-    api = model.embed(refs["ref.input_chw"])
-    checks = {
-        "cosine(replay, recorder embedding)": cosine(recorded, refs["ref.npu_embedding"]),
-        "cosine(embed() API, recorded replay)": cosine(api, recorded),
-        "cosine(replay, CPU reference)": cosine(recorded, refs["ref.cpu_embedding"]),
-    }
-    c, h, w = model.input_dims
-    print(f"model {model.model}: {model.num_conv_dispatches} conv dispatches, input {c}x{h}x{w}")
-    warm = statistics.median(times[1:]) if len(times) > 1 else float("nan")
-    sim = getattr(model.device, "sim", None)
-    note = f" (simulated device time {sim.device_time_s:.3f} s in all)" if sim else ""
-    print(
-        f"backend {model.backend}: cold {1e3 * times[0]:.0f} ms, warm {1e3 * warm:.0f} ms "
-        f"host wall{note}"
-    )
-    for name, value in checks.items():
-        print(f"{name} = {value:.5f}")
-    ok = all(v > 0.99 for v in checks.values())
-    print("RESULT: MATCH" if ok else "RESULT: MISMATCH (a cosine <= 0.99)")
-    return 0 if ok else 1
+    return check_command(args.bundle, open_device(args.backend), args.reps)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `npucam face {enroll,identify,list,remove}`."""
+    """Add `npucam face {enroll,identify,check,list,remove}`."""
     face = subparsers.add_parser("face", help="face gallery: enroll, identify, list, remove")
     sub = face.add_subparsers(dest="face_command", required=True, metavar="ACTION")
 
@@ -247,7 +207,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="self-check an AdaFace bundle (as taconite's run_ir18)")
     p.add_argument("bundle")
     p.add_argument("--backend", default="sim", choices=("sim", "npu"))
-    p.add_argument("--reps", type=int, help="forwards to time (default $NREPS or 1)")
+    p.add_argument("--reps", type=int, help="forwards to time (default $NREPS, else 1)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("list", help="list enrolled identities")

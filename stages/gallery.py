@@ -332,11 +332,14 @@ class FaceDetector(Protocol):
 
 
 class FaceEmbedder(Protocol):
-    colour_order: ColourOrder
-    model: str
-    backend: str
+    """AdaFace on any backend (npu.models.adaface.AdaFaceCpu, adaface_steps.AdafaceBundle)."""
 
     def embed(self, chw: np.ndarray) -> np.ndarray: ...
+    def embed_dim(self) -> int: ...
+    def model(self) -> str | None: ...
+    def backend(self) -> str: ...
+    def colour_order(self) -> ColourOrder: ...
+    def fingerprint(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -472,7 +475,7 @@ class FaceEncoder:
 
     def embed_crop(self, crop_bgr: np.ndarray) -> np.ndarray:
         """An aligned BGR crop -> float32 [D], in the channel order the model expects."""
-        return self.embedder.embed(embedder_input(crop_bgr, "bgr", self.embedder.colour_order))
+        return self.embedder.embed(embedder_input(crop_bgr, "bgr", self.embedder.colour_order()))
 
     def enrolment_sample(
         self, image: np.ndarray, gate: QualityGate, where: str = "image"

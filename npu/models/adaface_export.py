@@ -29,12 +29,14 @@ from npu.models.adaface import (
     Add,
     Affine,
     Bias,
+    ColourOrder,
     Conv,
     Head,
     IrProgram,
     PreluBias,
     Subsample,
     lower_iresnet,
+    parse_colour_order,
     run_program,
 )
 from npu.models.adaface_steps import BUNDLE_VERSION, to_tiled
@@ -151,6 +153,7 @@ def export_bundle(
     model: str = "IR",
     max_icg: int = DEFAULT_MAX_ICG,
     cpu_embedding: np.ndarray | None = None,
+    colour_order: ColourOrder = "rgb",
 ) -> Path:
     """Write `network` as an AdaFace bundle in the new directory `path`; returns it.
 
@@ -159,6 +162,8 @@ def export_bundle(
     the network's preprocessing. model: the `model` param (e.g. IR-18). max_icg: input
     channels per conv dispatch (a positive multiple of 8). cpu_embedding: the fp32 reference
     to store (default: the folded program's f32 forward, npu.models.adaface.run_program).
+    colour_order: the channel order the network was trained on, written as npucam's
+    `colour_order` param (IRON's bundles have none; the reader then assumes rgb).
     """
     program = network if isinstance(network, IrProgram) else lower_iresnet(dict(network), model)
     if max_icg <= 0 or max_icg % 8:
@@ -180,6 +185,7 @@ def export_bundle(
 
     with BundleWriter(path, version=BUNDLE_VERSION) as wr:
         wr.param("model", model)
+        wr.param("colour_order", parse_colour_order(colour_order, "colour_order"))
         wr.param("exporter", "npucam adaface_export (simulator kernels, blocked conv weights)")
         c, h, w = stem.shape
         wr.tensor("ref.input", to_tiled(stem), "bf16", shape=(c * h * w,))
@@ -252,12 +258,20 @@ def export_pretrained(
     max_icg: int = DEFAULT_MAX_ICG,
 ) -> Path:
     """export_bundle of a cvlface-style model dir (model.safetensors + optional config.json,
-    read by AdaFaceCpu.from_pretrained; `name` becomes the model param). Without input_chw the
+    read by AdaFaceCpu.from_pretrained; `name` becomes the model param, `color_space` the
+    colour_order param). Without input_chw the
     recorded input is a synthetic one: uniform(−1, 1) float32 [3, 112, 112], seed 0."""
-    program = AdaFaceCpu.from_pretrained(model_dir).program
+    cpu = AdaFaceCpu.from_pretrained(model_dir)
     if input_chw is None:
         input_chw = np.random.default_rng(0).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
-    return export_bundle(program, path, input_chw, model=program.name, max_icg=max_icg)
+    return export_bundle(
+        cpu.program,
+        path,
+        input_chw,
+        model=cpu.model(),
+        max_icg=max_icg,
+        colour_order=cpu.colour_order(),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,6 @@ host with the rounding rules of spec a.3. `check_bundle` is taconite's run_ir18 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
@@ -24,6 +23,7 @@ import numpy as np
 from npu.bf16 import bf16_to_f32, round_bf16
 from npu.bundle import MANIFEST, U32_MAX, Bundle, BundleError, Record
 from npu.device import Buffer, Device, DeviceError, Kernel, KernelSpec
+from npu.models.adaface import ColourOrder, cosine, model_fingerprint, parse_colour_order
 from npu.sim_conv import CONV_KIND
 from pipeline.errors import NpucamError
 
@@ -81,14 +81,6 @@ def head_f32(flat: np.ndarray, bT: np.ndarray, b2: np.ndarray) -> np.ndarray:
         np.multiply(flat[i : i + HEAD_CHUNK, None], bT[i : i + HEAD_CHUNK], out=block[1:])
         e = np.add.reduce(block, axis=0)
     return e
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """f64 dot / (|a| |b|); 0.0 if either is all zero (taconite-adaface's cosine)."""
-    a64 = np.asarray(a, np.float64).ravel()
-    b64 = np.asarray(b, np.float64).ravel()
-    na, nb = math.sqrt(a64 @ a64), math.sqrt(b64 @ b64)
-    return 0.0 if na == 0.0 or nb == 0.0 else float(a64 @ b64 / (na * nb))
 
 
 # -- parsed steps ----------------------------------------------------------------------------
@@ -389,8 +381,20 @@ class _ConvKernel:
         return self.args
 
 
+def _colour_order_param(bundle: Bundle) -> ColourOrder:
+    if not bundle.has_param("colour_order"):
+        return "rgb"
+    try:
+        return parse_colour_order(bundle.param("colour_order"), "param colour_order")
+    except NpucamError as exc:
+        raise BundleError(f"{bundle.root / MANIFEST}: {exc}") from None
+
+
 class AdafaceBundle:
     """An AdaFace bundle on a device (taconite's IrEmbedder): load once, embed one face per call.
+
+    Its embedder interface (embed, embed_dim(), model(), backend(), colour_order(),
+    fingerprint()) is AdaFaceCpu's, so the gallery and the face CLI take either.
 
     Not thread-safe: one forward at a time, one instance per device (a second one would fight
     over the 16-context cap). Errors: BundleError (malformed bundle, names the manifest line),
@@ -406,6 +410,7 @@ class AdafaceBundle:
         self._head = steps[-1]
         assert isinstance(self._head, HeadStep)
         self._model = bundle.param("model") if bundle.has_param("model") else None
+        self._colour_order = _colour_order_param(bundle)
         self._kernels: dict[str, _ConvKernel] = {}
 
     @classmethod
@@ -435,7 +440,6 @@ class AdafaceBundle:
 
     # -- what the bundle holds ---------------------------------------------------------------
 
-    @property
     def backend(self) -> str:
         """The device's backend: "npu" (xrt) or "sim"."""
         return self.device.backend
@@ -443,6 +447,17 @@ class AdafaceBundle:
     def model(self) -> str | None:
         """The bundle's `model` param (e.g. IR-101), None if absent."""
         return self._model
+
+    def colour_order(self) -> ColourOrder:
+        """The channel order embed() expects: npucam's `colour_order` param if the bundle
+        has one (adaface_export writes the model's), else "rgb" (cvlface preprocessing, as
+        taconite documents it; spec Q1)."""
+        return self._colour_order
+
+    def fingerprint(self) -> str:
+        """`<model>:<12 hex digits of the bf16 head bias>`, equal to the cpu model's
+        (AdaFaceCpu.fingerprint) for a bundle exported from the same weights and name."""
+        return model_fingerprint(self._model or "IR", self._head.b2)
 
     def input_dims(self) -> Shape:
         """(stem channels padded to a multiple of 8, h, w) of the input step: (8, 112, 112)."""

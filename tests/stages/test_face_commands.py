@@ -252,11 +252,10 @@ def test_identify_refuses_a_gallery_of_another_model(files, capsys, tmp_path):
     assert "not this model" in capsys.readouterr().out
 
 
-def _sim_bundle(tmp_path, seed: int, with_npu_ref: bool = True):
-    """A tiny IR exported as a sim bundle; ref.npu_embedding = the torch forward."""
-    import torch
-
-    from npu.models.adaface import lower_iresnet, write_sim_bundle
+def _sim_bundle(tmp_path, seed: int):
+    """A tiny IR (torch) exported as a bundle for the simulated NPU (npu.models.adaface_export,
+    taconite-adaface's record format; the reference tensors are the exporter's)."""
+    from npu.models.adaface_export import export_bundle
 
     spec = importlib.util.spec_from_file_location(
         "adaface_torch_ref",
@@ -265,11 +264,17 @@ def _sim_bundle(tmp_path, seed: int, with_npu_ref: bool = True):
     ref = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ref)
     net = ref.tiny_ir(seed=seed)
-    program = lower_iresnet({k: v.numpy() for k, v in net.state_dict().items()}, "IR-tiny")
+    sd = {k: v.numpy() for k, v in net.state_dict().items()}
     x = np.random.default_rng(seed).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
-    with torch.no_grad():
-        npu_ref = net(torch.from_numpy(x)[None]).numpy()[0] if with_npu_ref else None
-    return net, write_sim_bundle(program, tmp_path / f"b{seed}", x, npu_embedding=npu_ref)
+    return net, export_bundle(sd, tmp_path / f"b{seed}", x, model="IR-tiny", max_icg=16)
+
+
+def _without(bundle: Path, tensor: str, dst: Path) -> Path:
+    """A copy of the bundle whose tensor table lacks `tensor`."""
+    shutil.copytree(bundle, dst)
+    table = (dst / "tensors.txt").read_text().splitlines()
+    (dst / "tensors.txt").write_text("".join(f"{t}\n" for t in table if t.split()[0] != tensor))
+    return dst
 
 
 @pytest.fixture
@@ -282,7 +287,8 @@ def test_face_check_on_a_sim_bundle_matches(tmp_path, capsys, sim_registry):
     assert _run(["face", "check", str(bundle), "--backend", "sim", "--reps", "2"]) == 0
     out = capsys.readouterr().out
     assert "RESULT: MATCH" in out and "cosine(embed() API, recorded replay) = 1.00000" in out
-    assert "simulated device time" in out
+    assert "IR-tiny forward:" in out and "simulated device time" in out
+    assert "(mean of 1 reps;" in out
 
 
 def test_face_check_reports_a_mismatch_and_missing_refs(tmp_path, capsys, sim_registry):
@@ -297,10 +303,16 @@ def test_face_check_reports_a_mismatch_and_missing_refs(tmp_path, capsys, sim_re
         f.write(np.random.default_rng(0).normal(size=512).astype("<f4").tobytes())
     assert _run(["face", "check", str(wrong), "--backend", "sim"]) == 1
     assert "RESULT: MISMATCH" in capsys.readouterr().out
-    _, no_ref = _sim_bundle(tmp_path, seed=14, with_npu_ref=False)
-    assert _run(["face", "check", str(no_ref), "--backend", "sim"]) == 2
-    assert "ref.npu_embedding missing" in capsys.readouterr().out
-    assert _run(["face", "check", str(tmp_path / "nothing"), "--backend", "sim"]) == 2
+    # as run_ir18: no recorder embedding is n/a, no CPU reference is a failure
+    no_npu = _without(bundle, "ref.npu_embedding", tmp_path / "no_npu")
+    assert _run(["face", "check", str(no_npu), "--backend", "sim"]) == 0
+    assert "n/a (ref.npu_embedding not in the bundle)" in capsys.readouterr().out
+    no_cpu = _without(bundle, "ref.cpu_embedding", tmp_path / "no_cpu")
+    assert _run(["face", "check", str(no_cpu), "--backend", "sim"]) == 1
+    assert "RESULT: FAIL (no ref.cpu_embedding" in capsys.readouterr().out
+    assert _run(["face", "check", str(tmp_path / "nothing"), "--backend", "sim"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing" in out and "RESULT: FAIL (the bundle could not be checked)" in out
 
 
 def test_enrol_on_cpu_identify_on_sim(files, tmp_path, capsys, sim_registry):

@@ -215,7 +215,7 @@ def test_reload_while_identifying_never_sees_a_broken_gallery(tmp_path):
 def test_enrol_and_identify_the_astronaut(encoder, astronaut, tmp_path):
     gate = QualityGate()
     sample = encoder.enrolment_sample(astronaut, gate, "astronaut")
-    store = GalleryFile(tmp_path / "g.npz", embed_dim=encoder.embedder.embed_dim)
+    store = GalleryFile(tmp_path / "g.npz", embed_dim=encoder.embedder.embed_dim())
     store.enrol("eileen", sample)
     brighter = cv2.convertScaleAbs(astronaut, alpha=1.0, beta=12)
     faces = encoder.faces(brighter)

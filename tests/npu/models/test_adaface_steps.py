@@ -16,7 +16,8 @@ from adaface_torch_ref import tiny_ir  # beside this file
 from npu.bf16 import f32_to_bf16, round_bf16
 from npu.bundle import Bundle, BundleError
 from npu.bundle_writer import BundleWriter
-from npu.device import KernelSpec
+from npu.device import DeviceError, KernelSpec
+from npu.models.adaface import AdaFaceCpu, Conv, Head, IrProgram, PreluBias
 from npu.models.adaface_export import channel_groups, export_bundle
 from npu.models.adaface_steps import (
     AdafaceBundle,
@@ -144,7 +145,7 @@ def test_export_writes_taconites_record_format(tiny):
 def test_bundle_on_sim_matches_torch_and_its_own_records(tiny, sim):
     net, x, path = tiny
     model = AdafaceBundle.load(path, sim)
-    assert model.backend == "sim" and model.model() == "IR-tiny"
+    assert model.backend() == "sim" and model.model() == "IR-tiny"
     assert model.input_dims() == (8, 112, 112) and model.embed_dim() == 512
     assert model.num_conv_dispatches() == len(list(model.bundle.tagged("conv")))
     recorded = model.embed_recorded()
@@ -215,6 +216,12 @@ def _corrupt(src: Path, dst: Path, pattern: str, repl: str, tag: str) -> Path:
         ("conv", r" ctx=\S+", " ctx=nope", "xclbin nope missing from the manifest"),
         ("head", r" k=\d+", " k=5", "k=5 is not the input's c \\* h \\* w"),
         ("bias", r"^bias", "biass", "unknown step biass"),
+        (
+            "bias",
+            r" bias=\S+",
+            " bias=ref.input_chw",
+            "tensor ref.input_chw is 37632 x F32, wanted 16 x Bf16",
+        ),
     ],
 )
 def test_check_bundle_fails_on_a_corrupt_manifest_naming_the_line(
@@ -353,7 +360,7 @@ def test_conv_dispatches_go_through_the_xrt_device_protocol(tiny, tmp_path, monk
     dev = xrt.XrtDevice(str(node))
     _, _, path = tiny
     model = AdafaceBundle.load(path, dev)
-    assert model.backend == "npu"
+    assert model.backend() == "npu"
     out = model.embed_recorded()
     model.embed_recorded()
     assert out.shape == (512,) and out.dtype == np.float32
@@ -447,3 +454,118 @@ def test_check_needs_the_cpu_reference_and_reads_nreps(tiny, sim, tmp_path, monk
     monkeypatch.setenv("NREPS", "2")
     assert check_command(path, sim) == 0
     assert "mean of 1 reps" in capsys.readouterr().out
+
+
+def _torch_conv64(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64 'same' conv of x [ic, h, w] by w [oc, ic, k, k] (both already bf16 values)."""
+    return torch.nn.functional.conv2d(
+        torch.from_numpy(x.astype(np.float64))[None],
+        torch.from_numpy(w.astype(np.float64)),
+        padding=w.shape[-1] // 2,
+    )[0].numpy()
+
+
+def test_each_group_partial_is_rounded_to_bf16_before_the_f32_sum(tmp_path, sim):
+    """Spec a.3 rounding rules, against torch float64 convs: a conv over two input-channel
+    groups rounds each group's partial to bf16 and sums them in f32 (not one rounding of the
+    full sum), and prelu_bias rounds twice. An identity head hands back the last activation
+    exactly, so the whole [16, 8, 8] buffer is compared bit for bit."""
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(0, 0.3, (16, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (16, 16, 3, 3)).astype(np.float32)
+    alpha = rng.uniform(0, 0.5, 16).astype(np.float32)
+    bias = rng.normal(0, 0.3, 16).astype(np.float32)
+    k = 16 * 8 * 8
+    steps = [
+        Conv("input", "a", "c1", w1),
+        PreluBias("a", alpha, bias),
+        Conv("a", "b", "c2", w2),
+        Head("b", np.eye(k, dtype=np.float32), np.zeros(k, np.float32)),
+    ]
+    x = rng.uniform(-1, 1, (3, 8, 8)).astype(np.float32)
+    path = export_bundle(IrProgram("two-groups", (), (), steps), tmp_path / "b", x, max_icg=8)
+    model = AdafaceBundle.load(path, sim)
+    assert model.num_conv_dispatches() == 1 + 2
+    got = model.embed(x).reshape(16, 8, 8)
+
+    def bf(v: np.ndarray) -> np.ndarray:  # a float64 result as the device rounds it
+        return round_bf16(np.asarray(v, np.float32))
+
+    xin = round_bf16(np.concatenate([x, np.zeros((5, 8, 8), np.float32)]))
+    w1p = round_bf16(np.concatenate([w1, np.zeros((16, 5, 3, 3), np.float32)], 1))
+    c1 = bf(_torch_conv64(xin, w1p))  # one group: one rounding
+    b = round_bf16(bias)[:, None, None]
+    al = round_bf16(alpha)[:, None, None]
+    t = round_bf16(c1 + b)
+    a = round_bf16(np.where(t < 0, al * t, t))
+    a_once = round_bf16(np.where(c1 + b < 0, al * (c1 + b), c1 + b))
+    w2b = round_bf16(w2)
+
+    def second_conv(act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p0, p1 = _torch_conv64(act[:8], w2b[:, :8]), _torch_conv64(act[8:], w2b[:, 8:])
+        return round_bf16(bf(p0) + bf(p1)), bf(p0 + p1)
+
+    per_group, one_rounding = second_conv(a)
+    assert np.array_equal(got, per_group)
+    assert np.mean(per_group != one_rounding) > 0.05  # the rules are distinguishable here
+    assert np.mean(got != second_conv(a_once)[0]) > 0.01  # and prelu_bias's two roundings
+
+
+def test_the_simulator_refuses_a_hardware_conv_kernel(tiny, sim, tmp_path):
+    """An IRON bundle's instruction streams and packed weights are not the simulator's: the
+    first dispatch fails with a DeviceError naming the manifest line (or the kernel), never a
+    wrong embedding."""
+    _, _, path = tiny
+    hw = tmp_path / "hw"
+    shutil.copytree(path, hw)
+    first = next(Bundle.open(hw).tagged("conv"))
+    (hw / first.value("insts")).write_bytes(np.arange(16, dtype="<u4").tobytes())
+    model = AdafaceBundle.load(hw, sim)
+    with pytest.raises(DeviceError, match=rf"^manifest.txt:{first.line}: not a simulator conv"):
+        model.embed_recorded()
+    model.close()
+
+    small = tmp_path / "small"
+    shutil.copytree(path, small)
+    table = (small / "tensors.txt").read_text().splitlines()
+    wt = first.value("wt")
+    for i, line in enumerate(table):  # the first dispatch's weights, cut to 100 values
+        name, dtype, _, offset, _ = line.split()
+        if name == wt:
+            table[i] = f"{name} {dtype} 100 {offset} 200"
+    (small / "tensors.txt").write_text("\n".join(table) + "\n")
+    model = AdafaceBundle.load(small, sim)
+    with pytest.raises(DeviceError, match=rf"{first.value('ctx')}: argument 1 is 200 bytes"):
+        model.embed_recorded()
+    model.close()
+
+
+def test_embedder_interface_matches_the_cpu_model(tmp_path, sim):
+    """The bundle and the cpu model of the same cvlface dir answer the embedder interface the
+    gallery reads alike (methods on both), so a gallery enrolled on one identifies on the
+    other; the colour order travels in npucam's colour_order param (rgb when absent)."""
+    from adaface_torch_ref import save_cvlface_dir
+
+    from npu.models.adaface_export import export_pretrained
+
+    net = tiny_ir(seed=8, stem=8, widths=(8, 16, 24, 32))
+    model_dir = save_cvlface_dir(net, tmp_path / "m", name="IR-x", color_space="BGR")
+    cpu = AdaFaceCpu.from_pretrained(model_dir)
+    bundle = AdafaceBundle.load(export_pretrained(model_dir, tmp_path / "b", max_icg=16), sim)
+    for method in ("embed_dim", "model", "colour_order", "fingerprint"):
+        assert getattr(bundle, method)() == getattr(cpu, method)(), method
+    assert (cpu.backend(), bundle.backend()) == ("cpu", "sim")
+    assert cpu.colour_order() == "bgr" and cpu.fingerprint().startswith("IR-x:")
+    bundle.close()
+
+    lines = (tmp_path / "b" / "manifest.txt").read_text().splitlines()
+    for name, param, expect in (("none", None, "rgb"), ("bad", "param colour_order xyz", None)):
+        d = tmp_path / name
+        shutil.copytree(tmp_path / "b", d)
+        kept = [ln for ln in lines if not ln.startswith("param colour_order")]
+        (d / "manifest.txt").write_text("\n".join(kept + ([param] if param else [])) + "\n")
+        if expect:
+            assert AdafaceBundle.load(d, sim).colour_order() == expect
+        else:
+            with pytest.raises(BundleError, match="param colour_order must be RGB or BGR"):
+                AdafaceBundle.load(d, sim)
