@@ -63,15 +63,21 @@ def crop_windows(
     out_h, out_w = output_size
     x, y, w, h = boxes.T
     half = np.float32(0.5)
-    cx = x + half * w
-    cy = y + half * h
-    sw = w * np.float32(padding)
-    sh = h * np.float32(padding)
     aspect = np.float32(out_w / out_h)
-    wider = sw > sh * aspect
-    win_w = np.where(wider, sw, sh * aspect)
-    win_h = np.where(wider, sw / aspect, sh)
-    return np.stack([cx, cy, win_w, win_h], axis=1).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+        cx = x + half * w
+        cy = y + half * h
+        sw = w * np.float32(padding)
+        sh = h * np.float32(padding)
+        wider = sw > sh * aspect
+        win_w = np.where(wider, sw, sh * aspect)
+        win_h = np.where(wider, sw / aspect, sh)
+    windows = np.stack([cx, cy, win_w, win_h], axis=1).astype(np.float32)
+    bad = ~np.all(np.isfinite(windows), axis=1) | np.any(windows[:, 2:] == 0, axis=1)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise CropError(f"boxes_xywh[{i}] = {boxes[i].tolist()} is out of float32 range")
+    return windows
 
 
 def _source_coords(
@@ -183,8 +189,12 @@ def crop_persons(
     std255 = np.asarray(std, dtype=np.float32) * np.float32(255.0)
     crops = np.empty((len(windows), 3, out_h, out_w), dtype=np.float32)
     for n, (cx, cy, win_w, win_h) in enumerate(windows):
-        xs, shrink_x = _source_coords(cx, win_w, out_w, in_w)
-        ys, shrink_y = _source_coords(cy, win_h, out_h, in_h)
+        with np.errstate(over="ignore", invalid="ignore"):
+            xs, shrink_x = _source_coords(cx, win_w, out_w, in_w)
+            ys, shrink_y = _source_coords(cy, win_h, out_h, in_h)
+        if not (np.all(np.isfinite(xs)) and np.all(np.isfinite(ys))):
+            box = np.asarray(boxes_xywh, dtype=np.float64).reshape(-1, 4)[n].tolist()
+            raise CropError(f"boxes_xywh[{n}] = {box} is out of float32 range")
         bicubic = not (shrink_x or shrink_y)
         x_idx, x_w = _taps(xs, in_w, bicubic)
         y_idx, y_w = _taps(ys, in_h, bicubic)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.models.sapiens2.image_processing_sapiens2 import (
     box_xywh_to_cxcywh,
     boxes_to_crop_params,
@@ -110,6 +112,8 @@ def test_crop_of_a_box_outside_the_image_is_the_normalised_zero():
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, 5, 5], [1, 1, 3, 0]], "boxes_xywh[1]"),
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, np.nan, 5]], "not finite"),
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, 5]], "[N, 4]"),
+        (np.zeros((10, 10, 3), np.uint8), [[0, 0, 3e38, 5]], "out of float32 range"),
+        (np.zeros((10, 10, 3), np.uint8), [[3e38, 0, 3, 5]], "out of float32 range"),
     ],
 )
 def test_bad_input_raises_a_named_error(image, boxes, needle):
@@ -128,3 +132,22 @@ def test_crop_matches_the_hf_processor_end_to_end():
     ref = Sapiens2ImageProcessor()(images=image, boxes=[boxes], return_tensors="np")
     crops, _ = crop_persons(image, np.array(boxes))
     assert np.abs(crops - ref["pixel_values"]).max() <= 1e-4
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(0, 12), st.integers(0, 12), st.integers(1, 4)),
+    dtype=st.sampled_from([np.uint8, np.float32, np.int16]),
+    boxes=st.lists(
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=3, max_size=5),
+        max_size=3,
+    ),
+)
+def test_any_input_gives_crops_or_a_crop_error(shape, dtype, boxes):
+    image = np.zeros(shape, dtype)
+    try:
+        crops, windows = crop_persons(image, boxes, output_size=(8, 6))
+    except CropError:
+        return
+    assert crops.shape == (len(boxes), 3, 8, 6) and windows.shape == (len(boxes), 4)
+    assert np.all(np.isfinite(crops)) and np.all(np.isfinite(windows))

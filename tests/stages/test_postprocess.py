@@ -114,3 +114,13 @@ def test_bad_input_raises_a_named_error(heatmaps, windows, needle):
     with pytest.raises(PostprocessError) as err:
         dark_keypoints(heatmaps, windows)
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(("k", "h", "w"), [(3, 5, 4), (7, 17, 13), (2, 40, 11)])
+def test_any_heatmap_size_matches_hf(k, h, w):
+    rng = np.random.default_rng(h * w)
+    hm = _peaked(rng, 2, k, h, w, amp=(0.2, 1.0), noise=0.002)
+    ref, scores = _hf_keypoints(hm, BOXES)
+    kp = dark_keypoints(hm, crop_windows(BOXES))
+    np.testing.assert_array_equal(kp[..., 2], scores)
+    assert np.abs(kp[..., :2] - ref).max() <= 1e-3
