@@ -331,13 +331,21 @@ def deconv_weights(wt: np.ndarray, scale: np.ndarray | None = None) -> np.ndarra
 class Sapiens2Pose:
     """A loaded Sapiens2-Pose: `heatmaps(crops)` on the backend its ops name.
 
-    host: the float32 host tensors named in the module docstring.
+    host: the float32 host tensors named in the module docstring; weights: the float32 GEMM
+    weights by key when the model was built from them (from_pretrained), else None.
     """
 
-    def __init__(self, config: Config, ops: Ops, host: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        ops: Ops,
+        host: Mapping[str, np.ndarray],
+        weights: Mapping[str, GemmWeights] | None = None,
+    ) -> None:
         self.config = config
         self.ops = ops
         self.host = dict(host)
+        self.weights = dict(weights) if weights is not None else None
         for name in ["prefix", "rope.cos", "rope.sin"] + [
             f"{i}.{n}" for i in range(config.layers) for n in ("q_norm", "k_norm")
         ]:
@@ -575,7 +583,7 @@ def from_pretrained(model_dir: str | Path) -> Sapiens2Pose:
     model_dir = Path(model_dir)
     cfg = Config.from_hf(model_dir)
     gemms, host = hf_weights(cfg, _load_safetensors(model_dir), where=str(model_dir))
-    return Sapiens2Pose(cfg, NumpyOps(gemms), host)
+    return Sapiens2Pose(cfg, NumpyOps(gemms), host, weights=gemms)
 
 
 # -- bundles: the simulator's layout of the spec §1.2 records ----------------------------------
@@ -642,10 +650,9 @@ def write_sim_bundle(
     from npu.bundle_writer import BundleWriter
     from npu.sim import CT_MAX_K_FOR_N, pack_gemm_b, write_mha, write_xclbin
 
-    cfg, ops = model.config, model.ops
-    if not isinstance(ops, NumpyOps):
-        raise ModelError("write_sim_bundle needs a cpu-backend model (its float32 weights)")
-    gemms: dict[str, GemmWeights] = ops._gemms
+    cfg, gemms = model.config, model.weights
+    if gemms is None:
+        raise ModelError("write_sim_bundle needs a model loaded with its float32 weights")
     records = _gemm_record_keys(cfg)
     host = dict(model.host)
     with BundleWriter(path, version) as bw:
