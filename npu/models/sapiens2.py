@@ -61,6 +61,7 @@ class Config:
     std: tuple[float, float, float] = IMAGENET_STD
     flip_pairs: tuple[tuple[int, int], ...] = ()
     rope_theta: float = 100.0
+    qk_norm: bool = True
 
     def __post_init__(self) -> None:
         where = "sapiens2 config"
@@ -164,6 +165,7 @@ class Config:
             K=len(labels) if labels else int(cfg.get("num_labels", 308)),
             flip_pairs=tuple((int(a), int(b)) for a, b in cfg.get("flip_pairs") or ()),
             rope_theta=float(cfg.get("rope_theta", 100.0)),
+            qk_norm=bool(cfg.get("use_qk_norm", True)),
         )
 
     @classmethod
@@ -392,8 +394,10 @@ class Sapiens2Pose:
         q = qkv[:, : heads * hd].reshape(t, heads, hd)
         k = qkv[:, heads * hd : (heads + kv) * hd].reshape(t, kv, hd)
         v = qkv[:, (heads + kv) * hd :].reshape(t, kv, hd)
-        q = self._rope(rms_norm(q, cfg.eps) * self.host[f"{i}.q_norm"])
-        k = self._rope(rms_norm(k, cfg.eps) * self.host[f"{i}.k_norm"])
+        if cfg.qk_norm:
+            q = rms_norm(q, cfg.eps) * self.host[f"{i}.q_norm"]
+            k = rms_norm(k, cfg.eps) * self.host[f"{i}.k_norm"]
+        q, k = self._rope(q), self._rope(k)
         rep = heads // kv
         if rep > 1:
             k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)

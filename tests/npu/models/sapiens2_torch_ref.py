@@ -49,9 +49,9 @@ def tiny_sapiens2(seed: int = 0, **overrides):
     return model
 
 
-def save_tiny_sapiens2(path, seed: int = 0):
+def save_tiny_sapiens2(path, seed: int = 0, **overrides):
     """Save the tiny model with save_pretrained (config.json + safetensors); returns it."""
     torch.set_num_threads(1)
-    model = tiny_sapiens2(seed)
+    model = tiny_sapiens2(seed, **overrides)
     model.save_pretrained(path)
     return model

@@ -64,6 +64,20 @@ def test_cpu_heatmaps_match_hf(tiny_sapiens2_dir):
     assert _rel(got, ref) <= 1e-4
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"use_qk_norm": False},
+        {"key_bias": False, "mlp_bias": False, "num_register_tokens": 0},
+    ],
+)
+def test_cpu_heatmaps_match_hf_for_config_variants(tmp_path, overrides):
+    model = save_tiny_sapiens2(tmp_path / "m", seed=1, **overrides)
+    crops = np.random.default_rng(5).normal(size=(1, 3, 64, 48)).astype(np.float32)
+    got, ref = from_pretrained(tmp_path / "m").heatmaps(crops), _torch_heatmaps(model, crops)
+    assert _cos(got, ref) >= 0.99999 and _rel(got, ref) <= 1e-4
+
+
 def test_hf_module_names_load_like_the_original_names(tiny_sapiens2_dir, tmp_path):
     model, path = tiny_sapiens2_dir
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
