@@ -1,4 +1,4 @@
-"""`npucam run`, `npucam validate` and `npucam subscribe`: the engine's commands.
+"""`npucam run`, `validate`, `subscribe` and `keys generate`: the engine's commands.
 
 run exits 0 when the sources end, --duration passes or SIGINT/SIGTERM arrives (after the
 drain), 1 when a stage died, 2 for a bad config (pipeline.cli maps NpucamError to 2).
@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pipeline import wire
+from pipeline import security, wire
+from pipeline.errors import NpucamError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,28 @@ def register(subparsers) -> None:
         metavar="S",
         help="exit (status 1) if no message arrives for S seconds",
     )
+    p.add_argument(
+        "--server-key",
+        metavar="FILE",
+        help="CURVE: the publisher's public key file (NAME.key); needs --client-key",
+    )
+    p.add_argument(
+        "--client-key",
+        metavar="FILE",
+        help="CURVE: this subscriber's key pair (NAME.key_secret, mode 0600), whose public "
+        "key the publisher's authorized_clients lists; needs --server-key",
+    )
     p.set_defaults(func=cmd_subscribe)
+
+    p = subparsers.add_parser("keys", help="CURVE key files (docs/security.md)")
+    keys = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    g = keys.add_parser(
+        "generate", help="write NAME.key (public) and NAME.key_secret (the pair, mode 0600)"
+    )
+    g.add_argument("name", help="file name stem: letters, digits, '_' and '-'")
+    g.add_argument("--dir", default=".", metavar="DIR", help="where to write (default: .)")
+    g.add_argument("--force", action="store_true", help="overwrite existing key files")
+    g.set_defaults(func=cmd_keys_generate)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -132,14 +154,31 @@ def describe(msg: wire.Message) -> dict:
     return {"topic": msg.topic, **header, "parts": parts}
 
 
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    public, secret = security.generate_keys(args.name, args.dir, force=args.force)
+    print(f"{public}: public key (give it to the peers that must trust this one)")
+    print(f"{secret}: key pair, mode 0600 (keep it on this machine)")
+    return 0
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
     import zmq
 
+    if (args.server_key is None) != (args.client_key is None):
+        raise security.SecurityError(["subscribe: CURVE needs both --server-key and --client-key"])
+    curve = None
+    if args.server_key is not None:
+        curve = security.client_curve(args.server_key, args.client_key)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
-    sock.connect(args.endpoint)
+    try:
+        security.SocketSecurity(ctx, curve, "subscribe").connect(sock, args.endpoint)
+    except zmq.ZMQError as exc:
+        sock.close()
+        ctx.term()
+        raise NpucamError(f"subscribe: cannot connect to {args.endpoint}: {exc}") from None
     received = 0
     timeout_ms = None if args.timeout is None else int(args.timeout * 1000)
     try:

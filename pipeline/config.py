@@ -38,6 +38,20 @@ class InboxConfig(_Strict):
     drop_stale: bool = True  # drop items past their deadline (counted `stale`) before the stage
 
 
+class SecuritySection(_Strict):
+    """[security], or one socket's `security` table: the CURVE key files (docs/security.md).
+
+    Present (even empty) means every ZeroMQ socket of the process uses CURVE; a socket's own
+    table overrides these paths one by one. Relative paths resolve against the config file's
+    directory. pipeline.security loads and checks the files.
+    """
+
+    server_secret_key: str | None = Field(None, min_length=1)  # binding sockets' key pair
+    server_public_key: str | None = Field(None, min_length=1)  # connecting sockets: the server
+    client_secret_key: str | None = Field(None, min_length=1)  # connecting sockets' key pair
+    authorized_clients: str | None = Field(None, min_length=1)  # dir of *.key files, or one
+
+
 class CameraConfig(_Strict):
     """One [[cameras]] entry; stages.capture turns it into a stages.sources.CameraSpec."""
 
@@ -51,6 +65,7 @@ class CameraConfig(_Strict):
     reconnect_min_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(30.0, gt=0)
     end: Literal["stop", "reconnect"] | None = None
+    security: SecuritySection | None = None  # zmq: cameras: overrides of [security]
 
 
 class StageConfig(BaseModel):
@@ -80,6 +95,7 @@ class MetricsSection(_Strict):
 class _ConfigModel(_Strict):
     pipeline: PipelineSection = PipelineSection()
     metrics: MetricsSection = MetricsSection()
+    security: SecuritySection | None = None
     cameras: list[CameraConfig] = []
     stages: list[StageConfig] = Field(min_length=1)
 
@@ -96,6 +112,7 @@ class Config:
         self.base_dir = path.resolve().parent
         self.pipeline = model.pipeline
         self.metrics = model.metrics
+        self.security = model.security
         self.cameras = model.cameras
         self.stages = model.stages
         self.stage_names = [s.name or s.kind for s in model.stages]

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pipeline import security
 from pipeline.config import Config, ConfigError, InboxConfig, explain, load_config
 from pipeline.metrics import Metrics, start_prometheus
 from pipeline.queues import BoundedQueue, camera_of
@@ -221,7 +222,7 @@ def stage_class(kind: str) -> type[Stage]:
 
 def check_stages(config: Config) -> list[tuple[type[Stage], StageOptions]]:
     """Each stage's class and validated options; ConfigError lists every problem."""
-    problems: list[str] = []
+    problems: list[str] = security.check_section(config)
     built: list[tuple[type[Stage], StageOptions]] = []
     for i, stage in enumerate(config.stages):
         try:

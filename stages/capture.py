@@ -15,11 +15,12 @@ import contextlib
 import logging
 import threading
 
-from pipeline import assets
+from pipeline import assets, security
 from pipeline.config import CameraConfig, Config
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
+from pipeline.security import Curve
 from stages.sources import CameraReader, CameraSpec, SourceError, redact
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,9 @@ class CaptureOptions(StageOptions):
     cameras: list[str] | None = None  # names of the [[cameras]] this stage reads; None = all
 
 
-def camera_spec(camera: CameraConfig, config: Config) -> CameraSpec:
+def camera_spec(camera: CameraConfig, config: Config, curve: Curve | None = None) -> CameraSpec:
     """The reader's view of one [[cameras]] entry; relative paths resolve against the
-    config file's directory."""
+    config file's directory. curve: the keys a zmq: camera connects with."""
     return CameraSpec(
         name=camera.name,
         url=camera.url,
@@ -48,6 +49,21 @@ def camera_spec(camera: CameraConfig, config: Config) -> CameraSpec:
         reconnect_min_s=camera.reconnect_min_s,
         reconnect_max_s=camera.reconnect_max_s,
         end=camera.end,
+        curve=curve,
+    )
+
+
+def camera_curve(camera: CameraConfig, config: Config) -> Curve | None:
+    """The CURVE keys of a zmq: camera's connecting socket (None: plain, or not zmq)."""
+    if not camera.url.startswith("zmq:"):
+        return None
+    index = config.cameras.index(camera)
+    return security.curve_for(
+        config,
+        bind=False,
+        socket=f"camera {camera.name}",
+        override=camera.security,
+        override_key=f"cameras[{index}].security",
     )
 
 
@@ -83,6 +99,18 @@ class Capture(Stage):
             missing = _missing_input(spec, cam.url)
             if missing:
                 problems.append(f"cameras[{i}].url: {missing}")
+            if spec.kind != "zmq" and cam.security is not None:
+                problems.append(f"cameras[{i}].security: only zmq: cameras open a socket to secure")
+            if spec.kind == "zmq":
+                problems.extend(
+                    security.check_curve(
+                        config,
+                        bind=False,
+                        socket=f"camera {cam.name}",
+                        override=cam.security,
+                        override_key=f"cameras[{i}].security",
+                    )
+                )
         return problems
 
     def selected(self) -> list[CameraConfig]:
@@ -92,7 +120,9 @@ class Capture(Stage):
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         self._stop_requested = asyncio.Event()
         for cam in self.selected():
-            reader = CameraReader(camera_spec(cam, self.context.config), self._emitter(out))
+            config = self.context.config
+            spec = camera_spec(cam, config, camera_curve(cam, config))
+            reader = CameraReader(spec, self._emitter(out))
             self.readers[cam.name] = reader
             self.metrics.add_camera(cam.name, reader.stats)
         for reader in self.readers.values():

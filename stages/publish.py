@@ -19,7 +19,8 @@ import zmq
 import zmq.asyncio
 from pydantic import Field, model_validator
 
-from pipeline import wire
+from pipeline import security, wire
+from pipeline.config import Config, SecuritySection
 from pipeline.errors import NpucamError
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, Result, now_ns
@@ -46,6 +47,7 @@ class PublishOptions(StageOptions):
     # Hold publishing until this many subscriptions have arrived (offline runs, tests): the
     # inbox backs up meanwhile, by its policy. 0 publishes from the start.
     wait_for_subscribers: int = Field(0, ge=0)
+    security: SecuritySection | None = None  # this socket's overrides of [security]
 
 
 class Publish(Stage):
@@ -59,26 +61,34 @@ class Publish(Stage):
         super().__init__(name, options, context)
         self.endpoint: str | None = None
         self.bound = asyncio.Event()
+        self.guard: security.SocketSecurity | None = None
         self._stats_seq = 0
 
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        return _check_security(cls, config, index, bind=True)
+
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        curve = _curve(self, bind=True)
         ctx = zmq.asyncio.Context()
+        self.guard = guard = security.SocketSecurity(ctx, curve, f"publish {self.name}")
         # XPUB sends exactly as PUB does and also reports subscriptions (wait_for_subscribers).
         sock = ctx.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
         sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, even a repeated topic
         try:
-            sock.bind(self.options.bind)
+            guard.bind(sock, self.options.bind)
         except zmq.ZMQError as exc:
             sock.close(0)
+            guard.close()
             ctx.term()
             raise PublishError(
                 f"publish {self.name}: cannot bind {self.options.bind}: {exc}"
             ) from None
         self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.bound.set()
-        log.info("publish %s: bound %s", self.name, self.endpoint)
+        log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
         # A NOBLOCK send never waits, so it goes through a plain (synchronous) view of the
         # socket: no Future per message.
         send = zmq.Socket.shadow(sock.underlying).send_multipart
@@ -108,7 +118,7 @@ class Publish(Stage):
             if self.options.stats:
                 await self._send_stats(sock)  # the final numbers, after the drain
             sock.close(self.options.linger_ms)
-            await asyncio.to_thread(ctx.term)  # waits up to linger_ms for queued messages
+            await asyncio.to_thread(_term, ctx, guard)
 
     async def _await_subscribers(self, sock, inbox: BoundedQueue) -> None:
         wanted = self.options.wait_for_subscribers
@@ -192,6 +202,7 @@ class FramePushOptions(StageOptions):
     quality: int = Field(90, ge=1, le=100)
     sndhwm: int = Field(8, ge=1)
     linger_ms: int = Field(500, ge=0)
+    security: SecuritySection | None = None  # this socket's overrides of [security]
 
     @model_validator(mode="after")
     def _one_endpoint(self):
@@ -211,30 +222,40 @@ class FramePush(Stage):
         super().__init__(name, options, context)
         self.endpoint: str | None = None
         self.bound = asyncio.Event()
+        self.guard: security.SocketSecurity | None = None
+
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        binds = config.stages[index].options.get("bind") is not None
+        return _check_security(cls, config, index, bind=binds)
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        curve = _curve(self, bind=self.options.bind is not None)
         ctx = zmq.asyncio.Context()
+        self.guard = guard = security.SocketSecurity(ctx, curve, f"zmq_push {self.name}")
         sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
         try:
             if self.options.bind:
-                sock.bind(self.options.bind)
+                guard.bind(sock, self.options.bind)
             else:
-                sock.connect(self.options.connect)
+                guard.connect(sock, self.options.connect)
         except zmq.ZMQError as exc:
             sock.close(0)
+            guard.close()
             ctx.term()
             where = self.options.bind or self.options.connect
             raise PublishError(f"zmq_push {self.name}: cannot use {where}: {exc}") from None
         self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode() or self.options.connect
         self.bound.set()
         log.info(
-            "zmq_push %s: %s %s (%s)",
+            "zmq_push %s: %s %s (%s%s)",
             self.name,
             "bound" if self.options.bind else "connected to",
             self.endpoint,
             self.options.format,
+            ", CURVE" if curve else "",
         )
         try:
             async for frame in inbox:
@@ -253,4 +274,34 @@ class FramePush(Stage):
                     self.metrics.observe_work(self.name, time.perf_counter() - start)
         finally:
             sock.close(self.options.linger_ms)
-            await asyncio.to_thread(ctx.term)  # waits up to linger_ms for queued messages
+            await asyncio.to_thread(_term, ctx, guard)
+
+
+def _term(ctx: zmq.Context, guard: security.SocketSecurity) -> None:
+    """Stop the ZAP authenticator (its sockets would keep the context open), then term ctx,
+    which waits up to the data socket's linger_ms for queued messages. Peers already
+    connected have finished their handshake, so the flush does not need the authenticator."""
+    guard.close()
+    ctx.term()
+
+
+def _curve(stage: Stage, bind: bool) -> security.Curve | None:
+    index = stage.context.config.stage_names.index(stage.name)
+    return security.curve_for(
+        stage.context.config,
+        bind=bind,
+        socket=f"{stage.kind} {stage.name}",
+        override=stage.options.security,
+        override_key=f"stages[{index}].security",
+    )
+
+
+def _check_security(cls: type[Stage], config: Config, index: int, bind: bool) -> list[str]:
+    options = cls.Options.model_validate(config.stages[index].options)
+    return security.check_curve(
+        config,
+        bind=bind,
+        socket=f"{cls.kind} {config.stage_names[index]}",
+        override=options.security,
+        override_key=f"stages[{index}].security",
+    )

@@ -56,6 +56,7 @@ import zmq
 from pipeline import assets
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
+from pipeline.security import Curve, SocketSecurity
 from stages.frame_wire import MAX_SIDE, FrameWireError, decode_frame
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class CameraSpec:
     end: what a failure or the end of the source does: "stop" (health "ended") or
         "reconnect" (reopen with backoff); None = "stop" for files, folders and the test
         card, "reconnect" for live sources.
+    curve: zmq sources: the CURVE keys to connect with (pipeline.security); None is plain.
     """
 
     name: str
@@ -101,6 +103,7 @@ class CameraSpec:
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
     end: str | None = None
+    curve: Curve | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -360,10 +363,12 @@ class _ZmqSource(_Source):
     # ZeroMQ drops a peer that sends more instead of allocating it.
     MAXMSGSIZE = MAX_SIDE * MAX_SIDE * 3 + 65536
 
-    def __init__(self, endpoint: str, stop: threading.Event):
+    def __init__(self, endpoint: str, stop: threading.Event, curve: Curve | None, camera: str):
         self.endpoint = endpoint
         self.description = f"zmq:{endpoint}"
         self.stop = stop
+        self.curve = curve
+        self.camera = camera
         self.ctx: zmq.Context | None = None
         self.sock: zmq.Socket | None = None
 
@@ -374,7 +379,9 @@ class _ZmqSource(_Source):
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAXMSGSIZE)
         try:
-            self.sock.connect(self.endpoint)
+            SocketSecurity(self.ctx, self.curve, f"camera {self.camera}").connect(
+                self.sock, self.endpoint
+            )
         except zmq.ZMQError as exc:
             self.close()
             raise _SourceFailed(f"cannot connect to {self.endpoint}: {exc}") from None
@@ -470,7 +477,7 @@ def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
         ]
         return _CaptureSource(target, redact(target), params)
     if kind == "zmq":
-        return _ZmqSource(target, stop)
+        return _ZmqSource(target, stop, spec.curve, spec.name)
     return _SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
 
 
