@@ -149,14 +149,16 @@ def bench_embed_sim(model, x: np.ndarray, t_cpu: float, repeat: int) -> None:
     """The same IR-18 as a sim bundle, replayed by the step interpreter on SimDevice."""
     import tempfile
 
-    from npu.models.adaface import AdaFaceBundle, cosine, write_sim_bundle
+    from npu.models.adaface import cosine
+    from npu.models.adaface_export import export_bundle
+    from npu.models.adaface_steps import AdafaceBundle
     from npu.sim import SimDevice
 
     with tempfile.TemporaryDirectory() as tmp:
-        write_sim_bundle(model.program, os.path.join(tmp, "b"), x)
+        export_bundle(model.program, os.path.join(tmp, "b"), x, model=model.model())
         dev = SimDevice(registry_dir=os.path.join(tmp, "hwctx"))
         try:
-            sim = AdaFaceBundle.load(os.path.join(tmp, "b"), dev)
+            sim = AdafaceBundle.load(os.path.join(tmp, "b"), dev)
             e = sim.embed(x)  # cold: loads the kernels and creates the contexts
             before = dev.sim.device_time_s
             t_sim = float("inf")
@@ -164,7 +166,7 @@ def bench_embed_sim(model, x: np.ndarray, t_cpu: float, repeat: int) -> None:
                 t_sim = min(t_sim, best_of(1, lambda: sim.embed(x)))
             device_s = (dev.sim.device_time_s - before) / repeat
             print(
-                f"embed IR-18   sim bundle ({sim.num_conv_dispatches} conv dispatches): host "
+                f"embed IR-18   sim bundle ({sim.num_conv_dispatches()} conv dispatches): host "
                 f"wall {1e3 * t_sim:.0f} ms/face; simulated device time {1e3 * device_s:.1f} "
                 f"ms/face (sim, not hardware); host/cpu-forward time = {t_sim / t_cpu:.2f}; "
                 f"cosine to the cpu forward {cosine(e, model.embed(x)):.5f}"
