@@ -97,8 +97,10 @@ def dark_keypoints(
     Returns float32 [N, K, 3] as (x, y, score), score = the heatmap maximum.
     """
     hm = np.asarray(heatmaps)
-    if hm.ndim != 4 or min(hm.shape) == 0:
-        raise PostprocessError(f"heatmaps must be a non-empty [N, K, H, W] array, got {hm.shape}")
+    if hm.ndim != 4 or min(hm.shape) == 0 or min(hm.shape[2:]) < 2:
+        raise PostprocessError(
+            f"heatmaps must be a non-empty [N, K, H, W] array with H, W >= 2, got {hm.shape}"
+        )
     if hm.dtype != np.float32:
         raise PostprocessError(f"heatmaps must be float32, got dtype {hm.dtype}")
     n, k, h, w = hm.shape

@@ -105,6 +105,7 @@ def test_nonpositive_maps_keep_minus_one_unrefined():
         (np.zeros((2, 3, 4), np.float32), np.zeros((2, 4)), "[N, K, H, W]"),
         (np.zeros((1, 3, 4, 4), np.float64), np.ones((1, 4)), "float32"),
         (np.zeros((0, 3, 4, 4), np.float32), np.ones((0, 4)), "non-empty"),
+        (np.zeros((1, 3, 4, 1), np.float32), np.ones((1, 4)), "H, W >= 2"),
         (np.zeros((1, 3, 4, 4), np.float32), np.ones((2, 4)), "windows must be [1, 4]"),
         (np.zeros((1, 3, 4, 4), np.float32), [[1, 1, 0, 1]], "windows[0]"),
         (np.full((1, 1, 4, 4), np.nan, np.float32), np.ones((1, 4)), "NaN"),
