@@ -315,7 +315,9 @@ class _AllowList:
         # A rejected client retries every reconnect interval: one line per key, not per try.
         if key not in self._logged and len(self._logged) < 100:
             self._logged.add(key)
-            log.warning("%s: rejected a client with unknown public key %s", self.socket, key)
+            log.warning(
+                "%s: rejected a client with unknown public key %s", self.socket, key.decode()
+            )
         return False
 
 

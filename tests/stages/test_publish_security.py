@@ -1,0 +1,318 @@
+"""CURVE on the publish and frame sockets, end to end on loopback: only authorised peers get
+anything, an eavesdropper sees no plaintext, rogue frame pushers and pullers get nowhere,
+and `npucam subscribe` works with its key flags. Clients here set pyzmq's CURVE options
+themselves, independently of pipeline.security."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+import zmq.auth
+from engine_stages import receive, start
+
+from pipeline import security, wire
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """server/client/rogue/thief pairs; allowed/ lists only the client's public key.
+    keys[name] = (public file, secret file, public Z85, secret Z85)."""
+    d = tmp_path / "keys"
+    out = {"dir": d}
+    for name in ("server", "client", "rogue", "thief"):
+        public, secret = security.generate_keys(name, d)
+        out[name] = (public, secret, *zmq.auth.load_certificate(secret))
+    (d / "allowed").mkdir()
+    (d / "allowed" / "client.key").write_bytes(out["client"][0].read_bytes())
+    return out
+
+
+def _secure_sub(ctx, endpoint: str, server_public: bytes | None, pair=None):
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    if pair is not None:
+        sub.curve_publickey, sub.curve_secretkey = pair
+        sub.curve_serverkey = server_public
+    sub.connect(endpoint)
+    return sub
+
+
+def _publish_config(write_config, keys, secure: bool = True) -> Path:
+    table = f"""
+        [security]
+        server_secret_key = "{keys["server"][1]}"
+        authorized_clients = "keys/allowed"
+        """
+    return write_config(
+        f"""
+        {table if secure else ""}
+        [metrics]
+        stats_interval_s = 0
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=64&height=48&fps=50"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        wait_for_subscribers = 1
+        """,
+        name="pub.toml",
+    )
+
+
+def test_only_an_authorised_curve_subscriber_receives(write_config, keys):
+    path = _publish_config(write_config, keys)
+    server_public = keys["server"][2]
+
+    async def main():
+        pipeline, task = await start(path, duration=2.0)
+        publish = pipeline.stages["publish"]
+        await asyncio.wait_for(publish.bound.wait(), 5)
+        ctx = zmq.asyncio.Context()
+        subs = {
+            "plain": _secure_sub(ctx, publish.endpoint, None),
+            "unknown key": _secure_sub(ctx, publish.endpoint, server_public, keys["rogue"][2:]),
+            # An authorised client that trusts the wrong server key never talks to this one.
+            "wrong server": _secure_sub(
+                ctx, publish.endpoint, keys["rogue"][2], keys["client"][2:]
+            ),
+            "authorised": _secure_sub(ctx, publish.endpoint, server_public, keys["client"][2:]),
+        }
+        got = await asyncio.gather(*(receive(s, until_idle_s=1.0) for s in subs.values()))
+        for s in subs.values():
+            s.close()
+        ctx.term()
+        return await task, dict(zip(subs, got, strict=True)), publish.guard.rejected
+
+    code, got, rejected = asyncio.run(main())
+    assert code == 0
+    messages = [wire.decode(m) for m in got.pop("authorised")]
+    det = [m for m in messages if m.topic == "det/card"]
+    assert len(det) > 10 and {m.topic for m in messages} == {"det/card", "stats"}
+    assert got == {"plain": [], "unknown key": [], "wrong server": []}
+    assert rejected >= 1  # the unknown key reached the ZAP allow-list and was refused
+
+
+class _Tap:
+    """A loopback TCP forwarder that records what the server sends: an eavesdropper."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.seen = bytearray()
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _client(self, reader, writer) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(src, dst, record: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if record:
+                        self.seen += data
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.mark.parametrize("curve", [True, False])
+def test_an_eavesdropper_sees_plaintext_only_without_curve(write_config, keys, curve):
+    path = _publish_config(write_config, keys, secure=curve)
+
+    async def main():
+        pipeline, task = await start(path, duration=1.5)
+        publish = pipeline.stages["publish"]
+        await asyncio.wait_for(publish.bound.wait(), 5)
+        tap = _Tap(int(publish.endpoint.rsplit(":", 1)[1]))
+        await tap.start()
+        ctx = zmq.asyncio.Context()
+        pair = keys["client"][2:] if curve else None
+        sub = _secure_sub(ctx, f"tcp://127.0.0.1:{tap.port}", keys["server"][2], pair)
+        got = await receive(sub, until_idle_s=1.0)
+        sub.close()
+        ctx.term()
+        tap.close()
+        return await task, got, bytes(tap.seen)
+
+    code, got, seen = asyncio.run(main())
+    assert code == 0 and len(got) > 5  # the subscriber got the messages through the tap
+    header = b'"camera":"card"'
+    assert header in got[0][1]
+    assert (header in seen) is not curve
+
+
+def _push_config(write_config, name: str, port: int, security_table: str) -> Path:
+    return write_config(
+        f"""
+        {security_table}
+        [[cameras]]
+        name = "{name}"
+        url = "synthetic:?width=64&height=48&fps=50"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "zmq_push"
+        bind = "tcp://127.0.0.1:{port}"
+        format = "raw"
+        """,
+        name=f"{name}.toml",
+    )
+
+
+def test_frames_arrive_only_from_the_authorised_pusher_and_only_at_authorised_cameras(
+    write_config, keys
+):
+    ports = {"good": _port(), "rogue": _port(), "plain": _port()}
+    allowed = 'authorized_clients = "keys/allowed"'
+    pushers = [
+        _push_config(
+            write_config,
+            "good",
+            ports["good"],
+            f'[security]\nserver_secret_key = "{keys["server"][1]}"\n{allowed}',
+        ),
+        # Impersonates the capture host: right port, right allow-list, its own server key.
+        _push_config(
+            write_config,
+            "rogue",
+            ports["rogue"],
+            f'[security]\nserver_secret_key = "{keys["rogue"][1]}"\n{allowed}',
+        ),
+        _push_config(write_config, "plain", ports["plain"], ""),
+    ]
+    infer = write_config(
+        f"""
+        [security]
+        server_public_key = "{keys["server"][0]}"
+        client_secret_key = "{keys["client"][1]}"
+        [[cameras]]
+        name = "good"
+        url = "zmq:tcp://127.0.0.1:{ports["good"]}"
+        [[cameras]]
+        name = "rogue"
+        url = "zmq:tcp://127.0.0.1:{ports["rogue"]}"
+        [[cameras]]
+        name = "plain"
+        url = "zmq:tcp://127.0.0.1:{ports["plain"]}"
+        [[cameras]]
+        name = "thief"
+        url = "zmq:tcp://127.0.0.1:{ports["good"]}"
+        security = {{ client_secret_key = "{keys["thief"][1]}" }}
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        name = "sink"
+        kind = "engine_stages:Collect"
+        """,
+        name="infer.toml",
+    )
+
+    async def main():
+        senders = [await start(p, duration=2.0) for p in pushers]
+        receiver, recv_task = await start(infer, duration=2.0)
+        codes = [await t for _, t in senders] + [await recv_task]
+        return codes, senders[0][0], receiver
+
+    codes, good_sender, receiver = asyncio.run(main())
+    assert codes == [0, 0, 0, 0]
+    by_camera: dict[str, int] = {}
+    for frame in receiver.stages["sink"].items:
+        by_camera[frame.camera] = by_camera.get(frame.camera, 0) + 1
+    assert by_camera.get("good", 0) > 10
+    assert set(by_camera) == {"good"}  # nothing from the rogue or plain pusher, nor to the thief
+    assert good_sender.stages["zmq_push"].guard.rejected >= 1  # the thief's key was refused
+
+
+def _subscribe(endpoint: str, *flags: str):
+    return asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pipeline",
+        "subscribe",
+        endpoint,
+        *flags,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+
+
+def test_npucam_subscribe_with_client_key_flags(write_config, keys):
+    path = _publish_config(write_config, keys)
+    server_key = str(keys["server"][0])
+
+    async def main():
+        pipeline, task = await start(path, duration=15.0)
+        publish = pipeline.stages["publish"]
+        await asyncio.wait_for(publish.bound.wait(), 5)
+        ep = publish.endpoint
+        good = await _subscribe(
+            ep, "--server-key", server_key, "--client-key", str(keys["client"][1]), "--count", "3"
+        )
+        bad = await _subscribe(
+            ep, "--server-key", server_key, "--client-key", str(keys["rogue"][1]), "--timeout", "1"
+        )
+        half = await _subscribe(ep, "--server-key", server_key, "--timeout", "1")
+        results = [await asyncio.wait_for(p.communicate(), 30) + (p.returncode,)
+                   for p in (good, bad, half)]  # fmt: skip
+        pipeline.stop()
+        return await task, results
+
+    code, (good, bad, half) = asyncio.run(main())
+    assert code == 0
+    out, err, rc = good
+    assert rc == 0, err.decode()
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    assert len(lines) == 3 and all(line["topic"] == "det/card" for line in lines)
+    out, err, rc = bad
+    assert (rc, out) == (1, b"") and b"no message for 1 s" in err
+    out, err, rc = half
+    assert rc == 2 and b"needs both --server-key and --client-key" in err
+
+
+def test_npucam_subscribe_names_a_bad_key_file(tmp_path, keys):
+    async def main():
+        p = await _subscribe(
+            "tcp://127.0.0.1:1",
+            "--server-key",
+            str(tmp_path / "nope.key"),
+            "--client-key",
+            str(keys["client"][0]),
+        )
+        out, err = await asyncio.wait_for(p.communicate(), 30)
+        return p.returncode, err.decode()
+
+    rc, err = asyncio.run(main())
+    assert rc == 2
+    assert f"--server-key: {tmp_path / 'nope.key'}: no such key file" in err
+    assert f"--client-key: {keys['client'][0]}: holds no secret-key" in err
