@@ -1,0 +1,87 @@
+"""Work items between the detect, align, infer and postprocess stages.
+
+Each job carries its frame's identity (camera, seq, capture time, deadline) so every result
+can be published with the frame it came from and dropped once stale. Images inside jobs
+are already in the layout their model takes; `box_xywh` is always in frame pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.messages import now_ns
+
+
+@dataclass(slots=True, kw_only=True)
+class Job:
+    """Fields every job shares: the source frame's identity and staleness deadline."""
+
+    camera: str
+    seq: int
+    capture_ts_ns: int
+    deadline_ns: int
+    frame_size: tuple[int, int] = (0, 0)  # (width, height) of the source frame
+
+    def expired(self, at_ns: int | None = None) -> bool:
+        """True once the job is past its camera's staleness budget."""
+        return (now_ns() if at_ns is None else at_ns) > self.deadline_ns
+
+
+@dataclass(slots=True, kw_only=True)
+class PoseJob(Job):
+    """A tracked person to refresh the pose of (detect -> infer).
+
+    crop: float32 [3, H, W] normalised RGB (stages.detect.crop_persons); window: float32 [4]
+    (cx, cy, w, h) of the sampled region; box_xywh: float32 [4]; pose_age_s: seconds since
+    this track's previous pose (None for a new track).
+    """
+
+    track_id: int
+    box_xywh: np.ndarray
+    score: float
+    crop: np.ndarray
+    window: np.ndarray
+    pose_age_s: float | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class FaceJob(Job):
+    """A detected face with its 5 alignment points (detect -> align -> infer).
+
+    image: the source frame, uint8 BGR [H, W, 3] (dropped once aligned); landmarks: float32
+    [5, 2] in template order (stages.align); aligned: uint8 [112, 112, 3] BGR once aligned.
+    """
+
+    box_xywh: np.ndarray
+    score: float
+    landmarks: np.ndarray
+    image: np.ndarray | None = None
+    aligned: np.ndarray | None = None
+    track_id: int | None = None
+    landmark_source: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ClipJob(Job):
+    """A region to label zero-shot (detect -> infer). pixels: float32 [3, 224, 224]
+    (npu.models.clip.preprocess); box_xywh: float32 [4], the whole frame for frame labels."""
+
+    box_xywh: np.ndarray
+    pixels: np.ndarray
+    track_id: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Inferred:
+    """A model's raw output for one job (infer -> postprocess): `output` is heatmaps float32
+    [K, h, w] for pose, an embedding float32 [D] for faces and CLIP images."""
+
+    job: Job
+    output: np.ndarray
+    backend: str
+    model: str
+    synthetic: bool
+    device_s: float = 0.0
+    extra: dict = field(default_factory=dict)
