@@ -11,6 +11,7 @@ bundle's self-test records with spec b.9's gates.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +159,8 @@ class ClipModel:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, backend: str = "cpu") -> ClipModel:
-        """HF CLIPModel directory (config.json, *.safetensors, vocab.json, merges.txt)."""
+        """HF CLIPModel directory: config.json, *.safetensors, and vocab.json + merges.txt
+        (or the tokenizer.json transformers v5 saves)."""
         if backend not in BACKENDS:
             raise ClipInputError(
                 f"backend {backend!r} cannot load an HF checkpoint; expected one of {BACKENDS}"
@@ -167,9 +169,7 @@ class ClipModel:
         if not model_dir.is_dir():
             raise CheckpointError(f"{model_dir}: not a directory")
         cfg, host, gemms = load_checkpoint(model_dir)
-        tokenizer = Tokenizer.from_files(
-            model_dir / "vocab.json", model_dir / "merges.txt", context_length=cfg.context
-        )
+        tokenizer = Tokenizer.from_dir(model_dir, context_length=cfg.context)
         if tokenizer.vocab_size > cfg.vocab_size:
             raise CheckpointError(
                 f"{model_dir}: tokenizer has {tokenizer.vocab_size} ids, model {cfg.vocab_size}"
@@ -301,7 +301,7 @@ def write_sim_bundle(
             raise CheckpointError(
                 f"{model_dir}: hidden_act {tower.act!r}; the device GEMMs have no such epilogue"
             )
-    tokenizer = Tokenizer.from_files(model_dir / "vocab.json", model_dir / "merges.txt")
+    tokenizer = Tokenizer.from_dir(model_dir, context_length=cfg.context)
     with BundleWriter(path, 1) as bw:
         params = {
             "v_layers": cfg.vision.layers, "v_dim": cfg.vision.dim, "v_tokens": cfg.v_tokens,
@@ -358,8 +358,9 @@ def write_sim_bundle(
         for idx, text in enumerate(tok_tests):
             bw.record("tok_test", idx, tail=text)
             bw.tensor(f"tok.{idx}.ids", np.asarray(tokenizer.encode(text), np.int32), "i32")
-        for name in ("vocab.json", "merges.txt"):
-            bw.file(name, (model_dir / name).read_bytes())
+        bw.file("vocab.json", json.dumps(tokenizer.vocab, ensure_ascii=False).encode("utf-8"))
+        merges = sorted(tokenizer.ranks, key=tokenizer.ranks.__getitem__)
+        bw.file("merges.txt", "".join(f"{a} {b}\n" for a, b in merges).encode("utf-8"))
         if refsets:
             cpu = ClipModel(ClipTowers(cfg, host, NumpyOps(gemms)), tokenizer)
         for j, (images, labels) in enumerate(refsets):

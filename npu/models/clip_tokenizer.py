@@ -132,6 +132,50 @@ class Tokenizer:
             merges.append((parts[0], parts[1]))
         return cls(vocab, merges, context_length=context_length, source=str(vocab_path))
 
+    @classmethod
+    def from_tokenizer_json(
+        cls, tokenizer_json: str | Path, *, context_length: int = CONTEXT_LENGTH
+    ) -> Tokenizer:
+        """Load the BPE vocabulary and merges of an HF `tokenizers` file (what transformers v5
+        saves for CLIPTokenizer); the model must be CLIP's BPE (end_of_word_suffix `</w>`)."""
+        path = Path(tokenizer_json)
+        try:
+            model = json.loads(path.read_text(encoding="utf-8"))["model"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TokenizerError(f"{path}: cannot read a tokenizers model: {exc}") from None
+        if model.get("type") != "BPE" or model.get("end_of_word_suffix") != END_OF_WORD:
+            raise TokenizerError(
+                f"{path}: model is {model.get('type')!r} with end_of_word_suffix "
+                f"{model.get('end_of_word_suffix')!r}, not CLIP's BPE with '</w>'"
+            )
+        merges: list[tuple[str, str]] = []
+        for i, m in enumerate(model.get("merges", [])):
+            pair = m.split(" ") if isinstance(m, str) else m
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise TokenizerError(f"{path}: model.merges[{i}] is not a pair: {m!r}")
+            merges.append((pair[0], pair[1]))
+        vocab = model.get("vocab")
+        if not isinstance(vocab, dict):
+            raise TokenizerError(f"{path}: model.vocab is not an object")
+        vocab = dict(vocab)
+        for name in (BOS_TOKEN, EOS_TOKEN):
+            if name not in vocab:
+                raise TokenizerError(f"{path}: model.vocab has no {name!r} token")
+        return cls(vocab, merges, context_length=context_length, source=str(path))
+
+    @classmethod
+    def from_dir(cls, folder: str | Path, *, context_length: int = CONTEXT_LENGTH) -> Tokenizer:
+        """vocab.json + merges.txt in `folder` (a bundle root or an HF folder), else its
+        tokenizer.json."""
+        folder = Path(folder)
+        if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+            return cls.from_files(
+                folder / "vocab.json", folder / "merges.txt", context_length=context_length
+            )
+        if (folder / "tokenizer.json").is_file():
+            return cls.from_tokenizer_json(folder / "tokenizer.json", context_length=context_length)
+        raise TokenizerError(f"{folder}: no vocab.json + merges.txt and no tokenizer.json")
+
     def _bpe(self, piece: str) -> tuple[int, ...]:
         """Ids of one pre-tokenized piece (already mapped through bytes_to_unicode)."""
         cached = self._cache.get(piece)

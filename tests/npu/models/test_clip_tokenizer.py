@@ -223,3 +223,18 @@ def test_every_assigned_code_point_alone_and_in_words_equals_hf(tokenizer, hf_to
     expected = hf_tokenizer(texts, truncation=True, max_length=77)["input_ids"]
     bad = [t for t, e in zip(texts, expected, strict=True) if tokenizer.encode(t) != e]
     assert not bad, f"{len(bad)} code points differ, first {bad[:5]!r}"
+
+
+def test_tokenizer_json_saved_by_transformers_v5_gives_the_same_ids(
+    tokenizer, hf_tokenizer, tmp_path
+):
+    hf_tokenizer.save_pretrained(str(tmp_path))
+    assert not (tmp_path / "vocab.json").exists()  # v5 writes tokenizer.json only
+    from_json = Tokenizer.from_dir(tmp_path)
+    texts = corpus(n_random=200, seed=3)
+    assert [from_json.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "WordPiece"}}')
+    with pytest.raises(TokenizerError, match="not CLIP's BPE"):
+        Tokenizer.from_dir(tmp_path)
+    with pytest.raises(TokenizerError, match="no vocab.json"):
+        Tokenizer.from_dir(tmp_path / "nowhere")

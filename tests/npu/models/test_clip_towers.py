@@ -243,8 +243,10 @@ def test_bundle_errors_name_the_record(sim_bundle, tmp_path):
     shutil.copytree(sim_bundle, broken)
     manifest = broken / "manifest.txt"
     manifest.write_text(manifest.read_text().replace("heads=4 d=10", "heads=5 d=10", 1))
+    device = SimDevice(registry_dir=tmp_path / "hwctx")
     with pytest.raises(BundleError, match=r"manifest.txt:\d+: heads 5 x d 10 != v_dim 40"):
-        load_bundle(broken, SimDevice(registry_dir=tmp_path / "hwctx"))
+        load_bundle(broken, device)
+    device.close()
 
 
 def test_quick_gelu_checkpoints_cannot_become_sim_bundles(tiny_clip_quick_gelu_dir, tmp_path):  # noqa: F811
