@@ -1,8 +1,11 @@
 """Work items between the detect, align, infer and postprocess stages.
 
 Each job carries its frame's identity (camera, seq, capture time, deadline) so every result
-can be published with the frame it came from and dropped once stale. Images inside jobs
-are already in the layout their model takes; `box_xywh` is always in frame pixels.
+can be published with the frame it came from and dropped once stale; `box_xywh` is always
+in frame pixels. Pose and CLIP jobs hold a reference to the frame, not a crop: the model's
+host glue in the infer stage crops at the model's own input size (crop_persons,
+clip.preprocess), overlapped with the device run of the previous batch, so a queued job
+costs a frame reference instead of a 9 MB float crop.
 """
 
 from __future__ import annotations
@@ -33,17 +36,17 @@ class Job:
 class PoseJob(Job):
     """A tracked person to refresh the pose of (detect -> infer).
 
-    crop: float32 [3, H, W] normalised RGB (stages.detect.crop_persons); window: float32 [4]
-    (cx, cy, w, h) of the sampled region; box_xywh: float32 [4]; pose_age_s: seconds since
-    this track's previous pose (None for a new track).
+    image: the source frame, uint8 BGR [H, W, 3]; box_xywh: float32 [4]; pose_age_s: seconds
+    since this track's previous pose (None for a new track). The infer stage fills window,
+    float32 [4] (cx, cy, w, h) of the sampled region (stages.detect.crop_persons).
     """
 
     track_id: int
     box_xywh: np.ndarray
     score: float
-    crop: np.ndarray
-    window: np.ndarray
+    image: np.ndarray
     pose_age_s: float | None = None
+    window: np.ndarray | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -65,18 +68,20 @@ class FaceJob(Job):
 
 @dataclass(slots=True, kw_only=True)
 class ClipJob(Job):
-    """A region to label zero-shot (detect -> infer). pixels: float32 [3, 224, 224]
-    (npu.models.clip.preprocess); box_xywh: float32 [4], the whole frame for frame labels."""
+    """A region to label zero-shot (detect -> infer). image: the source frame, uint8 BGR
+    [H, W, 3]; box_xywh: float32 [4], the whole frame for frame labels."""
 
     box_xywh: np.ndarray
-    pixels: np.ndarray
+    image: np.ndarray
     track_id: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
 class Inferred:
     """A model's raw output for one job (infer -> postprocess): `output` is heatmaps float32
-    [K, h, w] for pose, an embedding float32 [D] for faces and CLIP images."""
+    [K, h, w] for pose, an embedding float32 [D] for faces and CLIP images. For CLIP, extra
+    holds "labels" (list[str]), "text_embeds" float32 [L, D] and "logit_scale" (float), so
+    postprocess computes label probabilities without the model."""
 
     job: Job
     output: np.ndarray
