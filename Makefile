@@ -7,7 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DURATION ?= 20
 
-.PHONY: setup setup-test demo test test-slow lint format soak bench clean
+KEYS ?= configs/keys
+
+.PHONY: setup setup-test demo test test-slow lint format soak bench clean keys
 
 $(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +31,20 @@ setup-test: $(VENV)/.test .cache/npucam/.fetched
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
+
+# CURVE keys for configs/split-*-secure.toml (docs/security.md): one pair per process and
+# one for a subscriber, each public key copied into the allow-list of the side it talks to.
+# Existing keys are never overwritten; delete $(KEYS) to start over.
+keys: $(KEYS)/.made
+
+$(KEYS)/.made: | $(VENV)/.runtime
+	$(VENV)/bin/npucam keys generate capture --dir $(KEYS)
+	$(VENV)/bin/npucam keys generate infer --dir $(KEYS)
+	$(VENV)/bin/npucam keys generate subscriber --dir $(KEYS)
+	mkdir -p $(KEYS)/capture-clients $(KEYS)/infer-clients
+	cp $(KEYS)/infer.key $(KEYS)/capture-clients/
+	cp $(KEYS)/subscriber.key $(KEYS)/infer-clients/
+	touch $@
 
 test: setup-test
 	$(PY) -m pytest -q

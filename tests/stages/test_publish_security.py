@@ -316,3 +316,50 @@ def test_npucam_subscribe_names_a_bad_key_file(tmp_path, keys):
     assert rc == 2
     assert f"--server-key: {tmp_path / 'nope.key'}: no such key file" in err
     assert f"--client-key: {keys['client'][0]}: holds no secret-key" in err
+
+
+def test_the_secure_split_configs_work_with_make_keys(tmp_path):
+    """configs/split-*-secure.toml with keys from `make keys`, on free ports: frames cross
+    the CURVE hop and an authorised subscriber reads the result; the keys stay out of git."""
+    import subprocess
+
+    keys = tmp_path / "keys"
+    subprocess.run(
+        ["make", "-s", "-o", ".venv/.runtime", "keys", f"KEYS={keys}"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    ports = {"5571": str(_port()), "5572": str(_port()), "5560": str(_port())}
+    paths = []
+    for name in ("split-capture-secure.toml", "split-infer-secure.toml"):
+        text = (REPO / "configs" / name).read_text()
+        for old, new in ports.items():
+            text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
+        (tmp_path / name).write_text(text)
+        paths.append(tmp_path / name)
+    pair = zmq.auth.load_certificate(keys / "subscriber.key_secret")
+    server = zmq.auth.load_certificate(keys / "infer.key")[0]
+
+    async def main():
+        capture, capture_task = await start(paths[0], duration=3.0)
+        infer, infer_task = await start(paths[1], duration=3.0)
+        await asyncio.wait_for(infer.stages["publish"].bound.wait(), 5)
+        ctx = zmq.asyncio.Context()
+        sub = _secure_sub(ctx, f"tcp://127.0.0.1:{ports['5560']}", server, pair)
+        got = await receive(sub, until_idle_s=1.5)
+        sub.close()
+        ctx.term()
+        return await capture_task, await infer_task, got
+
+    code_c, code_i, got = asyncio.run(main())
+    assert (code_c, code_i) == (0, 0)
+    topics = {wire.decode(m).topic for m in got}
+    assert {"det/bikes", "det/carphone"} <= topics
+    ignored = subprocess.run(
+        ["git", "check-ignore", "configs/keys/capture.key_secret", "elsewhere/x.key_secret"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert ignored == ["configs/keys/capture.key_secret", "elsewhere/x.key_secret"]
