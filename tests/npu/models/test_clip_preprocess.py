@@ -103,3 +103,13 @@ def test_sizes_cover_the_float32_and_float64_passes():
             if n_in != n_out:
                 dtypes.add(_banded_pass(n_in, n_out, (n_out - 224) // 2, 224).dtype)
     assert dtypes == {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def test_random_sizes_equal_hf_exactly(hf_processor):
+    # log-uniform heights and widths 1..1600 (300 sizes of this sweep also passed offline)
+    rng = np.random.default_rng(2026)
+    for _ in range(40):
+        height, width = (int(np.exp(rng.uniform(0, np.log(1600)))) for _ in range(2))
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        diff = np.count_nonzero(preprocess(image) != hf_pixels(hf_processor, image))
+        assert diff == 0, f"{height}x{width}: {diff} values differ"
