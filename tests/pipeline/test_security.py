@@ -426,3 +426,16 @@ def test_bundle_paths_cannot_leave_the_bundle(tmp_path):
     ]:
         with pytest.raises(ValueError, match=reason):
             confine(root, rel)
+
+
+def test_security_docs_quote_the_shipped_secure_configs():
+    import re
+    import tomllib
+
+    doc = (REPO / "docs" / "security.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", doc, re.S) if "[security]" in b]
+    shipped = [
+        tomllib.loads((REPO / "configs" / name).read_text())["security"]
+        for name in ("split-capture-secure.toml", "split-infer-secure.toml")
+    ]
+    assert [tomllib.loads(b)["security"] for b in blocks] == shipped
