@@ -1,0 +1,90 @@
+"""Helpers of the reliability tests: a subscriber that records every message with the time it
+arrived, and small statistics used to compare runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from pipeline import wire
+from pipeline.messages import now_ns
+
+
+@dataclass
+class Seen:
+    """One received message: its decoded form and the subscriber's wall clock (ns) on arrival."""
+
+    message: wire.Message
+    received_ns: int
+
+    @property
+    def header(self) -> dict:
+        return self.message.header
+
+
+@dataclass
+class Recorder:
+    """A SUB socket read by an asyncio task until stop(); every message kept in order."""
+
+    endpoint: str
+    topic: str = ""
+    rcvhwm: int = 1000
+    seen: list[Seen] = field(default_factory=list)
+
+    async def start(self) -> Recorder:
+        ctx = zmq.asyncio.Context.instance()
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        self.sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        self.sock.connect(self.endpoint)
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        while True:
+            parts = await self.sock.recv_multipart()
+            self.seen.append(Seen(wire.decode(parts), now_ns()))
+
+    async def stop(self, idle_s: float = 0.3) -> list[Seen]:
+        """Read until nothing arrived for idle_s, then close."""
+        n = -1
+        while n != len(self.seen):
+            n = len(self.seen)
+            await asyncio.sleep(idle_s)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.sock.close(0)
+        return self.seen
+
+    def frames(self, camera: str) -> list[Seen]:
+        return [s for s in self.seen if s.message.topic == f"det/{camera}"]
+
+    def stats(self) -> list[Seen]:
+        return [s for s in self.seen if s.message.topic == "stats"]
+
+    async def wait_for(self, predicate, timeout: float, what: str) -> float:
+        """Poll predicate() every 5 ms; the monotonic time it first held (AssertionError after
+        timeout)."""
+        end = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < end, f"timed out after {timeout} s waiting for {what}"
+            await asyncio.sleep(0.005)
+        return time.monotonic()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of values by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def seq_gaps(seqs: list[int]) -> int:
+    """How many seqs are missing between the first and last of an increasing list."""
+    return (seqs[-1] - seqs[0] + 1 - len(seqs)) if seqs else 0
