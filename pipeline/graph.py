@@ -62,6 +62,11 @@ STAGE_KINDS: dict[str, str] = {
     "capture": "stages.capture:Capture",
     "publish": "stages.publish:Publish",
     "zmq_push": "stages.publish:FramePush",
+    "detect": "stages.detect:Detect",
+    "align": "stages.align:Align",
+    "dark": "stages.postprocess:Dark",
+    "face_match": "stages.postprocess:FaceMatch",
+    "clip_labels": "stages.postprocess:ClipLabels",
 }
 
 
@@ -323,6 +328,13 @@ class Pipeline:
             server = start_prometheus(self.metrics, self.config.metrics.prometheus)
             self.prometheus_server = server
             log.info("prometheus metrics on http://%s:%d/metrics", *server.server_address[:2])
+            host, port = server.server_address[:2]
+            if not security.is_loopback(f"tcp://{host}:{port}"):
+                log.warning(
+                    "prometheus metrics on %s are plain HTTP without authentication, "
+                    "reachable from the network (docs/security.md)",
+                    host,
+                )
         signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         for sig in signals:
             loop.add_signal_handler(sig, self._on_signal, sig)

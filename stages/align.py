@@ -8,6 +8,7 @@ border), as insightface and OpenCV's FaceRecognizerSF.alignCrop do (spec c.2).
 BlazeFace gives no mouth corners, so `align_face_4pt` fits eyes, nose and the mouth centre to
 the template's mouth-corner midpoint: an approximation no upstream source gives (spec c.5 (i)).
 The colour order each embedder expects (spec c.4) is data here, not a convention in comments.
+The `align` stage applies this to the face jobs of the detect stage.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from typing import Literal
 
 import cv2
 import numpy as np
+from pydantic import Field
 
 from pipeline.errors import NpucamError
+from pipeline.graph import MapStage, StageOptions
+from stages.jobs import FaceJob
 
 ColourOrder = Literal["rgb", "bgr"]
 
@@ -180,3 +184,37 @@ def embedder_input(crop: np.ndarray, have: ColourOrder, want: ColourOrder = "rgb
     x = convert_colour(crop, have, want).astype(np.float32)
     x = (x / np.float32(255.0) - np.float32(0.5)) / np.float32(0.5)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+# ---- the align stage ----------------------------------------------------------------------
+
+
+class AlignOptions(StageOptions):
+    size: int = Field(112, ge=8)  # the embedder's input side (AdaFace: 112)
+
+
+class Align(MapStage):
+    """FaceJob -> the same job with `aligned` (uint8 [size, size, 3] BGR) filled in and its
+    frame reference dropped. 5 landmarks (YuNet) use `align_face`; BlazeFace's 4 points
+    (landmark_source "blazeface") use the documented approximation `align_face_4pt`."""
+
+    kind = "align"
+    accepts = (FaceJob,)
+    Options = AlignOptions
+
+    def process(self, job: FaceJob) -> list[FaceJob]:
+        if job.image is None:
+            raise AlignError(f"camera {job.camera!r} #{job.seq}: face job has no frame to align")
+        points = np.asarray(job.landmarks, np.float64)
+        if points.shape == (5, 2):
+            crop, _ = align_face(job.image, points, self.options.size)
+        elif points.shape == (4, 2):
+            crop, _ = align_face_4pt(job.image, points, self.options.size)
+        else:
+            raise AlignError(
+                f"camera {job.camera!r} #{job.seq}: landmarks must be [5, 2] or BlazeFace's "
+                f"[4, 2], got shape {points.shape}"
+            )
+        job.aligned = crop
+        job.image = None
+        return [job]

@@ -8,9 +8,34 @@ Reference: transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (spe
 
 from __future__ import annotations
 
-import numpy as np
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
+import numpy as np
+import zmq
+from pydantic import Field
+
+from pipeline import security
+from pipeline.config import Config
 from pipeline.errors import NpucamError
+from pipeline.graph import Outbox, Stage, StageOptions
+from pipeline.messages import Detections, Frame, now_ns
+from pipeline.queues import BoundedQueue
+from pipeline.security import Curve, SocketSecurity
+from stages.align import blazeface_alignment_points
+from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.tracker import PersonTracker, PoseTag
 
 CROP_SIZE = (1024, 768)
 BOX_PADDING = 1.25
@@ -218,3 +243,577 @@ def crop_persons(
         np.subtract(vert, mean255[:, None, None], out=vert)
         np.divide(vert, std255[:, None, None], out=crops[n])
     return crops, windows
+
+
+# ---- the detect stage ---------------------------------------------------------------------
+# Frames -> det/<camera> Detections (person and face boxes with track ids) + PoseJobs for the
+# tracks whose pose is oldest + FaceJobs + rate-limited ClipJobs (stages.jobs). Detectors run
+# in the stage's own worker thread (LiteRT interpreters stay on the thread that made them).
+
+_DETECT_LOG = logging.getLogger("stages.detect")
+MALFORMED_LOGGED = 5  # external box messages logged in full; then one line per 100
+
+
+class RegionOptions(StageOptions):
+    """One fixed region: x, y, w, h in pixels, or fractions of the frame when normalized."""
+
+    name: str = Field(min_length=1)
+    x: float
+    y: float
+    w: float = Field(gt=0)
+    h: float = Field(gt=0)
+    normalized: bool = False
+
+
+class TrackerOptions(StageOptions):
+    """stages.tracker.PersonTracker's parameters (docs/scheduler.md)."""
+
+    high_score: float = Field(0.5, ge=0, le=1)
+    low_score: float = Field(0.1, ge=0, le=1)
+    new_track_score: float = Field(0.6, ge=0, le=1)
+    match_iou: float = Field(0.2, gt=0, le=1)
+    low_match_iou: float = Field(0.5, gt=0, le=1)
+    lost_buffer_s: float = Field(1.0, ge=0)
+
+
+class DetectOptions(StageOptions):
+    cameras: list[str] | None = None  # cameras this stage detects on; others pass through
+    person: Literal["blazepose", "onnx", "roi", "zmq", "none"] = "blazepose"
+    person_min_score: float = Field(0.5, ge=0, le=1)
+    person_model: str | None = Field(None, min_length=1)  # onnx file; or a pose_detection.tflite
+    person_format: Literal["yolov8", "yolov5", "detr"] = "yolov8"
+    person_input_size: int = Field(640, ge=32)
+    person_class: int = Field(0, ge=0)
+    person_regions: list[RegionOptions] = []
+    boxes_endpoint: str | None = Field(None, min_length=1)  # person = "zmq": where to SUBscribe
+    boxes_max_age_ms: float = Field(500.0, gt=0)
+    face: Literal["blazeface", "yunet", "roi", "none"] = "blazeface"
+    face_variant: Literal["short", "full"] = "short"
+    face_min_score: float | None = Field(None, ge=0, le=1)
+    face_model: str | None = Field(None, min_length=1)  # yunet onnx; or a BlazeFace tflite
+    face_regions: list[RegionOptions] = []  # face = "roi": BlazeFace inside each region
+    tracker: TrackerOptions = TrackerOptions()
+    pose: bool = True
+    pose_jobs_per_frame: int = Field(1, ge=0)
+    faces: bool = True
+    clip: Literal["off", "persons", "frame"] = "off"
+    clip_interval_s: float = Field(1.0, ge=0)
+    clip_max_per_frame: int = Field(4, ge=1)
+
+
+class BoxMessageError(NpucamError):
+    """An external detector's box message that does not follow the documented format."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalBoxes:
+    """One decoded box message: camera, boxes float32 [N, 4] (x, y, w, h) in frame pixels,
+    scores float32 [N], and the optional seq and ts (ns) the sender attached."""
+
+    camera: str
+    boxes: np.ndarray
+    scores: np.ndarray
+    seq: int | None = None
+    ts_ns: int | None = None
+
+
+def _int_or_none(msg: dict, key: str) -> int | None:
+    value = msg.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:  # noqa: E721 - a bool is not a seq
+        raise BoxMessageError(f"'{key}' must be an integer, got {value!r}")
+    return value
+
+
+def decode_box_message(raw: bytes, cameras: Sequence[str] | None = None) -> ExternalBoxes:
+    """Parse one external-detector message (docs/configuration.md, person = "zmq").
+
+    raw: UTF-8 JSON object {"camera": str, "boxes": [[x, y, w, h], ...], "scores": [...]
+    (optional, default 1.0), "seq": int (optional), "ts": int ns (optional)}. cameras: the
+    names accepted (None: any). BoxMessageError says what is wrong.
+    """
+    try:
+        msg = json.loads(bytes(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BoxMessageError(f"not UTF-8 JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise BoxMessageError(f"expected a JSON object, got {type(msg).__name__}")
+    camera = msg.get("camera")
+    if not isinstance(camera, str) or not camera:
+        raise BoxMessageError(f"'camera' must be a non-empty string, got {camera!r}")
+    if cameras is not None and camera not in cameras:
+        raise BoxMessageError(f"camera {camera!r} is not one of {', '.join(cameras)}")
+    where = f"camera {camera!r}"
+    boxes = msg.get("boxes")
+    if not isinstance(boxes, list):
+        raise BoxMessageError(f"{where}: 'boxes' must be a list of [x, y, w, h], got {boxes!r}")
+    rows = []
+    for i, box in enumerate(boxes):
+        if not (
+            isinstance(box, list)
+            and len(box) == 4
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in box)
+        ):
+            raise BoxMessageError(f"{where}: boxes[{i}] must be 4 numbers [x, y, w, h]: {box!r}")
+        if not all(math.isfinite(v) for v in box) or box[2] <= 0 or box[3] <= 0:
+            raise BoxMessageError(f"{where}: boxes[{i}] = {box} needs finite values and w, h > 0")
+        rows.append(box)
+    scores = msg.get("scores", [1.0] * len(rows))
+    if not (
+        isinstance(scores, list)
+        and len(scores) == len(rows)
+        and all(isinstance(s, int | float) and not isinstance(s, bool) for s in scores)
+    ):
+        raise BoxMessageError(f"{where}: 'scores' must be {len(rows)} numbers, got {scores!r}")
+    if not all(0 <= s <= 1 for s in scores):
+        raise BoxMessageError(f"{where}: scores must lie in [0, 1], got {scores}")
+    return ExternalBoxes(
+        camera=camera,
+        boxes=np.array(rows, np.float32).reshape(-1, 4),
+        scores=np.array(scores, np.float32).reshape(-1),
+        seq=_int_or_none(msg, "seq"),
+        ts_ns=_int_or_none(msg, "ts"),
+    )
+
+
+class BoxReceiver:
+    """Person boxes from an external detector: a SUB socket connected to `endpoint` in a
+    thread, keeping each camera's latest message. Each message is one JSON part (or
+    [topic, JSON]: the last part is read). Malformed ones are counted in `malformed` (and as
+    `error` drops of the stage) and skipped."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        cameras: Sequence[str],
+        on_malformed: Callable[[str], None] = lambda camera: None,
+        curve: Curve | None = None,
+        socket_name: str = "detect boxes",
+    ) -> None:
+        self.endpoint = endpoint
+        self.cameras = tuple(cameras)
+        self.malformed = 0
+        self.received = 0
+        self._on_malformed = on_malformed
+        self._latest: dict[str, tuple[int, ExternalBoxes]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._guard = SocketSecurity(self._ctx, curve, socket_name)
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._guard.connect(self._sock, endpoint)
+        self._thread = threading.Thread(target=self._loop, name="detect-boxes", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._sock.poll(100):
+                    continue
+                parts = self._sock.recv_multipart()
+                self.handle(parts[-1])
+        finally:
+            self._sock.close(0)
+            self._guard.close()
+            self._ctx.term()
+
+    def handle(self, raw: bytes) -> ExternalBoxes | None:
+        """Decode one message and keep it as its camera's latest; None if malformed."""
+        try:
+            boxes = decode_box_message(raw, self.cameras)
+        except BoxMessageError as exc:
+            self.malformed += 1
+            camera = ""
+            with contextlib.suppress(Exception):
+                camera = str(json.loads(raw).get("camera", ""))
+            self._on_malformed(camera if camera in self.cameras else "")
+            if self.malformed <= MALFORMED_LOGGED or self.malformed % 100 == 0:
+                _DETECT_LOG.warning(
+                    "%s: malformed box message #%d skipped: %s", self.endpoint, self.malformed, exc
+                )
+            return None
+        with self._lock:
+            self._latest[boxes.camera] = (now_ns(), boxes)
+            self.received += 1
+        return boxes
+
+    def latest(self, camera: str, max_age_ns: int, at_ns: int | None = None) -> ExternalBoxes:
+        """The camera's latest boxes if received within max_age_ns, else no boxes."""
+        at = now_ns() if at_ns is None else at_ns
+        with self._lock:
+            got = self._latest.get(camera)
+        if got is None or at - got[0] > max_age_ns:
+            return ExternalBoxes(camera, np.zeros((0, 4), np.float32), np.zeros(0, np.float32))
+        return got[1]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+
+class CameraTracks:
+    """One camera's tracker and its outstanding pose jobs, shared by detect (which submits
+    them) and the dark stage (which finishes them); every access holds `lock`."""
+
+    def __init__(self, tracker: PersonTracker) -> None:
+        self.tracker = tracker
+        self.lock = threading.Lock()
+        self.pose_deadlines: dict[int, int] = {}  # track id -> deadline of its pose job
+
+    def expire_poses(self, at_ns: int) -> None:
+        """Free the tracks whose pose job passed its deadline unanswered (dropped stale)."""
+        for track_id, deadline in list(self.pose_deadlines.items()):
+            if at_ns > deadline:
+                del self.pose_deadlines[track_id]
+                self.tracker.pose_finished(track_id, None, at_ns)
+
+    def finish_pose(self, track_id: int, capture_ts_ns: int, at_ns: int) -> PoseTag | None:
+        with self.lock:
+            self.pose_deadlines.pop(track_id, None)
+            return self.tracker.pose_finished(track_id, capture_ts_ns, at_ns)
+
+
+# Each pipeline run's trackers by camera, found through its stage Context.
+_RUN_TRACKS: weakref.WeakKeyDictionary[Any, dict[str, CameraTracks]] = weakref.WeakKeyDictionary()
+
+
+def run_tracks(context: Any) -> dict[str, CameraTracks]:
+    """The per-camera trackers of one pipeline run (shared by its detect and dark stages)."""
+    return _RUN_TRACKS.setdefault(context, {})
+
+
+def _xywh_to_xyxy(boxes: np.ndarray) -> np.ndarray:
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
+
+
+def _xyxy_to_xywh(box: np.ndarray) -> np.ndarray:
+    b = np.asarray(box, np.float32).reshape(4)
+    return np.array([b[0], b[1], b[2] - b[0], b[3] - b[1]], np.float32)
+
+
+def _regions(options: list[RegionOptions]) -> list:
+    from stages.detectors.roi import Region
+
+    return [Region(r.name, r.x, r.y, r.w, r.h, r.normalized) for r in options]
+
+
+class Detect(Stage):
+    """Frames -> Detections (det/<camera>) + PoseJob / FaceJob / ClipJob (stages.jobs)."""
+
+    kind = "detect"
+    accepts = (Frame,)
+    Options = DetectOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.person_detector = None
+        self.face_detector = None
+        self.receiver: BoxReceiver | None = None
+        self.tracks = run_tracks(context)
+        self._last_clip_ns: dict[str, int] = {}
+        self._loaded = False
+        self.model = "+".join(m for m in (self._person_model(), self._face_model()) if m)
+
+    def _person_model(self) -> str:
+        o = self.options
+        return {
+            "blazepose": "blazepose-detector",
+            "onnx": f"onnx:{Path(o.person_model or '').name}",
+            "roi": "roi",
+            "zmq": "external",
+            "none": "",
+        }[o.person]
+
+    def _face_model(self) -> str:
+        o = self.options
+        return {
+            "blazeface": f"blazeface-{o.face_variant}",
+            "yunet": "yunet",
+            "roi": f"blazeface-{o.face_variant}-roi",
+            "none": "",
+        }[o.face]
+
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        opts = config.stages[index].options
+        key = f"stages[{index}]"
+        problems = []
+        names = [c.name for c in config.cameras]
+        for j, cam in enumerate(opts.get("cameras") or []):
+            if cam not in names:
+                problems.append(f"{key}.cameras[{j}]: no camera named {cam!r}")
+        person, face = opts.get("person", "blazepose"), opts.get("face", "blazeface")
+        if person == "onnx" and not opts.get("person_model"):
+            problems.append(f"{key}.person_model: person = 'onnx' needs the model's .onnx file")
+        if person == "roi" and not opts.get("person_regions"):
+            problems.append(f"{key}.person_regions: person = 'roi' needs at least one region")
+        if person == "zmq" and not opts.get("boxes_endpoint"):
+            problems.append(f"{key}.boxes_endpoint: person = 'zmq' needs the detector's endpoint")
+        if face == "yunet" and not opts.get("face_model"):
+            problems.append(f"{key}.face_model: face = 'yunet' needs the YuNet .onnx file")
+        if face == "roi" and not opts.get("face_regions"):
+            problems.append(f"{key}.face_regions: face = 'roi' needs at least one region")
+        for field_name in ("person_model", "face_model"):
+            path = opts.get(field_name)
+            if isinstance(path, str) and not (config.base_dir / path).is_file():
+                problems.append(f"{key}.{field_name}: no such file: {path}")
+        if person == "zmq" and isinstance(opts.get("boxes_endpoint"), str):
+            problems.extend(security.check_curve(config, bind=False, socket=f"detect {key} boxes"))
+        return problems
+
+    def load(self) -> None:
+        """Build the detectors (in the thread that will run them) and the box receiver."""
+        if self._loaded:
+            return
+        from stages.detectors.blazeface import BlazeFace
+        from stages.detectors.blazepose import BlazePosePerson
+        from stages.detectors.onnx_person import OnnxPersonDetector
+        from stages.detectors.roi import DetectInRegions, FixedRegions
+        from stages.detectors.yunet import YuNet
+
+        o = self.options
+        base = self.context.config.base_dir
+
+        def path(p: str | None) -> Path | None:
+            return None if p is None else base / p
+
+        if o.person == "blazepose":
+            self.person_detector = BlazePosePerson(path(o.person_model), o.person_min_score)
+        elif o.person == "onnx":
+            self.person_detector = OnnxPersonDetector(
+                path(o.person_model),
+                o.person_format,
+                o.person_input_size,
+                o.person_class,
+                o.person_min_score,
+            )
+        elif o.person == "roi":
+            self.person_detector = FixedRegions(_regions(o.person_regions))
+        elif o.person == "zmq":
+            cameras = o.cameras or [c.name for c in self.context.config.cameras]
+            curve = security.curve_for(
+                self.context.config, bind=False, socket=f"detect {self.name} boxes"
+            )
+            self.receiver = BoxReceiver(
+                o.boxes_endpoint,
+                cameras,
+                lambda camera: self.metrics.drop(self.name, camera, "error"),
+                curve,
+                f"detect {self.name} boxes",
+            )
+        if o.face in ("blazeface", "roi"):
+            face = BlazeFace(o.face_variant, path(o.face_model), o.face_min_score)
+            self.face_detector = (
+                face if o.face == "blazeface" else DetectInRegions(face, _regions(o.face_regions))
+            )
+        elif o.face == "yunet":
+            kwargs = {} if o.face_min_score is None else {"score_threshold": o.face_min_score}
+            self.face_detector = YuNet(path(o.face_model), **kwargs)
+        self._loaded = True
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
+
+    def camera_tracks(self, camera: str) -> CameraTracks:
+        tracks = self.tracks.get(camera)
+        if tracks is None:
+            t = self.options.tracker
+            tracker = PersonTracker(
+                camera,
+                high_score=t.high_score,
+                low_score=t.low_score,
+                new_track_score=t.new_track_score,
+                match_iou=t.match_iou,
+                low_match_iou=t.low_match_iou,
+                lost_buffer_s=t.lost_buffer_s,
+            )
+            tracks = self.tracks.setdefault(camera, CameraTracks(tracker))
+        return tracks
+
+    def _persons(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+        """Person boxes float32 [N, 4] xywh and scores float32 [N] of one frame."""
+        if self.receiver is not None:
+            got = self.receiver.latest(
+                frame.camera, round(self.options.boxes_max_age_ms * 1e6), now_ns()
+            )
+            return got.boxes, got.scores
+        if self.person_detector is None:
+            return np.zeros((0, 4), np.float32), np.zeros(0, np.float32)
+        d = self.person_detector.detect(frame.image, "bgr")
+        return d.boxes, d.scores
+
+    def process(self, frame: Frame) -> list:
+        """One frame -> [Detections, *PoseJobs, *FaceJobs, *ClipJobs] (blocking)."""
+        self.load()
+        o = self.options
+        h, w = frame.image.shape[:2]
+        person_xywh, person_scores = self._persons(frame)
+        faces = (
+            self.face_detector.detect(frame.image, "bgr")
+            if self.face_detector is not None
+            else None
+        )
+        ids = [None] * len(person_scores)
+        tracks = self.camera_tracks(frame.camera)
+        pose_jobs: list[PoseJob] = []
+        clip_jobs: list[ClipJob] = []
+        with tracks.lock:
+            tracked = tracks.tracker.update(
+                _xywh_to_xyxy(person_xywh), person_scores, frame.capture_ts_ns
+            )
+            for tb in tracked:
+                ids[tb.detection] = tb.track_id
+            boxes_of = {tb.track_id: tb.box for tb in tracked}
+            tracks.expire_poses(now_ns())
+            if o.pose and o.pose_jobs_per_frame:
+                for track in tracks.tracker.pose_queue():
+                    if len(pose_jobs) == o.pose_jobs_per_frame:
+                        break
+                    if track.track_id not in boxes_of:
+                        continue  # lost this frame: no box to pose
+                    since = track.pose_ts_ns
+                    pose_jobs.append(
+                        PoseJob(
+                            **_job_fields(frame),
+                            track_id=track.track_id,
+                            box_xywh=_xyxy_to_xywh(boxes_of[track.track_id]),
+                            score=track.score,
+                            image=frame.image,
+                            pose_age_s=None
+                            if since is None
+                            else (frame.capture_ts_ns - since) / 1e9,
+                        )
+                    )
+                    tracks.tracker.pose_started(track.track_id)
+                    tracks.pose_deadlines[track.track_id] = frame.deadline_ns
+            if o.clip != "off":
+                clip_jobs = self._clip_jobs(frame, boxes_of, w, h)
+
+        face_jobs: list[FaceJob] = []
+        face_ids: list[int | None] = []
+        if faces is not None:
+            person_xyxy = _xywh_to_xyxy(person_xywh)
+            for i in range(len(faces)):
+                track_id = _containing_track(faces.boxes[i], person_xyxy, ids)
+                face_ids.append(track_id)
+                if not o.faces:
+                    continue
+                kp = faces.keypoints[i]
+                if kp.shape[0] == 5:
+                    landmarks, source = kp, "yunet"
+                elif kp.shape[0] == 6:
+                    landmarks, source = blazeface_alignment_points(kp), "blazeface"
+                else:
+                    continue  # no alignment points (a region box, not a face detector)
+                face_jobs.append(
+                    FaceJob(
+                        **_job_fields(frame),
+                        box_xywh=np.asarray(faces.boxes[i], np.float32),
+                        score=float(faces.scores[i]),
+                        landmarks=np.asarray(landmarks, np.float32),
+                        image=frame.image,
+                        track_id=track_id,
+                        landmark_source=source,
+                    )
+                )
+        n_faces = 0 if faces is None else len(faces)
+        det = Detections(
+            camera=frame.camera,
+            seq=frame.seq,
+            capture_ts_ns=frame.capture_ts_ns,
+            deadline_ns=frame.deadline_ns,
+            backend="cpu",
+            model=self.model or "none",
+            width=int(w),
+            height=int(h),
+            source=frame.source,
+            boxes=np.concatenate(
+                [_xywh_to_xyxy(person_xywh)]
+                + ([_xywh_to_xyxy(faces.boxes)] if faces is not None else [])
+            ).reshape(-1, 4),
+            scores=np.concatenate(
+                [np.asarray(person_scores, np.float32)]
+                + ([np.asarray(faces.scores, np.float32)] if faces is not None else [])
+            ),
+            labels=("person",) * len(person_scores) + ("face",) * n_faces,
+            extra={"track_ids": ids + face_ids},
+        )
+        return [det, *pose_jobs, *face_jobs, *clip_jobs]
+
+    def _clip_jobs(
+        self, frame: Frame, boxes_of: dict[int, np.ndarray], w: int, h: int
+    ) -> list[ClipJob]:
+        o = self.options
+        last = self._last_clip_ns.get(frame.camera)
+        if last is not None and frame.capture_ts_ns - last < o.clip_interval_s * 1e9:
+            return []
+        if o.clip == "frame":
+            regions = [(None, np.array([0, 0, w, h], np.float32))]
+        else:
+            regions = [(tid, _xyxy_to_xywh(b)) for tid, b in sorted(boxes_of.items())]
+            regions = [(t, b) for t, b in regions if b[2] >= 2 and b[3] >= 2]
+            regions = regions[: o.clip_max_per_frame]
+        if not regions:
+            return []
+        self._last_clip_ns[frame.camera] = frame.capture_ts_ns
+        return [
+            ClipJob(**_job_fields(frame), box_xywh=box, image=frame.image, track_id=tid)
+            for tid, box in regions
+        ]
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        assert inbox is not None
+        loop = asyncio.get_running_loop()
+        wanted = self.options.cameras
+        with ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}") as worker:
+            await loop.run_in_executor(worker, self.load)
+            try:
+                async for frame in inbox:
+                    if wanted is not None and frame.camera not in wanted:
+                        await out.send(frame)
+                        continue
+                    start = time.perf_counter()
+                    try:
+                        items = await loop.run_in_executor(worker, self.process, frame)
+                    except Exception:
+                        self.item_failed(frame)
+                        continue
+                    finally:
+                        self.metrics.observe_work(self.name, time.perf_counter() - start)
+                    for item in items:
+                        await out.send(item)
+            finally:
+                self.close()
+
+
+def _job_fields(frame: Frame) -> dict:
+    h, w = frame.image.shape[:2]
+    return {
+        "camera": frame.camera,
+        "seq": frame.seq,
+        "capture_ts_ns": frame.capture_ts_ns,
+        "deadline_ns": frame.deadline_ns,
+        "frame_size": (int(w), int(h)),
+    }
+
+
+def _containing_track(
+    face_xywh: np.ndarray, person_xyxy: np.ndarray, ids: list[int | None]
+) -> int | None:
+    """The track of the smallest person box that contains the face's centre."""
+    cx = float(face_xywh[0] + face_xywh[2] / 2)
+    cy = float(face_xywh[1] + face_xywh[3] / 2)
+    best, best_area = None, math.inf
+    for box, tid in zip(person_xyxy, ids, strict=True):
+        if tid is None or not (box[0] <= cx <= box[2] and box[1] <= cy <= box[3]):
+            continue
+        area = float((box[2] - box[0]) * (box[3] - box[1]))
+        if area < best_area:
+            best, best_area = tid, area
+    return best

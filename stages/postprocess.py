@@ -18,13 +18,23 @@ at flat offsets from padded (0, 0), which wrap into the previous map (or the end
 batch); its refined coordinates there are artefacts. Here such keypoints keep the location
 (-1, -1) unrefined (equivalent to clamping every lookup to the map), mapped through the
 window like any other; their score is the raw maximum, as HF's.
+
+The stages at the end of the file turn the infer stage's outputs into published results:
+`dark` (pose heatmaps -> keypoints), `face_match` (embeddings -> gallery identities) and
+`clip_labels` (CLIP image embeddings -> label probabilities, spec b.8).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
 from pipeline.errors import NpucamError
+from pipeline.graph import MapStage, StageOptions
+from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
+from stages.detect import run_tracks
+from stages.gallery import Gallery, GalleryFile
+from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
 
 BLUR_KERNEL = 11
 LOG_CLIP = (1e-3, 50.0)
@@ -155,3 +165,210 @@ def dark_keypoints(
     out[:, :, 1] = ky / (h - 1) * wh + cy - 0.5 * wh
     out[:, :, 2] = score.reshape(n, k)
     return out
+
+
+# ---- the post-processing stages: Inferred (stages.jobs) -> published results --------------
+# The infer stage sends every Inferred to each of these; each takes only its own job type.
+
+
+class DarkOptions(StageOptions):
+    kernel: int = Field(BLUR_KERNEL, ge=3)  # DARK's Gaussian blur kernel (odd)
+
+
+def _xyxy(box_xywh: np.ndarray) -> np.ndarray:
+    b = np.asarray(box_xywh, np.float32).reshape(4)
+    return np.array([b[0], b[1], b[0] + b[2], b[1] + b[3]], np.float32)
+
+
+def _result_fields(item: Inferred) -> dict:
+    job = item.job
+    return {
+        "camera": job.camera,
+        "seq": job.seq,
+        "capture_ts_ns": job.capture_ts_ns,
+        "deadline_ns": job.deadline_ns,
+        "backend": item.backend,
+        "model": item.model,
+        "synthetic": item.synthetic,
+    }
+
+
+class Dark(MapStage):
+    """Inferred pose heatmaps -> PoseResult: DARK keypoints in frame pixels through the crop
+    window the infer stage recorded, with the track id and the pose's age (the track's pose
+    refresh is marked finished in the run's tracker, stages.detect.run_tracks)."""
+
+    kind = "dark"
+    accepts = (Inferred,)
+    Options = DarkOptions
+
+    def process(self, item: Inferred) -> list[PoseResult]:
+        job = item.job
+        if not isinstance(job, PoseJob):
+            return []
+        where = f"camera {job.camera!r} #{job.seq} track {job.track_id}"
+        if job.window is None:
+            raise PostprocessError(f"{where}: the pose job has no crop window from infer")
+        heatmaps = np.asarray(item.output)
+        if heatmaps.ndim != 3:
+            raise PostprocessError(f"{where}: heatmaps must be [K, H, W], got {heatmaps.shape}")
+        keypoints = dark_keypoints(
+            heatmaps[None].astype(np.float32, copy=False),
+            np.asarray(job.window, np.float32).reshape(1, 4),
+            self.options.kernel,
+        )[0]
+        at = now_ns()
+        tag = None
+        tracks = run_tracks(self.context).get(job.camera)
+        if tracks is not None:
+            tag = tracks.finish_pose(job.track_id, job.capture_ts_ns, at)
+        if tag is not None and tag.since_previous_ns is not None:
+            since_ms = tag.since_previous_ns / 1e6
+        else:
+            since_ms = None if job.pose_age_s is None else job.pose_age_s * 1e3
+        return [
+            PoseResult(
+                **_result_fields(item),
+                track_id=job.track_id,
+                keypoints=keypoints,
+                box=_xyxy(job.box_xywh),
+                score=job.score,
+                age_ms=(at - job.capture_ts_ns) / 1e6,
+                since_previous_ms=since_ms,
+            )
+        ]
+
+
+class FaceMatchOptions(StageOptions):
+    gallery: str | None = Field(None, min_length=1)  # gallery file (docs/face-id.md); relative
+    # paths resolve against the config's directory; None: no identities (embeddings only)
+    threshold: float = Field(0.4, ge=-1, le=1)
+    margin: float = Field(0.05, ge=0, le=2)
+    reload_interval_s: float = Field(1.0, ge=0)  # how often the file's stamp is looked at
+
+
+class FaceMatch(MapStage):
+    """Inferred face embeddings -> FaceResult: the L2-normalised embedding, identified
+    against the gallery file (hot-reloaded when it changes; a corrupt file keeps the
+    previous gallery), with the box and alignment points."""
+
+    kind = "face_match"
+    accepts = (Inferred,)
+    Options = FaceMatchOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.gallery: GalleryFile | None = None
+        if options.gallery is not None:
+            self.gallery = GalleryFile(context.config.base_dir / options.gallery)
+        self._checked_ns = 0
+
+    def _current(self) -> Gallery | None:
+        if self.gallery is None:
+            return None
+        at = now_ns()
+        if at - self._checked_ns >= self.options.reload_interval_s * 1e9:
+            self._checked_ns = at
+            self.gallery.reload_if_changed()
+        return self.gallery.current
+
+    def process(self, item: Inferred) -> list[FaceResult]:
+        job = item.job
+        if not isinstance(job, FaceJob):
+            return []
+        e = np.asarray(item.output, np.float32).reshape(-1)
+        norm = float(np.linalg.norm(e))
+        if not np.all(np.isfinite(e)) or norm == 0:
+            raise PostprocessError(
+                f"camera {job.camera!r} #{job.seq}: face embedding is zero or not finite"
+            )
+        e = e / np.float32(norm)
+        identity, similarity, margin = None, -1.0, 0.0
+        reason = "no_gallery"
+        gallery = self._current()
+        if gallery is not None:
+            if gallery.embed_dim != e.shape[0] and gallery.names:
+                raise PostprocessError(
+                    f"camera {job.camera!r}: embedding dim {e.shape[0]} does not match the "
+                    f"gallery's {gallery.embed_dim} ({self.gallery.path})"
+                )
+            if gallery.names:
+                m = gallery.identify(e, self.options.threshold, self.options.margin)
+                identity, similarity, margin, reason = m.name, m.similarity, m.margin, m.reason
+            else:
+                reason = "empty_gallery"
+        return [
+            FaceResult(
+                **_result_fields(item),
+                box=_xyxy(job.box_xywh),
+                landmarks=np.asarray(job.landmarks, np.float32),
+                embedding=e,
+                identity=identity,
+                similarity=similarity,
+                margin=margin,
+                score=job.score,
+                track_id=job.track_id,
+                extra={"reason": reason, "landmark_source": job.landmark_source},
+            )
+        ]
+
+
+class ClipLabelsOptions(StageOptions):
+    pass
+
+
+def label_probabilities(
+    image_embed: np.ndarray, text_embeds: np.ndarray, logit_scale: float
+) -> np.ndarray:
+    """CLIP zero-shot (spec b.8): softmax over labels of logit_scale · cos(image, text).
+
+    image_embed: float [D]; text_embeds: float [L, D]; logit_scale: the exp'd scale (100 for
+    the released models). Returns float32 [L], summing to 1.
+    """
+    img = np.asarray(image_embed, np.float64).reshape(-1)
+    txt = np.asarray(text_embeds, np.float64)
+    if txt.ndim != 2 or txt.shape[1] != img.shape[0] or txt.shape[0] == 0:
+        raise PostprocessError(
+            f"text embeddings must be [L >= 1, {img.shape[0]}], got shape {txt.shape}"
+        )
+    img_n, txt_n = np.linalg.norm(img), np.linalg.norm(txt, axis=1)
+    if img_n == 0 or np.any(txt_n == 0) or not np.isfinite(img).all():
+        raise PostprocessError("CLIP embeddings must be finite and non-zero")
+    logits = float(logit_scale) * (txt @ img) / (txt_n * img_n)
+    e = np.exp(logits - logits.max())
+    return (e / e.sum()).astype(np.float32)
+
+
+class ClipLabels(MapStage):
+    """Inferred CLIP image embeddings -> ClipResult: label probabilities from the text
+    embeddings and logit scale the infer stage attached (Inferred.extra)."""
+
+    kind = "clip_labels"
+    accepts = (Inferred,)
+    Options = ClipLabelsOptions
+
+    def process(self, item: Inferred) -> list[ClipResult]:
+        job = item.job
+        if not isinstance(job, ClipJob):
+            return []
+        where = f"camera {job.camera!r} #{job.seq}"
+        missing = [k for k in ("labels", "text_embeds", "logit_scale") if k not in item.extra]
+        if missing:
+            raise PostprocessError(f"{where}: CLIP output lacks {', '.join(missing)}")
+        labels = tuple(item.extra["labels"])
+        probs = label_probabilities(
+            item.output, item.extra["text_embeds"], item.extra["logit_scale"]
+        )
+        if len(labels) != len(probs):
+            raise PostprocessError(
+                f"{where}: {len(labels)} labels but {len(probs)} text embeddings"
+            )
+        return [
+            ClipResult(
+                **_result_fields(item),
+                labels=labels,
+                probabilities=probs,
+                box=_xyxy(job.box_xywh),
+                track_id=job.track_id,
+            )
+        ]
