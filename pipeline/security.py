@@ -15,12 +15,21 @@ Without security configured, sockets stay plain (ZeroMQ's NULL mechanism) and a 
 connect that reaches beyond loopback logs a warning. Stages open sockets through
 SocketSecurity so the rule holds for every stage:
 
-    curve = security.curve_for(config, bind=True, socket="publish x", override=opts.security,
-                               override_key=f"stages[{i}].security")
-    guard = SocketSecurity(ctx, curve, "publish x")
-    guard.bind(sock, endpoint)          # or guard.connect(sock, endpoint)
-    ...
-    guard.close()                       # before ctx.term()
+    class Options(StageOptions):
+        security: SecuritySection | None = None     # the socket's own overrides
+
+    @classmethod
+    def check(cls, config, index):                  # `npucam validate` checks the keys
+        return security.check_stage(cls, config, index, bind=True)
+
+    async def run(self, inbox, out):
+        ctx = zmq.asyncio.Context()
+        guard = SocketSecurity(ctx, security.stage_curve(self, bind=True), f"{self.kind} ...")
+        guard.bind(sock, endpoint)                  # or guard.connect(sock, endpoint)
+        ...
+        guard.close()                               # before ctx.term()
+
+(curve_for / check_curve do the same for sockets that are not a stage's, e.g. cameras.)
 
 Key problems (missing, unreadable, not a certificate, a secret key other users can read, a
 public key that does not match its secret) are SecurityErrors whose lines name the config
@@ -254,6 +263,35 @@ def check_curve(
     except SecurityError as exc:
         return exc.problems
     return []
+
+
+def stage_curve(stage, bind: bool) -> Curve | None:
+    """curve_for a stage's socket: [security] overridden by its `security` option.
+
+    stage: a pipeline.graph.Stage whose Options declare `security: SecuritySection | None`.
+    """
+    config = stage.context.config
+    index = config.stage_names.index(stage.name)
+    return curve_for(
+        config,
+        bind=bind,
+        socket=f"{stage.kind} {stage.name}",
+        override=stage.options.security,
+        override_key=f"stages[{index}].security",
+    )
+
+
+def check_stage(cls, config: Config, index: int, bind: bool) -> list[str]:
+    """check_curve for the socket of config.stages[index] (a Stage class cls), for its
+    check(); its options have already passed cls.Options."""
+    options = cls.Options.model_validate(config.stages[index].options)
+    return check_curve(
+        config,
+        bind=bind,
+        socket=f"{cls.kind} {config.stage_names[index]}",
+        override=options.security,
+        override_key=f"stages[{index}].security",
+    )
 
 
 def check_section(config: Config) -> list[str]:

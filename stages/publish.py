@@ -5,6 +5,10 @@ Publish never blocks the pipeline: every send is NOBLOCK on a socket with a boun
 so a slow subscriber costs messages, never latency. PUB drops past the high-water mark
 silently (ZeroMQ gives no signal; zeromq/libzmq#4394); a PUSH send that would block raises
 zmq.Again and is counted as a `queue_full` drop of that camera.
+
+With `[security]` (or a stage's `security` table) both sockets run CURVE through
+pipeline.security: a binding socket admits only the allow-listed client keys, a connecting
+one only talks to the pinned server key (docs/security.md).
 """
 
 from __future__ import annotations
@@ -66,10 +70,10 @@ class Publish(Stage):
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
-        return _check_security(cls, config, index, bind=True)
+        return security.check_stage(cls, config, index, bind=True)
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
-        curve = _curve(self, bind=True)
+        curve = security.stage_curve(self, bind=True)
         ctx = zmq.asyncio.Context()
         self.guard = guard = security.SocketSecurity(ctx, curve, f"publish {self.name}")
         # XPUB sends exactly as PUB does and also reports subscriptions (wait_for_subscribers).
@@ -227,10 +231,10 @@ class FramePush(Stage):
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
         binds = config.stages[index].options.get("bind") is not None
-        return _check_security(cls, config, index, bind=binds)
+        return security.check_stage(cls, config, index, bind=binds)
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
-        curve = _curve(self, bind=self.options.bind is not None)
+        curve = security.stage_curve(self, bind=self.options.bind is not None)
         ctx = zmq.asyncio.Context()
         self.guard = guard = security.SocketSecurity(ctx, curve, f"zmq_push {self.name}")
         sock = ctx.socket(zmq.PUSH)
@@ -283,25 +287,3 @@ def _term(ctx: zmq.Context, guard: security.SocketSecurity) -> None:
     connected have finished their handshake, so the flush does not need the authenticator."""
     guard.close()
     ctx.term()
-
-
-def _curve(stage: Stage, bind: bool) -> security.Curve | None:
-    index = stage.context.config.stage_names.index(stage.name)
-    return security.curve_for(
-        stage.context.config,
-        bind=bind,
-        socket=f"{stage.kind} {stage.name}",
-        override=stage.options.security,
-        override_key=f"stages[{index}].security",
-    )
-
-
-def _check_security(cls: type[Stage], config: Config, index: int, bind: bool) -> list[str]:
-    options = cls.Options.model_validate(config.stages[index].options)
-    return security.check_curve(
-        config,
-        bind=bind,
-        socket=f"{cls.kind} {config.stage_names[index]}",
-        override=options.security,
-        override_key=f"stages[{index}].security",
-    )

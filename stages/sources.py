@@ -20,7 +20,8 @@ url forms:
                              anything FFmpeg opens through cv2.VideoCapture (incl. HTTP MJPEG)
     images:DIR               the image files of DIR in sorted order, paced by `fps`
     zmq:tcp://HOST:PORT      PULL frames a remote capture process PUSHes (stages.frame_wire);
-                             connects, does not bind; every frame it gets belongs to this camera
+                             connects, does not bind; every frame it gets belongs to this camera;
+                             CURVE with the keys of CameraSpec.curve (docs/security.md)
     synthetic:[?width=W&height=H&fps=F]
                              a deterministic moving test card with the seq drawn in it
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from npu.bundle import confine
 from pipeline import security
@@ -439,3 +441,63 @@ def test_security_docs_quote_the_shipped_secure_configs():
         for name in ("split-capture-secure.toml", "split-infer-secure.toml")
     ]
     assert [tomllib.loads(b)["security"] for b in blocks] == shipped
+
+
+def test_prometheus_beyond_loopback_logs_a_warning(write_config, monkeypatch, caplog):
+    import asyncio
+
+    from pipeline import graph
+
+    class FakeServer:  # no real wide bind in a test
+        def __init__(self, host: str) -> None:
+            self.server_address = (host, 9108)
+
+        def shutdown(self) -> None:
+            pass
+
+        def server_close(self) -> None:
+            pass
+
+    def run(host: str) -> list[str]:
+        monkeypatch.setattr(graph, "start_prometheus", lambda metrics, address: FakeServer(host))
+        path = write_config(
+            """
+            [metrics]
+            prometheus = "somewhere:9108"
+            stats_interval_s = 0
+            [[cameras]]
+            name = "card"
+            url = "synthetic:"
+            [[stages]]
+            kind = "capture"
+            [[stages]]
+            kind = "publish"
+            bind = "tcp://127.0.0.1:*"
+            """
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="pipeline.graph"):
+            pipeline = graph.Pipeline(load_config(path))
+            assert asyncio.run(pipeline.run(duration=0.2, handle_signals=False)) == 0
+        return [r.getMessage() for r in caplog.records if "prometheus" in r.getMessage()]
+
+    assert run("127.0.0.1") == []
+    assert run("0.0.0.0") == [
+        "prometheus metrics on 0.0.0.0 are plain HTTP without authentication, reachable "
+        "from the network (docs/security.md)"
+    ]
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=300), prefix=st.sampled_from([b"", b"curve\n    public-key = "]))
+def test_key_readers_raise_only_security_errors(tmp_path, data, prefix):
+    path = tmp_path / "fuzz.key_secret"
+    path.write_bytes(prefix + data)
+    path.chmod(0o600)
+    for reader in (security.read_key_pair, security.read_public_key, security.read_allow_list):
+        try:
+            reader(path, "k")
+        except SecurityError as exc:
+            assert str(exc).startswith(f"k: {path}: ")

@@ -363,3 +363,55 @@ def test_the_secure_split_configs_work_with_make_keys(tmp_path):
         text=True,
     ).stdout.split()
     assert ignored == ["configs/keys/capture.key_secret", "elsewhere/x.key_secret"]
+
+
+def test_a_connecting_frame_pusher_is_a_curve_client(write_config, keys):
+    """zmq_push with `connect`: it pins the receiver's server key and shows its client key;
+    the receiver here is a plain pyzmq PULL with its own ZAP authenticator."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from stages.frame_wire import decode_frame
+
+    port = _port()
+    path = write_config(
+        f"""
+        [security]
+        server_public_key = "{keys["server"][0]}"
+        client_secret_key = "{keys["client"][1]}"
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=32&height=24&fps=50"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "zmq_push"
+        connect = "tcp://127.0.0.1:{port}"
+        format = "raw"
+        """
+    )
+    ctx = zmq.Context()
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(keys["dir"] / "allowed"))
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.curve_publickey, pull.curve_secretkey = keys["server"][2:]
+    pull.curve_server = True
+    pull.bind(f"tcp://127.0.0.1:{port}")
+
+    async def main():
+        pipeline, task = await start(path, duration=1.0)
+        return await task, pipeline
+
+    try:
+        code, pipeline = asyncio.run(main())
+        frames = []
+        while pull.poll(200):
+            frames.append(decode_frame(pull.recv_multipart()))
+    finally:
+        pull.close()
+        auth.stop()
+        ctx.term()
+    assert code == 0
+    assert len(frames) > 5 and all(f.image.shape == (24, 32, 3) for f in frames)
+    assert pipeline.stages["zmq_push"].guard.curve.client_public == keys["client"][2]
