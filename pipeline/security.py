@@ -175,6 +175,13 @@ def read_allow_list(path: str | Path, where: str) -> frozenset[bytes]:
 
 # ---- from a config to one socket's keys ------------------------------------------------------
 
+_READERS = {
+    "server_secret_key": read_key_pair,
+    "server_public_key": read_public_key,
+    "client_secret_key": read_key_pair,
+    "authorized_clients": read_allow_list,
+}
+
 
 def _key_files(
     config: Config, override: SecuritySection | None, override_key: str | None
@@ -202,17 +209,11 @@ def _load(files: dict[str, tuple[Path, str]], bind: bool, socket: str, override_
                 f"{'binds' if bind else 'connects'} with CURVE and needs `{name}` in {where}"
             )
     loaded: dict[str, object] = {}
-    readers = {
-        "server_secret_key": read_key_pair,
-        "server_public_key": read_public_key,
-        "client_secret_key": read_key_pair,
-        "authorized_clients": read_allow_list,
-    }
     for name in needs:
         if name in files:
             path, where = files[name]
             try:
-                loaded[name] = readers[name](path, where)
+                loaded[name] = _READERS[name](path, where)
             except SecurityError as exc:
                 problems.extend(exc.problems)
     if problems:
@@ -298,14 +299,8 @@ def check_section(config: Config) -> list[str]:
     """Problems with the files [security] names, whichever sockets use them."""
     if config.security is None:
         return []
-    readers = {
-        "server_secret_key": read_key_pair,
-        "server_public_key": read_public_key,
-        "client_secret_key": read_key_pair,
-        "authorized_clients": read_allow_list,
-    }
     problems = []
-    for name, reader in readers.items():
+    for name, reader in _READERS.items():
         value = getattr(config.security, name)
         if value is not None:
             try:
@@ -393,8 +388,7 @@ class SocketSecurity:
                 )
         else:
             if curve.server_secret is None or curve.authorized is None:
-                raise SecurityError([f"{self.socket}: binding needs a server key pair and an "
-                                     "allow-list of client keys"])  # fmt: skip
+                raise SecurityError([f"{self.socket}: binding needs the keys of bind=True"])
             allow = _AllowList(curve.authorized, self.socket)
             domain = f"npucam-{next(self._domains)}"
             if self._auth is None:
@@ -420,8 +414,7 @@ class SocketSecurity:
                 )
         else:
             if curve.client_secret is None or curve.server_public is None:
-                raise SecurityError([f"{self.socket}: connecting needs a client key pair and "
-                                     "the server's public key"])  # fmt: skip
+                raise SecurityError([f"{self.socket}: connecting needs the keys of bind=False"])
             sock.curve_secretkey = curve.client_secret
             sock.curve_publickey = curve.client_public
             sock.curve_serverkey = curve.server_public

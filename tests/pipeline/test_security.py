@@ -501,3 +501,21 @@ def test_key_readers_raise_only_security_errors(tmp_path, data, prefix):
             reader(path, "k")
         except SecurityError as exc:
             assert str(exc).startswith(f"k: {path}: ")
+
+
+def test_a_config_named_gallery_resolves_against_the_config_and_is_only_read(write_config):
+    from pipeline.graph import Context
+    from stages import gallery
+    from stages.postprocess import FaceMatch
+
+    path = write_config("[[stages]]\nkind = 'publish'\n")
+    config = load_config(path)
+    file = config.base_dir / "faces" / "gallery.npz"
+    gallery.write_gallery(file, _gallery())
+    before = (file.read_bytes(), file.stat().st_mtime_ns)
+    options = FaceMatch.Options.model_validate({"gallery": "faces/gallery.npz"})
+    stage = FaceMatch("face_match", options, Context(config, Metrics()))
+    assert stage.gallery.path == file
+    assert stage.gallery.current.names == ("ada", "ada")
+    assert (file.read_bytes(), file.stat().st_mtime_ns) == before
+    assert stat.S_IMODE(file.stat().st_mode) == 0o600
