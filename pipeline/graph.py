@@ -62,6 +62,7 @@ STAGE_KINDS: dict[str, str] = {
     "capture": "stages.capture:Capture",
     "publish": "stages.publish:Publish",
     "zmq_push": "stages.publish:FramePush",
+    "infer": "stages.infer:Infer",
     "detect": "stages.detect:Detect",
     "align": "stages.align:Align",
     "dark": "stages.postprocess:Dark",

@@ -1,0 +1,471 @@
+"""Model runtimes: the one interface every model plugs into the inference stage through.
+
+A Runtime wraps one loaded model on one backend and tells the scheduler what it needs: its
+export batch size (read from the bundle: CLIP's `v_batch` images a pass, 4; Sapiens2 and
+AdaFace one item a pass), the hardware contexts its kernels use (the bundle's xclbin +
+kernel pairs, as npu.device.context_key names them), and a device-cost estimate (a measured
+warm-up pass). `prepare(jobs)` is the host glue, run in a worker thread while the device
+runs the previous batch: Sapiens2 crops at its own input size with stages.detect.crop_persons
+from the job's frame (BGR -> RGB), AdaFace normalises the aligned face in the model's colour
+order (stages.align.embedder_input), CLIP crops the box and preprocesses it as
+CLIPImageProcessor (ClipModel.pixels). `run(prepared)` is the device pass, on the device
+thread only (XRT objects stay on one thread); it returns one output per slot of the export
+batch, padded slots marked so the stage never publishes them, and the device seconds used.
+
+Backends, always named explicitly (no silent fallback): `cpu` (numpy forward from an HF
+checkpoint / cvlface directory), `sim` (the bundle on npu.sim.SimDevice), `npu` (the bundle
+on the XRT device). Without a checkpoint or bundle a runtime may use the synthetic model of
+npu.models.synthetic when its config allows it; every output then says `synthetic: true`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pipeline.errors import NpucamError
+from stages.jobs import ClipJob, FaceJob, Job, PoseJob
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("cpu", "sim", "npu")
+MODELS = ("sapiens2", "adaface", "clip")
+
+
+class RuntimeLoadError(NpucamError):
+    """A model that cannot be loaded as configured (missing path, wrong backend, bad bundle)."""
+
+
+class JobInputError(NpucamError):
+    """One job's input the model's host glue cannot use (no aligned face, an empty box...)."""
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A batch ready for the device: `inputs` has one row per slot of the export batch.
+
+    jobs: the real jobs (slots 0..len-1); slots past them are padding (copies of the first
+    usable input). failed: slot -> the error of a job whose host glue failed (its slot holds
+    padding too). windows: float32 [size, 4] sampled regions (pose only).
+    """
+
+    model: str
+    jobs: tuple[Job, ...]
+    size: int
+    inputs: np.ndarray
+    failed: dict[int, Exception] = field(default_factory=dict)
+    windows: np.ndarray | None = None
+
+    @property
+    def mask(self) -> tuple[bool, ...]:
+        """Per slot: True for a real job whose input was prepared."""
+        return tuple(i < len(self.jobs) and i not in self.failed for i in range(self.size))
+
+
+@dataclass(slots=True)
+class SlotOutput:
+    """One slot's output: `padded` slots (and `error` ones) are never published."""
+
+    output: np.ndarray | None
+    padded: bool = False
+    error: Exception | None = None
+    window: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class Ran:
+    """A device pass: one SlotOutput per slot and the device seconds it took."""
+
+    outputs: list[SlotOutput]
+    device_s: float
+
+
+class DeviceTimer:
+    """Device seconds of a pass: the wall time the device thread spends in it. On npu that
+    is the device plus the forward's own host steps between dispatches (nothing else can
+    use the device meanwhile); on sim with `sleep` the modelled device time plus those
+    steps, and the simulator's own numpy work where it exceeds the modelled time; on cpu
+    the numpy forward. The simulator's modelled time alone is in SimDevice.sim."""
+
+    def measure(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t0
+
+
+def bundle_contexts(path: Path) -> tuple[str, ...]:
+    """The hardware-context keys of a bundle's kernels: every xclbin record's path + kernel."""
+    from npu.bundle import Bundle
+    from npu.device import context_key
+
+    bundle = Bundle.open(path)
+    try:
+        return tuple(
+            sorted(context_key(x.path, x.kernel) for x in bundle.manifest.xclbins.values())
+        )
+    finally:
+        bundle.close()
+
+
+class Runtime:
+    """One loaded model on one backend (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    job_type: ClassVar[type] = Job
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        backend: str,
+        model_id: str,
+        synthetic: bool,
+        device: Any = None,
+        batch_size: int = 1,
+        contexts: tuple[str, ...] = (),
+        max_wait_ms: float = 0.0,
+    ) -> None:
+        if batch_size < 1:
+            raise RuntimeLoadError(f"{self.name}: export batch size {batch_size} < 1")
+        self.model = model
+        self.backend = backend
+        self.model_id = model_id
+        self.synthetic = synthetic
+        self.device = device
+        self.batch_size = batch_size
+        self.contexts = contexts
+        self.max_wait_ms = max_wait_ms
+        self.timer = DeviceTimer()
+
+    # -- host glue -----------------------------------------------------------------------
+
+    def prepare_one(self, job: Job) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """One job's model input (pose: (crop, window))."""
+        raise NotImplementedError
+
+    def prepare(self, jobs: Sequence[Job]) -> Prepared:
+        """Host glue for up to batch_size jobs -> a full batch (padded with copies of the
+        first usable input). A job whose glue fails is marked failed, not the batch."""
+        if not 0 < len(jobs) <= self.batch_size:
+            raise JobInputError(f"{self.name}: {len(jobs)} jobs for a batch of {self.batch_size}")
+        rows: list[np.ndarray | None] = []
+        windows: list[np.ndarray | None] = []
+        failed: dict[int, Exception] = {}
+        for i, job in enumerate(jobs):
+            if not isinstance(job, self.job_type):
+                failed[i] = JobInputError(
+                    f"camera {job.camera!r}: {type(job).__name__} sent to {self.name}"
+                )
+                rows.append(None)
+                windows.append(None)
+                continue
+            try:
+                item = self.prepare_one(job)
+            except NpucamError as exc:
+                failed[i] = exc
+                rows.append(None)
+                windows.append(None)
+                continue
+            if isinstance(item, tuple):
+                rows.append(item[0])
+                windows.append(item[1])
+            else:
+                rows.append(item)
+                windows.append(None)
+        pad = next((r for r in rows if r is not None), None)
+        if pad is None:
+            pad = self.dummy_input()
+        filled = [pad if r is None else r for r in rows]
+        filled += [pad] * (self.batch_size - len(jobs))
+        win = None
+        if any(w is not None for w in windows):
+            zero = np.zeros(4, np.float32)
+            win = np.stack([zero if w is None else w for w in windows] +
+                           [zero] * (self.batch_size - len(jobs)))  # fmt: skip
+        return Prepared(self.name, tuple(jobs), self.batch_size, np.stack(filled), failed, win)
+
+    def dummy_input(self) -> np.ndarray:
+        """A valid input of one slot (warm-up passes, all-failed batches)."""
+        raise NotImplementedError
+
+    # -- device --------------------------------------------------------------------------
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        """The device pass over a full batch: one output per slot."""
+        raise NotImplementedError
+
+    def run(self, prepared: Prepared) -> Ran:
+        """Run a prepared batch on the device (device thread only)."""
+        if prepared.size != self.batch_size or len(prepared.inputs) != self.batch_size:
+            raise JobInputError(
+                f"{self.name}: batch of {len(prepared.inputs)} slots, export size {self.batch_size}"
+            )
+        outs, device_s = self.timer.measure(lambda: self.forward(prepared.inputs))
+        mask = prepared.mask
+        result = []
+        for i, out in enumerate(outs):
+            padded = i >= len(prepared.jobs)
+            error = prepared.failed.get(i)
+            real = mask[i]
+            window = None if prepared.windows is None else prepared.windows[i]
+            result.append(SlotOutput(out if real else None, padded, error, window))
+        return Ran(result, device_s)
+
+    def warm_up(self) -> float:
+        """One pass over dummy inputs (loads kernels and contexts); its device seconds."""
+        inputs = np.stack([self.dummy_input()] * self.batch_size)
+        _, device_s = self.timer.measure(lambda: self.forward(inputs))
+        return device_s
+
+    def extra(self) -> dict:
+        """What every output of this model carries beside the array (CLIP: labels...)."""
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.model, "close", None)
+        if callable(close) and self.backend != "cpu":
+            close()
+
+
+class Sapiens2Runtime(Runtime):
+    """Sapiens2-Pose: PoseJob -> heatmaps float32 [K, h, w] and the crop window."""
+
+    name = "sapiens2"
+    job_type = PoseJob
+
+    def prepare_one(self, job: PoseJob) -> tuple[np.ndarray, np.ndarray]:
+        from stages.detect import crop_persons
+
+        cfg = self.model.config
+        if job.image is None:
+            raise JobInputError(f"camera {job.camera!r} #{job.seq}: pose job without a frame")
+        rgb = np.ascontiguousarray(job.image[..., ::-1])
+        crops, windows = crop_persons(
+            rgb,
+            np.asarray(job.box_xywh, np.float32).reshape(1, 4),
+            output_size=(cfg.H, cfg.W),
+            mean=cfg.mean,
+            std=cfg.std,
+            padding=cfg.box_pad,
+        )
+        return crops[0], windows[0]
+
+    def dummy_input(self) -> np.ndarray:
+        cfg = self.model.config
+        return np.zeros((3, cfg.H, cfg.W), np.float32)
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        return list(self.model.heatmaps(np.ascontiguousarray(inputs, np.float32)))
+
+
+class AdaFaceRuntime(Runtime):
+    """AdaFace: FaceJob (aligned BGR crop) -> the un-normalised embedding float32 [512]."""
+
+    name = "adaface"
+    job_type = FaceJob
+
+    def prepare_one(self, job: FaceJob) -> np.ndarray:
+        from stages.align import embedder_input
+
+        if job.aligned is None:
+            raise JobInputError(
+                f"camera {job.camera!r} #{job.seq}: face job was not aligned (run align first)"
+            )
+        return embedder_input(job.aligned, "bgr", self.model.colour_order())
+
+    def dummy_input(self) -> np.ndarray:
+        return np.zeros((3, 112, 112), np.float32)
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        return [np.asarray(self.model.embed(x), np.float32) for x in inputs]
+
+
+class ClipRuntime(Runtime):
+    """CLIP image tower: ClipJob (box on the frame) -> image embedding float32 [D]; every
+    output carries the label prompts' text embeddings, computed once at load."""
+
+    name = "clip"
+    job_type = ClipJob
+
+    def __init__(self, model: Any, *, labels: Sequence[str], template: str | None, **kw) -> None:
+        super().__init__(model, **kw)
+        self.labels = list(labels)
+        self.template = template
+        self.text_embeds: np.ndarray | None = None
+
+    def load_labels(self) -> float:
+        """Encode the label prompts (device thread); their device seconds."""
+        embeds, device_s = self.timer.measure(
+            lambda: self.model.label_embeddings(self.labels, self.template)
+        )
+        self.text_embeds = np.asarray(embeds, np.float32)
+        return device_s
+
+    def prepare_one(self, job: ClipJob) -> np.ndarray:
+        if job.image is None:
+            raise JobInputError(f"camera {job.camera!r} #{job.seq}: CLIP job without a frame")
+        h, w = job.image.shape[:2]
+        x, y, bw, bh = (float(v) for v in np.asarray(job.box_xywh, np.float64).reshape(4))
+        if not all(np.isfinite([x, y, bw, bh])):
+            raise JobInputError(f"camera {job.camera!r} #{job.seq}: box {[x, y, bw, bh]}")
+        x0, y0 = max(int(np.floor(x)), 0), max(int(np.floor(y)), 0)
+        x1, y1 = min(int(np.ceil(x + bw)), w), min(int(np.ceil(y + bh)), h)
+        if x1 <= x0 or y1 <= y0:
+            raise JobInputError(
+                f"camera {job.camera!r} #{job.seq}: box {[x, y, bw, bh]} is outside the "
+                f"{w}x{h} frame"
+            )
+        rgb = np.ascontiguousarray(job.image[y0:y1, x0:x1, ::-1])
+        return self.model.pixels([rgb])[0]
+
+    def dummy_input(self) -> np.ndarray:
+        size = self.model.towers.cfg.image_size
+        return np.zeros((3, size, size), np.float32)
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        return list(self.model.encode_images(np.ascontiguousarray(inputs, np.float32)))
+
+    def extra(self) -> dict:
+        return {
+            "labels": list(self.labels),
+            "text_embeds": self.text_embeds,
+            "logit_scale": float(self.model.logit_scale),
+        }
+
+
+RUNTIMES: dict[str, type[Runtime]] = {
+    "sapiens2": Sapiens2Runtime,
+    "adaface": AdaFaceRuntime,
+    "clip": ClipRuntime,
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: `checkpoint` (cpu) or `bundle` (sim, npu), else synthetic
+    weights if `synthetic` allows it. `where` names the config key of this model."""
+
+    checkpoint: str | None = None
+    bundle: str | None = None
+    synthetic: bool = False
+    where: str = ""
+
+
+def _load_model(name: str, backend: str, path: Path, device: Any) -> tuple[Any, str]:
+    """(model, model id) of a real checkpoint (cpu) or bundle (sim / npu)."""
+    if backend == "cpu":
+        if name == "sapiens2":
+            from npu.models.sapiens2 import from_pretrained
+
+            return from_pretrained(path), path.name
+        if name == "adaface":
+            from npu.models.adaface import AdaFaceCpu
+
+            model = AdaFaceCpu.from_pretrained(path)
+            return model, model.model()
+        from npu.models.clip import ClipModel
+
+        return ClipModel.from_pretrained(path), path.name
+    if name == "sapiens2":
+        from npu.models.sapiens2 import from_bundle
+
+        return from_bundle(path, device), path.name
+    if name == "adaface":
+        from npu.models.adaface_steps import AdafaceBundle
+
+        model = AdafaceBundle.load(path, device)
+        return model, model.model() or path.name
+    from npu.models.clip import load_bundle
+
+    return load_bundle(path, device), path.name
+
+
+def _export_batch(name: str, model: Any, path: Path | None) -> int:
+    """Items per device pass: CLIP's v_batch (from the bundle's params on sim / npu); a
+    Sapiens2 or AdaFace bundle may declare `batch`, else one."""
+    if name == "clip":
+        return int(model.towers.v_batch)
+    if path is not None and (path / "manifest.txt").is_file():
+        from npu.bundle import Bundle
+
+        bundle = Bundle.open(path)
+        try:
+            return bundle.param("batch", int) if bundle.has_param("batch") else 1
+        finally:
+            bundle.close()
+    return 1
+
+
+def open_runtime(
+    name: str,
+    backend: str,
+    source: ModelSource,
+    *,
+    device: Any = None,
+    max_wait_ms: float = 0.0,
+    labels: Sequence[str] = (),
+    template: str | None = None,
+    synthetic_cache: str | Path | None = None,
+) -> Runtime:
+    """Load model `name` on `backend` from `source` (see ModelSource); device is the open
+    SimDevice / XrtDevice for sim / npu, None for cpu. Errors name the config key."""
+    if name not in RUNTIMES:
+        raise RuntimeLoadError(
+            f"{source.where or name}: unknown model (known: {', '.join(MODELS)})"
+        )
+    if backend not in BACKENDS:
+        raise RuntimeLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    key = "checkpoint" if backend == "cpu" else "bundle"
+    raw = source.checkpoint if backend == "cpu" else source.bundle
+    where = f"{source.where}.{key}" if source.where else key
+    path = Path(raw) if raw else None
+    if path is not None and path.exists():
+        model, model_id = _load_model(name, backend, path, device)
+        synthetic = False
+        bundle_dir = path if backend != "cpu" else None
+    elif source.synthetic:
+        from npu.models import synthetic as syn
+
+        if backend == "npu":
+            raise RuntimeLoadError(
+                f"{where}: {'no path set' if path is None else f'{path} does not exist'}, and "
+                "synthetic models have no hardware bundle (use backend sim or cpu, or give the "
+                "bundle path)"
+            )
+        reason = "not set" if path is None else f"{path} does not exist"
+        log.warning(
+            "%s: %s; using the SYNTHETIC %s (random weights, outputs are meaningless)",
+            where,
+            reason,
+            name,
+        )
+        model = syn.load(name, backend, device, cache=synthetic_cache)
+        model_id = syn.MODEL_NAMES[name]
+        synthetic = True
+        bundle_dir = syn.bundle_path(name, synthetic_cache) if backend != "cpu" else None
+    else:
+        missing = "is not set" if path is None else f"= {path} does not exist"
+        raise RuntimeLoadError(
+            f"{where} {missing} (backend {backend} needs "
+            f"{'an HF checkpoint directory' if backend == 'cpu' else 'a bundle directory'}; "
+            "or set synthetic = true for the small synthetic-weight model)"
+        )
+    contexts = bundle_contexts(bundle_dir) if bundle_dir is not None else ()
+    kw = dict(
+        backend=backend,
+        model_id=model_id,
+        synthetic=synthetic,
+        device=device,
+        batch_size=_export_batch(name, model, bundle_dir),
+        contexts=contexts,
+        max_wait_ms=max_wait_ms,
+    )
+    if name == "clip":
+        return ClipRuntime(model, labels=labels, template=template, **kw)
+    return RUNTIMES[name](model, **kw)
