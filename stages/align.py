@@ -21,7 +21,7 @@ from pydantic import Field
 
 from pipeline.errors import NpucamError
 from pipeline.graph import MapStage, StageOptions
-from stages.jobs import FaceJob
+from stages.jobs import ClipJob, FaceJob, PoseJob
 
 ColourOrder = Literal["rgb", "bgr"]
 
@@ -196,13 +196,18 @@ class AlignOptions(StageOptions):
 class Align(MapStage):
     """FaceJob -> the same job with `aligned` (uint8 [size, size, 3] BGR) filled in and its
     frame reference dropped. 5 landmarks (YuNet) use `align_face`; BlazeFace's 4 points
-    (landmark_source "blazeface") use the documented approximation `align_face_4pt`."""
+    (landmark_source "blazeface") use the documented approximation `align_face_4pt`.
+
+    Pose and CLIP jobs pass through unchanged, so detect -> align -> infer is one chain (a
+    face job sent to both align and infer would reach infer unaligned)."""
 
     kind = "align"
-    accepts = (FaceJob,)
+    accepts = (FaceJob, PoseJob, ClipJob)
     Options = AlignOptions
 
-    def process(self, job: FaceJob) -> list[FaceJob]:
+    def process(self, job: FaceJob | PoseJob | ClipJob) -> list[FaceJob | PoseJob | ClipJob]:
+        if not isinstance(job, FaceJob):
+            return [job]
         if job.image is None:
             raise AlignError(f"camera {job.camera!r} #{job.seq}: face job has no frame to align")
         points = np.asarray(job.landmarks, np.float64)

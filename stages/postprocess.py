@@ -222,9 +222,9 @@ class Dark(MapStage):
         tracks = run_tracks(self.context).get(job.camera)
         if tracks is not None:
             tag = tracks.finish_pose(job.track_id, job.capture_ts_ns, at)
-        if tag is not None and tag.since_previous_ns is not None:
-            since_ms = tag.since_previous_ns / 1e6
-        else:
+        if tag is not None:  # the tracker's word: time since the pose it had before
+            since_ms = None if tag.since_previous_ns is None else tag.since_previous_ns / 1e6
+        else:  # no tracker in this run (a split config): the age detect saw
             since_ms = None if job.pose_age_s is None else job.pose_age_s * 1e3
         return [
             PoseResult(

@@ -1,0 +1,290 @@
+"""The detect stage: persons and faces on real images with track ids, the pose jobs that
+refresh the oldest pose first, rate-limited CLIP jobs, and person boxes from an external
+detector over ZeroMQ (malformed messages counted and skipped)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import zmq
+from skimage import data
+
+from pipeline.assets import asset_path
+from pipeline.config import ConfigError, parse_config
+from pipeline.graph import Context, check_stages
+from pipeline.messages import Detections, Frame, now_ns
+from pipeline.metrics import Metrics
+from stages.align import blazeface_alignment_points
+from stages.detect import (
+    BoxMessageError,
+    BoxReceiver,
+    Detect,
+    DetectOptions,
+    decode_box_message,
+)
+from stages.detectors.blazeface import BlazeFace
+from stages.jobs import ClipJob, FaceJob, PoseJob
+
+NS = 1_000_000_000
+
+
+def make_stage(tmp_path: Path, cameras=("cam",), **options) -> Detect:
+    config = parse_config(
+        {
+            "cameras": [{"name": c, "url": "synthetic:"} for c in cameras],
+            "stages": [{"kind": "capture"}],
+        },
+        tmp_path / "run.toml",
+    )
+    return Detect("detect", DetectOptions(**options), Context(config, Metrics()))
+
+
+def frame(image: np.ndarray, seq: int, t0: int, dt_s: float = 0.04, camera="cam", life=10 * NS):
+    ts = t0 + round(seq * dt_s * NS)
+    return Frame(camera, seq, ts, ts + life, image, source="test")
+
+
+def split(items: list) -> tuple[Detections, list[PoseJob], list[FaceJob], list[ClipJob]]:
+    det = items[0]
+    assert isinstance(det, Detections)
+    kinds = (PoseJob, FaceJob, ClipJob)
+    assert all(isinstance(i, kinds) for i in items[1:])
+    return (det, *([i for i in items[1:] if isinstance(i, k)] for k in kinds))
+
+
+def contains(outer_xyxy: np.ndarray, inner_xyxy: np.ndarray) -> bool:
+    return bool(
+        np.all(outer_xyxy[:2] <= inner_xyxy[:2]) and np.all(inner_xyxy[2:] <= outer_xyxy[2:])
+    )
+
+
+def test_astronaut_gives_a_tracked_person_and_face_with_pose_face_and_clip_jobs(tmp_path):
+    image = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)
+    stage = make_stage(tmp_path, clip="persons")
+    det, poses, faces, clips = split(stage.process(frame(image, 0, now_ns())))
+    assert det.labels == ("person", "face") and det.camera == "cam" and det.seq == 0
+    assert (det.width, det.height) == (512, 512) and det.backend == "cpu"
+    person_id = det.extra["track_ids"][0]
+    assert isinstance(person_id, int)
+    assert det.extra["track_ids"][1] == person_id  # the face lies inside that person
+    person, face = det.boxes
+    assert contains(person, face)
+    assert 150 < face[0] < face[2] < 300 and 50 < face[1] < face[3] < 200  # her face
+
+    (pose,) = poses
+    assert pose.track_id == person_id and pose.pose_age_s is None and pose.image is image
+    np.testing.assert_allclose(pose.box_xywh, [*person[:2], *(person[2:] - person[:2])], 1e-5)
+    (fj,) = faces
+    assert fj.landmark_source == "blazeface" and fj.landmarks.shape == (4, 2)
+    assert fj.track_id == person_id
+    # the 4 alignment points are BlazeFace's own (eyes, nose, mouth centre), in the face box
+    ref = BlazeFace("short").detect(image)
+    np.testing.assert_allclose(fj.landmarks, blazeface_alignment_points(ref.keypoints[0]), 1e-4)
+    x, y, w, h = fj.box_xywh
+    assert np.all((fj.landmarks >= [x, y]) & (fj.landmarks <= [x + w, y + h]))
+    (clip,) = clips
+    assert clip.track_id == person_id
+    np.testing.assert_allclose(clip.box_xywh, pose.box_xywh)
+
+
+def test_carphone_clip_keeps_one_track_and_refreshes_its_pose_when_the_last_one_finishes(
+    tmp_path,
+):
+    cap = cv2.VideoCapture(str(asset_path("carphone_pristine.mp4")))
+    stage = make_stage(tmp_path)
+    t0 = now_ns()
+    ids, pose_jobs = set(), {}
+    for seq in range(12):
+        ok, image = cap.read()
+        assert ok
+        det, poses, faces, _ = split(stage.process(frame(image, seq, t0)))
+        assert det.labels == ("person", "face"), f"frame {seq}: {det.labels}"
+        ids.update(det.extra["track_ids"])
+        assert len(faces) == 1 and faces[0].track_id == det.extra["track_ids"][0]
+        assert len(poses) <= 1  # the default budget: one pose job per camera and frame
+        if poses:
+            pose_jobs[seq] = poses[0]
+        if seq == 5:  # the pose of frame 0 comes back now
+            job = pose_jobs[0]
+            stage.camera_tracks("cam").finish_pose(job.track_id, job.capture_ts_ns, now_ns())
+    cap.release()
+    assert len(ids) == 1  # one person, one track, over every frame
+    # a new track's job at frame 0; none while it runs; the next one right after it finished
+    assert sorted(pose_jobs) == [0, 6]
+    assert pose_jobs[0].pose_age_s is None
+    assert pose_jobs[6].pose_age_s == pytest.approx(6 * 0.04, abs=1e-6)  # since frame 0's pose
+
+
+def test_pose_jobs_go_to_the_oldest_pose_first_within_the_per_frame_budget(tmp_path):
+    regions = [{"name": f"r{i}", "x": 10 + 60 * i, "y": 10, "w": 50, "h": 100} for i in range(3)]
+    stage = make_stage(
+        tmp_path, person="roi", person_regions=regions, face="none", pose_jobs_per_frame=2
+    )
+    image = np.zeros((120, 200, 3), np.uint8)
+    t0 = now_ns()
+    tracks = stage.camera_tracks("cam")
+
+    def jobs(seq: int) -> list[PoseJob]:
+        return split(stage.process(frame(image, seq, t0)))[1]
+
+    f0 = jobs(0)
+    assert [j.track_id for j in f0] == [1, 2]  # never-posed tracks first, budget 2
+    f1 = jobs(1)
+    assert [j.track_id for j in f1] == [3]  # 1 and 2 still running
+    assert jobs(2) == []  # all three running
+    tracks.finish_pose(3, f1[0].capture_ts_ns, now_ns())  # the newest pose
+    tracks.finish_pose(2, f0[1].capture_ts_ns, now_ns())
+    tracks.finish_pose(1, f0[0].capture_ts_ns, now_ns())
+    f3 = jobs(3)
+    assert [j.track_id for j in f3] == [1, 2]  # frame-0 poses are older than track 3's
+    assert f3[0].pose_age_s == pytest.approx(0.12, abs=1e-6)  # frames 0 -> 3 at 25 fps
+    tracks.finish_pose(1, f3[0].capture_ts_ns, now_ns())
+    assert [j.track_id for j in jobs(4)] == [3, 1]  # track 3 (frame 1) before 1 (frame 3)
+
+
+def test_an_unanswered_pose_job_frees_its_track_at_its_deadline(tmp_path):
+    stage = make_stage(
+        tmp_path, person="roi", face="none",
+        person_regions=[{"name": "door", "x": 0.1, "y": 0.1, "w": 0.5, "h": 0.8,
+                         "normalized": True}],
+    )  # fmt: skip
+    image = np.zeros((100, 100, 3), np.uint8)
+    t0 = now_ns() - NS  # frames a second old with a 10 ms staleness budget: already stale
+    first = split(stage.process(frame(image, 0, t0, life=10_000_000)))[1]
+    assert [j.track_id for j in first] == [1]
+    # the infer stage dropped it as stale (no result ever comes): the next frame re-issues it
+    again = split(stage.process(frame(image, 1, t0, life=10_000_000)))[1]
+    assert [j.track_id for j in again] == [1]
+
+
+def test_clip_jobs_of_whole_frames_are_rate_limited_per_camera(tmp_path):
+    stage = make_stage(
+        tmp_path, cameras=("a", "b"), person="none", face="none", clip="frame", clip_interval_s=1.0
+    )
+    image = np.zeros((48, 64, 3), np.uint8)
+    t0 = now_ns()
+    got = {}
+    for seq in range(5):  # 0.0, 0.5, 1.0, 1.5, 2.0 s
+        for cam in ("a", "b"):
+            clips = split(stage.process(frame(image, seq, t0, dt_s=0.5, camera=cam)))[3]
+            got.setdefault(cam, []).extend(c.seq for c in clips)
+            for c in clips:
+                np.testing.assert_array_equal(c.box_xywh, [0, 0, 64, 48])
+                assert c.track_id is None and c.frame_size == (64, 48)
+    assert got == {"a": [0, 2, 4], "b": [0, 2, 4]}
+
+
+# ---- person boxes from an external detector over ZeroMQ -----------------------------------
+
+GOOD = {"camera": "cam", "boxes": [[10, 20, 30, 40]], "scores": [0.9], "seq": 5}
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (b"\xff\xfe", "not UTF-8 JSON"),
+        (b"{not json", "not UTF-8 JSON"),
+        (b"[1, 2]", "expected a JSON object, got list"),
+        (json.dumps({"boxes": []}).encode(), "'camera' must be a non-empty string"),
+        (json.dumps({"camera": "nope", "boxes": []}).encode(), "camera 'nope' is not one of cam"),
+        (json.dumps({"camera": "cam"}).encode(), "'boxes' must be a list"),
+        (json.dumps({"camera": "cam", "boxes": [[1, 2, 3]]}).encode(), r"boxes\[0\] must be 4"),
+        (json.dumps({"camera": "cam", "boxes": [[1, 2, 3, True]]}).encode(), r"boxes\[0\]"),
+        (json.dumps({"camera": "cam", "boxes": [[1, 2, 0, 5]]}).encode(), "w, h > 0"),
+        (b'{"camera": "cam", "boxes": [[1, 2, NaN, 5]]}', "needs finite values"),
+        (json.dumps({**GOOD, "scores": [0.5, 0.5]}).encode(), "'scores' must be 1 numbers"),
+        (json.dumps({**GOOD, "scores": [1.5]}).encode(), r"scores must lie in \[0, 1\]"),
+        (json.dumps({**GOOD, "seq": "5"}).encode(), "'seq' must be an integer"),
+    ],
+)
+def test_malformed_box_messages_are_clear_errors(raw, match):
+    with pytest.raises(BoxMessageError, match=match):
+        decode_box_message(raw, ["cam"])
+
+
+def test_a_box_message_decodes_with_default_scores():
+    got = decode_box_message(json.dumps({"camera": "cam", "boxes": [[1, 2, 3, 4]]}).encode())
+    np.testing.assert_array_equal(got.boxes, [[1, 2, 3, 4]])
+    np.testing.assert_array_equal(got.scores, [1.0])
+    assert got.seq is None and got.ts_ns is None
+
+
+def test_external_boxes_drive_the_tracker_and_malformed_ones_are_counted(tmp_path, free_port):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    stage = make_stage(
+        tmp_path, person="zmq", boxes_endpoint=endpoint, face="none", boxes_max_age_ms=5000
+    )
+    try:
+        stage.load()
+        receiver = stage.receiver
+        assert isinstance(receiver, BoxReceiver)
+        end = time.monotonic() + 10
+        while receiver.received == 0 and time.monotonic() < end:  # PUB/SUB joins late
+            pub.send_multipart([b"boxes", json.dumps(GOOD).encode()])
+            time.sleep(0.05)
+        assert receiver.received > 0
+        for bad in (b"garbage", json.dumps({"camera": "cam", "boxes": [[1, 2]]}).encode()):
+            pub.send(bad)
+        pub.send(json.dumps({**GOOD, "boxes": [[12, 20, 30, 40]]}).encode())
+        while receiver.received < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert receiver.malformed == 2
+        drops = stage.metrics.snapshot()["stages"]["detect"]["drops"]
+        assert drops["cam"]["error"] == 1 and drops[""]["error"] == 1  # garbage has no camera
+        det, poses, _, _ = split(
+            stage.process(frame(np.zeros((100, 100, 3), np.uint8), 0, now_ns()))
+        )
+        np.testing.assert_array_equal(det.boxes, [[12, 20, 42, 60]])
+        assert det.labels == ("person",) and det.extra["track_ids"] == [1]
+        assert [p.track_id for p in poses] == [1]
+    finally:
+        stage.close()
+        pub.close()
+        ctx.term()
+
+
+def test_stale_external_boxes_are_not_used(tmp_path):
+    stage = make_stage(tmp_path, person="zmq", boxes_endpoint="tcp://127.0.0.1:1", face="none",
+                       boxes_max_age_ms=50)  # fmt: skip
+    try:
+        stage.load()
+        assert stage.receiver.handle(json.dumps(GOOD).encode()) is not None
+        time.sleep(0.1)
+        det = stage.process(frame(np.zeros((50, 50, 3), np.uint8), 0, now_ns()))[0]
+        assert det.boxes.shape == (0, 4)
+    finally:
+        stage.close()
+
+
+def test_config_check_names_the_missing_keys(tmp_path):
+    data_ = {
+        "cameras": [{"name": "cam", "url": "synthetic:"}],
+        "stages": [
+            {"kind": "capture"},
+            {"kind": "detect", "person": "onnx", "face": "yunet", "face_model": "no.onnx",
+             "cameras": ["cam", "ghost"]},
+            {"kind": "detect", "name": "d2", "person": "zmq", "face": "roi"},
+            {"kind": "publish"},
+        ],
+    }  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        check_stages(parse_config(data_, tmp_path / "bad.toml"))
+    text = str(err.value)
+    for line in (
+        "stages[1].person_model: person = 'onnx' needs",
+        "stages[1].face_model: no such file: no.onnx",
+        "stages[1].cameras[1]: no camera named 'ghost'",
+        "stages[2].boxes_endpoint: person = 'zmq' needs",
+        "stages[2].face_regions: face = 'roi' needs",
+    ):
+        assert f"bad.toml: {line}" in text
