@@ -88,3 +88,38 @@ def percentile(values: list[float], q: float) -> float:
 def seq_gaps(seqs: list[int]) -> int:
     """How many seqs are missing between the first and last of an increasing list."""
     return (seqs[-1] - seqs[0] + 1 - len(seqs)) if seqs else 0
+
+
+class NpucamRun:
+    """`python -m pipeline run CONFIG` as a subprocess (own process group); stop() sends a
+    signal and waits for the exit code; kill() at teardown if it is still running."""
+
+    def __init__(self, config: str, duration: float | None = None, env: dict | None = None):
+        import os
+        import subprocess
+        import sys
+
+        args = [sys.executable, "-m", "pipeline", "run", str(config)]
+        if duration is not None:
+            args += ["--duration", str(duration)]
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            start_new_session=True,
+        )
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 20.0) -> tuple[int, str]:
+        """(exit code, stderr text)."""
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err.decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
