@@ -210,8 +210,6 @@ class Infer(Stage):
                 synthetic_cache=_resolve(self.base_dir, opts.synthetic_cache),
             )
             self.runtimes[name] = rt
-            if clip:
-                rt.load_labels()
             cost = mo.cost_s if mo.cost_s is not None else max(rt.warm_up(), 1e-4)
             log.info(
                 "stage %s: %s on %s: model %s%s, export batch %d, %d contexts, "

@@ -414,7 +414,8 @@ def open_runtime(
     synthetic_cache: str | Path | None = None,
 ) -> Runtime:
     """Load model `name` on `backend` from `source` (see ModelSource); device is the open
-    SimDevice / XrtDevice for sim / npu, None for cpu. Errors name the config key."""
+    SimDevice / XrtDevice for sim / npu, None for cpu. CLIP encodes its label prompts here,
+    so call it on the device thread. Errors name the config key."""
     if name not in RUNTIMES:
         raise RuntimeLoadError(
             f"{source.where or name}: unknown model (known: {', '.join(MODELS)})"
@@ -467,5 +468,7 @@ def open_runtime(
         max_wait_ms=max_wait_ms,
     )
     if name == "clip":
-        return ClipRuntime(model, labels=labels, template=template, **kw)
+        rt = ClipRuntime(model, labels=labels, template=template, **kw)
+        rt.load_labels()
+        return rt
     return RUNTIMES[name](model, **kw)

@@ -1,0 +1,178 @@
+"""stages.runtimes: what each model tells the scheduler, its host glue against the functions it
+must equal (crop_persons on the RGB frame, embedder_input, ClipModel.pixels), padding to the
+export size with padded slots marked and never carrying an output, per-job failures, and the
+load rules (explicit backend, synthetic only when allowed, errors naming the config key).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npu.models import synthetic
+from npu.sim import SimDevice
+from pipeline.messages import now_ns
+from stages.align import embedder_input
+from stages.detect import crop_persons
+from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.runtimes import (
+    JobInputError,
+    ModelSource,
+    RuntimeLoadError,
+    open_runtime,
+)
+
+SYN = ModelSource(synthetic=True, where="stage infer: m")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("synthetic-cache")
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory):
+    dev = SimDevice(registry_dir=tmp_path_factory.mktemp("hwctx"))
+    yield dev
+    dev.close()
+
+
+@pytest.fixture(scope="module")
+def sim_runtimes(cache, device):
+    return {
+        name: open_runtime(
+            name, "sim", SYN, device=device, labels=["a person", "a car"], synthetic_cache=cache
+        )
+        for name in ("sapiens2", "adaface", "clip")
+    }
+
+
+def frame(seed: int = 0, h: int = 120, w: int = 160) -> np.ndarray:
+    """A BGR frame whose channels differ (so a colour swap shows)."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    img[..., 0] //= 4  # little blue, so BGR != RGB
+    return img
+
+
+def _ids(seq: int) -> dict:
+    t = now_ns()
+    return dict(camera="cam", seq=seq, capture_ts_ns=t, deadline_ns=t + 10**10)
+
+
+def pose_job(seq: int = 0, box=(30, 20, 50, 90)) -> PoseJob:
+    return PoseJob(
+        **_ids(seq), track_id=seq, box_xywh=np.array(box, np.float32), score=0.9, image=frame(seq)
+    )
+
+
+def face_job(seq: int = 0, aligned: bool = True) -> FaceJob:
+    return FaceJob(
+        **_ids(seq),
+        box_xywh=np.zeros(4, np.float32),
+        score=0.9,
+        landmarks=np.zeros((5, 2), np.float32),
+        aligned=frame(seq, 112, 112) if aligned else None,
+    )
+
+
+def clip_job(seq: int = 0, box=(10, 10, 100, 80)) -> ClipJob:
+    return ClipJob(**_ids(seq), box_xywh=np.array(box, np.float32), image=frame(seq))
+
+
+def test_profiles_from_bundles(sim_runtimes):
+    pose, face, clip = (sim_runtimes[n] for n in ("sapiens2", "adaface", "clip"))
+    assert (pose.batch_size, face.batch_size, clip.batch_size) == (1, 1, 4)
+    assert all(rt.backend == "sim" and rt.synthetic for rt in sim_runtimes.values())
+    # AdaFace uses one context per distinct conv kernel; models never share a context
+    assert len(face.contexts) == face.model.num_conv_kernels()
+    assert len(pose.contexts) == 2 and len(clip.contexts) == 2
+    keys = [set(rt.contexts) for rt in sim_runtimes.values()]
+    assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    assert pose.warm_up() > 0
+
+
+def test_cpu_runtimes_have_no_contexts(cache):
+    rt = open_runtime("adaface", "cpu", SYN, synthetic_cache=cache)
+    assert rt.contexts == () and rt.backend == "cpu" and rt.batch_size == 1
+
+
+def test_pose_glue_crops_the_rgb_frame(sim_runtimes):
+    rt = sim_runtimes["sapiens2"]
+    job = pose_job(3)
+    p = rt.prepare([job])
+    cfg = rt.model.config
+    want, windows = crop_persons(
+        job.image[..., ::-1].copy(), job.box_xywh[None], output_size=(cfg.H, cfg.W)
+    )
+    np.testing.assert_array_equal(p.inputs[0], want[0])
+    np.testing.assert_array_equal(p.windows[0], windows[0])
+    bgr, _ = crop_persons(job.image, job.box_xywh[None], output_size=(cfg.H, cfg.W))
+    assert not np.allclose(p.inputs[0], bgr[0])
+    ran = rt.run(p)
+    assert len(ran.outputs) == 1 and ran.outputs[0].output.shape == (308, 64, 48)
+    np.testing.assert_array_equal(ran.outputs[0].window, windows[0])
+
+
+def test_face_glue_in_the_models_colour_order(sim_runtimes):
+    rt = sim_runtimes["adaface"]
+    job = face_job(1)
+    p = rt.prepare([job])
+    np.testing.assert_array_equal(p.inputs[0], embedder_input(job.aligned, "bgr", "rgb"))
+    out = rt.run(p).outputs[0]
+    assert out.output.shape == (512,) and not out.padded
+    np.testing.assert_array_equal(out.output, rt.model.embed(p.inputs[0]))
+
+
+def test_clip_pads_to_four_and_never_outputs_padding(sim_runtimes):
+    rt = sim_runtimes["clip"]
+    job = clip_job(2)
+    p = rt.prepare([job])
+    assert p.inputs.shape == (4, 3, 224, 224) and p.mask == (True, False, False, False)
+    want = rt.model.pixels([job.image[10:90, 10:110, ::-1].copy()])[0]
+    np.testing.assert_array_equal(p.inputs[0], want)
+    ran = rt.run(p)
+    assert [s.padded for s in ran.outputs] == [False, True, True, True]
+    assert [s.output is None for s in ran.outputs] == [False, True, True, True]
+    alone = rt.model.encode_images(p.inputs)[0]
+    np.testing.assert_array_equal(ran.outputs[0].output, alone)
+    extra = rt.extra()
+    assert extra["labels"] == ["a person", "a car"]
+    assert extra["text_embeds"].shape == (2, 64) and extra["logit_scale"] > 1
+    with pytest.raises(JobInputError, match="5 jobs for a batch of 4"):
+        rt.prepare([clip_job(i) for i in range(5)])
+
+
+def test_one_bad_job_fails_alone(sim_runtimes):
+    rt = sim_runtimes["clip"]
+    jobs = [clip_job(0, box=(500, 500, 10, 10)), clip_job(1), pose_job(2)]
+    p = rt.prepare(jobs)
+    assert set(p.failed) == {0, 2} and p.mask == (False, True, False, False)
+    assert "outside the 160x120 frame" in str(p.failed[0])
+    assert "PoseJob sent to clip" in str(p.failed[2])
+    ran = rt.run(p)
+    assert ran.outputs[1].output is not None and ran.outputs[1].error is None
+    assert ran.outputs[0].output is None and ran.outputs[0].error is p.failed[0]
+    face = sim_runtimes["adaface"].prepare([face_job(0, aligned=False)])
+    assert "was not aligned" in str(face.failed[0])
+
+
+def test_missing_path_without_synthetic_names_the_key(tmp_path):
+    src = ModelSource(bundle=str(tmp_path / "nope"), where="stage infer: sapiens2")
+    with pytest.raises(RuntimeLoadError, match=r"sapiens2\.bundle = .*nope does not exist"):
+        open_runtime("sapiens2", "sim", src)
+    with pytest.raises(RuntimeLoadError, match=r"adaface\.checkpoint is not set"):
+        open_runtime("adaface", "cpu", ModelSource(where="stage infer: adaface"))
+
+
+def test_synthetic_is_never_used_on_npu(cache):
+    with pytest.raises(RuntimeLoadError, match="synthetic models have no hardware bundle"):
+        open_runtime("clip", "npu", SYN, labels=["x"], synthetic_cache=cache)
+
+
+def test_real_bundle_is_preferred_to_synthetic(cache, device):
+    path = synthetic.bundle_path("sapiens2", cache)
+    rt = open_runtime(
+        "sapiens2", "sim", ModelSource(bundle=str(path), synthetic=True), device=device
+    )
+    assert not rt.synthetic and rt.model_id == path.name
