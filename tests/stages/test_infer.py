@@ -1,0 +1,372 @@
+"""The inference stage on the simulated NPU with the synthetic models (npu.models.synthetic).
+
+The stage is driven directly: an async generator stands in for its inbox and a recorder for
+its outbox, so a test controls arrival times and sees every result with the time it left.
+Busy time is measured independently of the stage's own counters: the wall intervals of every
+Runtime.run call (the device thread's passes), against the wall time of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import types
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from npu.device import DeviceError
+from npu.sim import ContextRegistry
+from pipeline.config import parse_config
+from pipeline.messages import now_ns
+from pipeline.metrics import Metrics
+from stages.infer import Infer, InferOptions
+from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
+from stages.runtimes import ClipRuntime, Runtime, RuntimeLoadError
+
+LABELS = ["a person", "a bicycle", "a car"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("synthetic-cache")
+
+
+def make_stage(tmp_path, cache, models=("sapiens2", "adaface", "clip"), **over) -> Infer:
+    raw = {
+        "backend": "sim",
+        "synthetic_cache": str(cache),
+        "sim": {"registry_dir": str(tmp_path / "hwctx"), "sleep": True, "dispatch_s": 0.002},
+    }
+    for m in models:
+        raw[m] = {"enabled": True, "synthetic": True}
+    raw["clip"] = {**raw.get("clip", {}), "labels": LABELS}
+    for key, value in over.items():
+        if isinstance(value, dict):
+            raw[key] = {**raw.get(key, {}), **value}
+        else:
+            raw[key] = value
+    options = InferOptions.model_validate(raw)
+    context = types.SimpleNamespace(
+        config=types.SimpleNamespace(base_dir=tmp_path), metrics=Metrics()
+    )
+    return Infer("infer", options, context)
+
+
+class Recorder:
+    """The stage's outbox: every item with the wall time it was sent."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, Inferred]] = []
+
+    async def send(self, item: Inferred) -> None:
+        self.items.append((now_ns(), item))
+
+
+def frame(seed: int, h: int = 120, w: int = 160) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+IMAGE = frame(0)
+FACE = frame(1, 112, 112)
+
+
+def _ids(camera: str, seq: int, budget_s: float) -> dict:
+    t = now_ns()
+    return dict(camera=camera, seq=seq, capture_ts_ns=t, deadline_ns=t + round(budget_s * 1e9))
+
+
+def pose(camera: str, seq: int, track: int, budget_s: float = 5.0) -> PoseJob:
+    box = np.array([20 + 10 * track, 10, 50, 100], np.float32)
+    return PoseJob(
+        **_ids(camera, seq, budget_s), track_id=track, box_xywh=box, score=0.9, image=IMAGE
+    )
+
+
+def face(camera: str, seq: int, budget_s: float = 5.0) -> FaceJob:
+    return FaceJob(
+        **_ids(camera, seq, budget_s),
+        box_xywh=np.zeros(4, np.float32),
+        score=0.9,
+        landmarks=np.zeros((5, 2), np.float32),
+        aligned=FACE,
+    )
+
+
+def clip(camera: str, seq: int, budget_s: float = 5.0) -> ClipJob:
+    return ClipJob(
+        **_ids(camera, seq, budget_s), box_xywh=np.array([0, 0, 160, 120], np.float32), image=IMAGE
+    )
+
+
+async def started(stage: Infer) -> None:
+    """Wait until the stage has loaded its models and built its scheduler."""
+    while stage.scheduler is None:
+        await asyncio.sleep(0.01)
+
+
+def run_stage(stage: Infer, source) -> Recorder:
+    out = Recorder()
+    asyncio.run(asyncio.wait_for(stage.run(source, out), timeout=120))
+    return out
+
+
+def test_models_never_mix(tmp_path, cache):
+    stage = make_stage(tmp_path, cache)
+
+    async def source():
+        await started(stage)
+        for i in range(3):
+            for cam in ("c0", "c1"):
+                yield pose(cam, i, track=i)
+                yield face(cam, i)
+                yield clip(cam, i)
+            await asyncio.sleep(0.02)
+
+    out = run_stage(stage, source())
+    kinds = Counter()
+    shapes = {"sapiens2": (308, 64, 48), "adaface": (512,), "clip": (64,)}
+    models = {PoseJob: "sapiens2", FaceJob: "adaface", ClipJob: "clip"}
+    seen = set()
+    for _, item in out.items:
+        name = models[type(item.job)]
+        assert item.model == stage.runtimes[name].model_id
+        assert item.output.shape == shapes[name]
+        assert item.backend == "sim" and item.synthetic
+        key = (type(item.job).__name__, item.job.camera, item.job.seq)
+        assert key not in seen  # each job at most once
+        seen.add(key)
+        kinds[name] += 1
+        if name == "sapiens2":
+            assert item.job.window is not None and item.job.window.shape == (4,)
+        if name == "clip":
+            assert item.extra["labels"] == LABELS
+            assert item.extra["text_embeds"].shape == (3, 64)
+    assert kinds == {"sapiens2": 6, "adaface": 6, "clip": 6}
+
+
+def test_clip_batches_are_always_four(tmp_path, cache, monkeypatch):
+    passes: list[tuple[int, float]] = []
+    forward = ClipRuntime.forward
+
+    def recording(self, inputs):
+        passes.append((len(inputs), time.perf_counter()))
+        return forward(self, inputs)
+
+    monkeypatch.setattr(ClipRuntime, "forward", recording)
+    stage = make_stage(tmp_path, cache, models=("clip",), clip={"max_wait_ms": 100.0})
+
+    async def source():
+        await started(stage)
+        passes.clear()  # the warm-up pass
+        for i in range(5):  # one full batch, then one job alone
+            yield clip("c0", i)
+        await asyncio.sleep(0.5)
+        for i in range(5, 7):  # two jobs from two cameras share a padded batch
+            yield clip("c1" if i % 2 else "c0", i)
+
+    out = run_stage(stage, source())
+    assert [n for n, _ in passes] == [4, 4, 4]
+    assert sorted(item.job.seq for _, item in out.items) == list(range(7))
+    m = stage.stats()["models"]["clip"]
+    assert m["batches"] == 3 and m["padded_slots"] == 5
+    assert m["fill_ratio"] == pytest.approx(7 / 12)
+
+
+def test_partial_batch_closes_at_max_wait(tmp_path, cache, monkeypatch):
+    passes: list[float] = []
+    forward = ClipRuntime.forward
+
+    def recording(self, inputs):
+        passes.append(time.perf_counter())
+        return forward(self, inputs)
+
+    monkeypatch.setattr(ClipRuntime, "forward", recording)
+    stage = make_stage(tmp_path, cache, models=("clip",), clip={"max_wait_ms": 300.0})
+    submitted: list[float] = []
+
+    async def source():
+        await started(stage)
+        passes.clear()
+        submitted.append(time.perf_counter())
+        yield clip("c0", 0)
+        await asyncio.sleep(1.0)  # the inbox stays open: only max_wait can close the batch
+
+    out = run_stage(stage, source())
+    assert len(out.items) == 1 and len(passes) == 1
+    waited = passes[0] - submitted[0]
+    # never before max_wait; closed within the host's scheduling slack after it
+    assert 0.3 <= waited < 0.3 + 0.25
+
+
+def test_device_error_fails_that_job_and_the_stage_goes_on(tmp_path, cache):
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    async def source():
+        await started(stage)
+        dev = stage.device
+        dev.faults.error_kernels = set(dev.sim.kernels)  # every AdaFace conv ends in ERROR
+        yield face("c0", 0)
+        while stage.errors["adaface"] == 0:
+            await asyncio.sleep(0.01)
+        dev.faults.error_kernels = set()
+        for i in range(1, 4):
+            yield face("c0", i)
+
+    out = run_stage(stage, source())
+    assert sorted(item.job.seq for _, item in out.items) == [1, 2, 3]
+    metrics = stage.context.metrics
+    assert metrics.dropped(stage="infer/adaface", camera="c0", reason="error") == 1
+    stats = stage.stats()
+    assert stats["runtimes"]["adaface"]["errors"] == 1
+    assert "finished in state 5" in stats["runtimes"]["adaface"]["last_error"]
+    assert {"model": "adaface", "camera": "c0", "reason": "error", "count": 1} in stats["drops"]
+    snapshot = metrics.snapshot()  # what the `stats` topic publishes
+    assert snapshot["stages"]["infer/adaface"]["drops"]["c0"]["error"] == 1
+
+
+def test_a_failing_pass_of_any_kind_fails_only_its_batch(tmp_path, cache, monkeypatch):
+    run = Runtime.run
+
+    def flaky(self, prepared):
+        if prepared.jobs[0].seq == 1:
+            raise DeviceError("kernel finished in state 8")
+        return run(self, prepared)
+
+    monkeypatch.setattr(Runtime, "run", flaky)
+    stage = make_stage(tmp_path, cache, models=("sapiens2",))
+
+    async def source():
+        await started(stage)
+        for i in range(4):
+            yield pose("c0", i, track=i)
+
+    out = run_stage(stage, source())
+    assert sorted(item.job.seq for _, item in out.items) == [0, 2, 3]
+    assert stage.errors["sapiens2"] == 1
+
+
+def test_context_exhaustion_evicts_instead_of_failing(tmp_path, cache):
+    # 6 machine-wide contexts, 2 held by another holder: 4 left for pose (2), CLIP (2) and
+    # AdaFace (one per conv kernel, more than 4), so every model switch evicts
+    holder = ContextRegistry(tmp_path / "hwctx", limit=6)
+    slots = [holder.acquire("another process"), holder.acquire("another process")]
+    stage = make_stage(tmp_path, cache, sim={"hwctx_limit": 6})
+
+    async def source():
+        await started(stage)
+        for i in range(3):
+            yield pose("c0", i, track=i)
+            yield face("c0", i)
+            yield clip("c0", i)
+        await asyncio.sleep(0.2)
+
+    out = run_stage(stage, source())
+    for slot in slots:
+        holder.release(slot)
+    assert len(out.items) == 9
+    assert sum(stage.errors.values()) == 0
+    assert stage.stats()["device"]["evictions"] > 0
+
+
+def test_missing_bundle_without_synthetic_fails_at_startup(tmp_path, cache):
+    stage = make_stage(
+        tmp_path, cache, models=(), adaface={"enabled": True, "bundle": "missing/adaface"}
+    )
+
+    async def source():
+        yield face("c0", 0)
+
+    with pytest.raises(RuntimeLoadError, match=r"adaface\.bundle = .*missing/adaface does not"):
+        run_stage(stage, source())
+
+
+def test_check_names_the_key_of_a_missing_path(tmp_path):
+    config = parse_config(
+        {
+            "stages": [
+                {
+                    "kind": "infer",
+                    "backend": "sim",
+                    "sapiens2": {"enabled": True, "bundle": "nowhere"},
+                    "adaface": {"enabled": True, "synthetic": True},
+                    "clip": {"enabled": True, "synthetic": True},
+                }
+            ]
+        },
+        tmp_path / "x.toml",
+    )
+    problems = Infer.check(config, 0)
+    assert any(p.startswith("stages[0].sapiens2.bundle: ") and "nowhere does not exist" in p
+               for p in problems)  # fmt: skip
+    assert "stages[0].clip.labels: CLIP needs at least one label" in problems
+    assert not any("adaface" in p for p in problems)
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
+    """More work than the device can do, from 2 cameras at 10 fps (2 tracked people, a
+    face and a CLIP crop per frame, 1 s staleness budget), for `seconds`."""
+    intervals: list[tuple[float, float]] = []
+    run = Runtime.run
+
+    def timed(self, prepared):
+        t0 = time.perf_counter()
+        try:
+            return run(self, prepared)
+        finally:
+            intervals.append((t0, time.perf_counter()))
+
+    monkeypatch.setattr(Runtime, "run", timed)
+    stage = make_stage(tmp_path, cache)
+    rss: list[int] = []
+    window: list[float] = []
+
+    async def source():
+        await started(stage)
+        t0 = time.perf_counter()
+        window.append(t0)
+        seq = 0
+        while time.perf_counter() - t0 < seconds:
+            for cam in ("c0", "c1"):
+                for track in (0, 1):
+                    yield pose(cam, seq, track, budget_s=1.0)
+                yield face(cam, seq, budget_s=1.0)
+                yield clip(cam, seq, budget_s=1.0)
+            seq += 1
+            if not rss and time.perf_counter() - t0 > min(3.0, seconds / 4):
+                rss.append(_rss_bytes())  # after warm-up
+            await asyncio.sleep(0.1)
+        rss.append(_rss_bytes())
+        window.append(time.perf_counter())
+
+    out = run_stage(stage, source())
+    start, end = window
+    busy = sum(min(b, end) - max(a, start) for a, b in intervals if b > start and a < end)
+    assert busy / (end - start) >= 0.95
+    # the stage's own counter agrees with the independent measurement
+    reported = stage.scheduler.stats.busy_s
+    assert reported == pytest.approx(sum(b - a for a, b in intervals), rel=0.02)
+    assert out.items, "nothing published"
+    for sent_ns, item in out.items:
+        assert sent_ns <= item.job.deadline_ns  # no stale result published
+    drops = stage.scheduler.stats.drops_by_reason()
+    assert drops["stale"] + drops["npu_busy"] + drops["queue_full"] > 0  # it was overloaded
+    published = Counter(type(item.job).__name__ for _, item in out.items)
+    assert set(published) == {"PoseJob", "FaceJob", "ClipJob"}  # no model starved
+    assert rss[1] <= rss[0] * 1.03 + 4 * 2**20, f"RSS grew {rss[0]} -> {rss[1]}"
+
+
+def test_overload_keeps_the_device_busy(tmp_path, cache, monkeypatch):
+    overload(tmp_path, cache, monkeypatch, seconds=10.0)
+
+
+@pytest.mark.slow
+def test_overload_keeps_the_device_busy_for_a_minute(tmp_path, cache, monkeypatch):
+    overload(tmp_path, cache, monkeypatch, seconds=60.0)
