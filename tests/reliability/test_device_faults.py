@@ -1,0 +1,188 @@
+"""Device faults on the simulated NPU (npu.sim.SimFaults), in a running pipeline:
+two synthetic cameras -> face jobs -> infer (backend sim, synthetic AdaFace) -> a sink.
+
+Injected one after the other while frames keep flowing: a kernel that ends in ERROR, a
+kernel that hangs until the watchdog (TIMEOUT), and hardware-context creation failing as
+CREATE_HWCTX does (the machine-wide context limit is 4, AdaFace needs 9: contexts are
+evicted and re-created all the time). Proven for each: the affected jobs fail and are
+reported (per-model error drops in the metrics / `stats`, the stage's last_error names the
+fault), the stage recovers once the
+fault clears (results for both cameras again; the time is measured), no deadlock (the
+pipeline stops within its drain timeout with nothing abandoned), and no stuck context (the
+machine-wide context registry never holds more than the cap and is empty after the run).
+All device behaviour here is simulated; no NPU is involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from engine_stages import start
+
+from npu.sim import ContextRegistry
+from pipeline.messages import now_ns
+
+CTX_CAP = 4
+WATCHDOG_S = 0.5
+CAMERAS = ("c0", "c1")
+FAULT_STAGES = str(Path(__file__).parent)
+
+
+@pytest.fixture(scope="module")
+def synthetic_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("synthetic")
+
+
+def config_text(cache: Path, registry: Path) -> str:
+    cams = "".join(
+        f"""
+        [[cameras]]
+        name = "{c}"
+        url = "synthetic:?width=160&height=120&fps=8"
+        staleness_ms = 5000
+        """
+        for c in CAMERAS
+    )
+    return f"""
+        [pipeline]
+        drain_timeout_s = 5.0
+        {cams}
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        name = "faces"
+        kind = "fault_stages:FaceJobs"
+        [[stages]]
+        name = "infer"
+        kind = "infer"
+        backend = "sim"
+        synthetic_cache = "{cache}"
+        inbox = {{ size = 8, policy = "drop_oldest" }}
+        adaface = {{ enabled = true, synthetic = true }}
+        [stages.sim]
+        registry_dir = "{registry}"
+        dispatch_s = 0.001
+        ctx_create_s = 0.002
+        hwctx_limit = {CTX_CAP}
+        [[stages]]
+        name = "sink"
+        kind = "fault_stages:Timed"
+    """
+
+
+def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recovers(
+    write_config, synthetic_cache, tmp_path, monkeypatch
+):
+    import sys
+
+    monkeypatch.setattr(sys, "path", [FAULT_STAGES, *sys.path])
+    registry_dir = tmp_path / "hwctx"
+    path = write_config(config_text(synthetic_cache, registry_dir))
+    registry = ContextRegistry(registry_dir)
+    held_max = 0
+
+    async def main():
+        nonlocal held_max
+        pipeline, task = await start(path)
+        infer = pipeline.stages["infer"]
+        sink = pipeline.stages["sink"]
+
+        def results_after(t_ns: int) -> set[str]:
+            return {item.job.camera for _, item in sink.items if item.job.capture_ts_ns > t_ns}
+
+        async def wait(predicate, timeout: float, what: str) -> float:
+            nonlocal held_max
+            end = time.monotonic() + timeout
+            while not predicate():
+                held_max = max(held_max, len(registry.held()))
+                assert time.monotonic() < end, f"timed out waiting for {what}"
+                assert not task.done(), "the pipeline ended"
+                await asyncio.sleep(0.01)
+            return time.monotonic()
+
+        measured = {}
+        try:
+            await wait(lambda: results_after(0) == set(CAMERAS), 60, "first results")
+            dev = infer.device
+            kernels = set(dev.sim.kernels)
+            assert kernels
+
+            def set_error():
+                dev.faults.error_kernels = kernels
+
+            def clear_error():
+                dev.faults.error_kernels = set()
+
+            def set_hang():
+                dev.faults.watchdog_s = WATCHDOG_S
+                dev.faults.hang_kernels = kernels
+
+            def clear_hang():
+                dev.faults.hang_kernels = set()
+
+            def set_ctx():
+                dev.faults.context_failures = 10**9
+
+            def clear_ctx():
+                dev.faults.context_failures = 0
+
+            faults = {
+                "kernel error": (set_error, clear_error),
+                "hang past watchdog": (set_hang, clear_hang),
+                "context creation": (set_ctx, clear_ctx),
+            }
+            for name, (inject, clear) in faults.items():
+                errors = infer.errors["adaface"]
+                t_inject = time.monotonic()
+                inject()
+                t_reported = await wait(
+                    lambda e=errors: infer.errors["adaface"] > e, 10, f"{name} reported"
+                )
+                last_error = infer.last_error["adaface"]
+                await asyncio.sleep(0.3)  # more jobs fail while the fault stays
+                clear()
+                t_clear, t_clear_ns = time.monotonic(), now_ns()
+                t_back = await wait(
+                    lambda t=t_clear_ns: results_after(t) == set(CAMERAS), 10, f"{name} recovery"
+                )
+                measured[name] = (t_reported - t_inject, t_back - t_clear, last_error)
+            snapshot = pipeline.metrics.snapshot()
+            stats = infer.stats()
+        finally:
+            t_stop = time.monotonic()
+            pipeline.stop()
+            code = await asyncio.wait_for(task, 30)
+            stop_s = time.monotonic() - t_stop
+        return code, pipeline, measured, snapshot, stats, stop_s
+
+    code, pipeline, measured, snapshot, stats, stop_s = asyncio.run(main())
+    print()
+    for name, (reported, recovered, last_error) in measured.items():
+        print(
+            f"DEVICE {name}: reported after {reported:.3f} s, results again "
+            f"{recovered:.3f} s after it cleared ({last_error[:90]})"
+        )
+    print(f"DEVICE stop after the faults: {stop_s:.3f} s; contexts held at most {held_max}")
+    assert code == 0 and pipeline.abandoned == []
+    assert stop_s < 5.0  # no deadlock: well inside the drain timeout
+    for name, (_, recovered, last_error) in measured.items():
+        text = {"kernel error": "state 5", "hang past watchdog": "state 8"}.get(
+            name, "CREATE_HWCTX"
+        )
+        assert text in last_error, (name, last_error)
+        assert recovered < 5.0
+    # The hang is reported once the watchdog gives up, not before.
+    assert measured["hang past watchdog"][0] >= WATCHDOG_S * 0.9
+    drops = snapshot["stages"]["infer/adaface"]["drops"]
+    assert (
+        sum(drops[c].get("error", 0) for c in CAMERAS if c in drops)
+        == stats["runtimes"]["adaface"]["errors"]
+        >= 3
+    )
+    assert stats["runtimes"]["adaface"]["published"] > 0
+    # No stuck context: never above the cap, and all given back once the stage stopped.
+    assert 1 <= held_max <= CTX_CAP
+    assert registry.held() == []
