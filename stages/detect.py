@@ -34,8 +34,9 @@ from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve, SocketSecurity
 from stages.align import blazeface_alignment_points
+from stages.detectors.detections import Detections as FaceDetections
 from stages.jobs import ClipJob, FaceJob, PoseJob
-from stages.tracker import PersonTracker, PoseTag
+from stages.tracker import PersonTracker, PoseTag, iou_matrix
 
 CROP_SIZE = (1024, 768)
 BOX_PADDING = 1.25
@@ -252,6 +253,8 @@ def crop_persons(
 
 _DETECT_LOG = logging.getLogger("stages.detect")
 MALFORMED_LOGGED = 5  # external box messages logged in full; then one line per 100
+MIN_FACE_SEARCH_PX = 8  # face_in = "persons": person boxes narrower or lower are skipped
+FACE_DUPLICATE_IOU = 0.5  # face_in = "persons": the same face found in two person boxes
 
 
 class RegionOptions(StageOptions):
@@ -292,10 +295,14 @@ class DetectOptions(StageOptions):
     face_min_score: float | None = Field(None, ge=0, le=1)
     face_model: str | None = Field(None, min_length=1)  # yunet onnx; or a BlazeFace tflite
     face_regions: list[RegionOptions] = []  # face = "roi": BlazeFace inside each region
+    # where faces are looked for: the whole frame, or inside each person box (small faces
+    # in a wide frame become large in the box's crop)
+    face_in: Literal["frame", "persons"] = "frame"
     tracker: TrackerOptions = TrackerOptions()
     pose: bool = True
     pose_jobs_per_frame: int = Field(1, ge=0)
-    faces: bool = True
+    faces: bool = True  # face jobs (to align and infer) for the faces found
+    face_interval_s: float = Field(0.0, ge=0)  # min time between frames with face jobs
     clip: Literal["off", "persons", "frame"] = "off"
     clip_interval_s: float = Field(1.0, ge=0)
     clip_max_per_frame: int = Field(4, ge=1)
@@ -515,6 +522,7 @@ class Detect(Stage):
         self.receiver: BoxReceiver | None = None
         self.tracks = run_tracks(context)
         self._last_clip_ns: dict[str, int] = {}
+        self._last_face_ns: dict[str, int] = {}
         self._loaded = False
         self.model = "+".join(m for m in (self._person_model(), self._face_model()) if m)
 
@@ -557,6 +565,11 @@ class Detect(Stage):
             problems.append(f"{key}.face_model: face = 'yunet' needs the YuNet .onnx file")
         if face == "roi" and not opts.get("face_regions"):
             problems.append(f"{key}.face_regions: face = 'roi' needs at least one region")
+        if opts.get("face_in") == "persons" and (person == "none" or face == "roi"):
+            problems.append(
+                f"{key}.face_in: 'persons' needs a person detector and face = 'blazeface' or "
+                "'yunet'"
+            )
         for field_name in ("person_model", "face_model"):
             path = opts.get(field_name)
             if isinstance(path, str) and not (config.base_dir / path).is_file():
@@ -648,17 +661,46 @@ class Detect(Stage):
         d = self.person_detector.detect(frame.image, "bgr")
         return d.boxes, d.scores
 
+    def _faces(self, image: np.ndarray, person_xywh: np.ndarray) -> FaceDetections | None:
+        """Faces in the frame, or inside each person box (face_in = "persons"; a face two
+        overlapping boxes both found is kept once, the higher score)."""
+        if self.face_detector is None:
+            return None
+        if self.options.face_in == "frame":
+            return self.face_detector.detect(image, "bgr")
+        h, w = image.shape[:2]
+        found: list[FaceDetections] = []
+        for x, y, bw, bh in np.asarray(person_xywh, np.float64):
+            x0, y0 = max(0, math.floor(x)), max(0, math.floor(y))
+            x1, y1 = min(w, math.ceil(x + bw)), min(h, math.ceil(y + bh))
+            if x1 - x0 < MIN_FACE_SEARCH_PX or y1 - y0 < MIN_FACE_SEARCH_PX:
+                continue
+            d = self.face_detector.detect(np.ascontiguousarray(image[y0:y1, x0:x1]), "bgr")
+            offset = np.array([x0, y0], np.float32)
+            d.boxes = d.boxes.copy()
+            d.boxes[:, :2] += offset
+            d.keypoints = d.keypoints + offset
+            found.append(d)
+        if not found:
+            return FaceDetections.empty(0)
+        boxes = np.concatenate([d.boxes for d in found])
+        scores = np.concatenate([d.scores for d in found])
+        keypoints = np.concatenate([d.keypoints for d in found])
+        order = np.argsort(-scores, kind="stable")
+        iou = iou_matrix(_xywh_to_xyxy(boxes), _xywh_to_xyxy(boxes))
+        keep: list[int] = []
+        for i in order:
+            if all(iou[i, j] <= FACE_DUPLICATE_IOU for j in keep):
+                keep.append(int(i))
+        return FaceDetections(boxes[keep], scores[keep], keypoints[keep], found[0].names)
+
     def process(self, frame: Frame) -> list:
         """One frame -> [Detections, *PoseJobs, *FaceJobs, *ClipJobs] (blocking)."""
         self.load()
         o = self.options
         h, w = frame.image.shape[:2]
         person_xywh, person_scores = self._persons(frame)
-        faces = (
-            self.face_detector.detect(frame.image, "bgr")
-            if self.face_detector is not None
-            else None
-        )
+        faces = self._faces(frame.image, person_xywh)
         ids = [None] * len(person_scores)
         tracks = self.camera_tracks(frame.camera)
         pose_jobs: list[PoseJob] = []
@@ -699,10 +741,15 @@ class Detect(Stage):
         face_ids: list[int | None] = []
         if faces is not None:
             person_xyxy = _xywh_to_xyxy(person_xywh)
+            want_faces = (
+                o.faces
+                and len(faces) > 0
+                and self._due(self._last_face_ns, frame, o.face_interval_s)
+            )
             for i in range(len(faces)):
                 track_id = _containing_track(faces.boxes[i], person_xyxy, ids)
                 face_ids.append(track_id)
-                if not o.faces:
+                if not want_faces:
                     continue
                 kp = faces.keypoints[i]
                 if kp.shape[0] == 5:
@@ -745,6 +792,15 @@ class Detect(Stage):
             extra={"track_ids": ids + face_ids},
         )
         return [det, *pose_jobs, *face_jobs, *clip_jobs]
+
+    @staticmethod
+    def _due(last_ns: dict[str, int], frame: Frame, interval_s: float) -> bool:
+        """Per-camera rate limit on capture time: True (and noted) once interval_s passed."""
+        last = last_ns.get(frame.camera)
+        if last is not None and frame.capture_ts_ns - last < interval_s * 1e9:
+            return False
+        last_ns[frame.camera] = frame.capture_ts_ns
+        return True
 
     def _clip_jobs(
         self, frame: Frame, boxes_of: dict[int, np.ndarray], w: int, h: int
