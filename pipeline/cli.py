@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "stages.face_commands",
     "stages.clip_commands",
     "stages.pose_commands",
+    "stages.plan_commands",
 )
 
 

@@ -1,0 +1,294 @@
+"""`npucam plan CONFIG`: capacity planning for a config's inference stage.
+
+From per-item device times (a model's `cost_s` in the config, `--cost MODEL=S`, or measured:
+each enabled model is loaded on the config's backend and one pass is timed after a warm-up;
+on sim that is the simulator's modelled device time, never a hardware figure), it prints the
+device time the config asks for per second (cameras x fps x items per frame x per-item cost),
+the device utilisation that means, what share of the work will be dropped when it is over
+1 (the scheduler drops it as `npu_busy` / `stale`), and the highest sustainable rates per
+camera: the frame rate at which every camera's asked work fits, and how many people per
+frame each camera can pose at its configured rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.config import load_config
+from pipeline.errors import NpucamError
+
+MODELS = ("sapiens2", "adaface", "clip")
+DEFAULT_BATCH = {"sapiens2": 1, "adaface": 1, "clip": 4}
+
+
+class PlanError(NpucamError):
+    """A config or option `npucam plan` cannot plan for."""
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """One model's device time per pass and per item, and where the number came from."""
+
+    model: str
+    batch: int
+    pass_s: float
+    source: str  # "config", "--cost", "measured on sim (simulated)", ...
+
+    @property
+    def item_s(self) -> float:
+        return self.pass_s / self.batch
+
+
+@dataclass(frozen=True)
+class CameraPlan:
+    camera: str
+    fps: float
+    items: dict[str, float]  # model -> items per frame
+    demand_s: float  # device seconds asked per second
+    max_fps: float  # highest frame rate at which every camera's work fits, all scaled alike
+    max_people: float | None  # people per frame posable at `fps` (None: pose not enabled)
+    staleness_s: float = 0.0
+    too_slow: tuple[str, ...] = ()  # models whose pass alone outlasts the staleness budget
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: str
+    backend: str
+    costs: dict[str, ModelCost]
+    cameras: list[CameraPlan]
+
+    @property
+    def utilisation(self) -> float:
+        return sum(c.demand_s for c in self.cameras)
+
+    @property
+    def dropped_share(self) -> float:
+        """Share of the asked work the device cannot do (0 when it fits)."""
+        u = self.utilisation
+        return 0.0 if u <= 1 else 1 - 1 / u
+
+
+def _infer_options(config):
+    from stages.infer import InferOptions
+
+    for i, stage in enumerate(config.stages):
+        if stage.kind in ("infer", "stages.infer:Infer"):
+            try:
+                return InferOptions.model_validate(stage.options)
+            except Exception as exc:
+                raise PlanError(
+                    f"{config.path}: stages[{i}]: invalid infer options: {exc}"
+                ) from None
+    raise PlanError(f"{config.path}: no infer stage to plan for")
+
+
+def measure_costs(config, options, models: list[str]) -> dict[str, ModelCost]:
+    """Load each model as the stage would and time one pass after a warm-up pass."""
+    from stages.infer import Infer, _resolve
+    from stages.runtimes import ModelSource, open_runtime
+
+    stage = Infer("plan", options, _PlanContext(config))
+    device = stage._open_device()
+    if device is not None:
+        device.sleep = False  # modelled time is read from the simulator, not waited for
+    out = {}
+    try:
+        for name in models:
+            mo = getattr(options, name)
+            rt = open_runtime(
+                name,
+                options.backend,
+                ModelSource(
+                    checkpoint=_resolve(config.base_dir, mo.checkpoint),
+                    bundle=_resolve(config.base_dir, mo.bundle),
+                    synthetic=mo.synthetic,
+                    where=f"{config.path}: {name}",
+                ),
+                device=device,
+                labels=options.clip.labels or ["a photo"],
+                template=options.clip.template,
+                synthetic_cache=_resolve(config.base_dir, options.synthetic_cache),
+            )
+            rt.warm_up()
+            sim = getattr(device, "sim", None)
+            before = sim.dispatch_s + sim.ctx_switch_s if sim is not None else 0.0
+            wall = rt.warm_up()
+            if sim is not None:
+                pass_s, how = sim.dispatch_s + sim.ctx_switch_s - before, "simulated"
+            else:
+                pass_s, how = wall, "wall clock"
+            what = f"measured on {options.backend} ({how}{', synthetic' if rt.synthetic else ''})"
+            out[name] = ModelCost(name, rt.batch_size, pass_s, what)
+            rt.close()
+    finally:
+        if device is not None:
+            device.close()
+    return out
+
+
+class _PlanContext:
+    def __init__(self, config) -> None:
+        self.config = config
+        from pipeline.metrics import Metrics
+
+        self.metrics = Metrics()
+
+
+def make_plan(
+    path: str,
+    *,
+    people: float = 3.0,
+    faces: float | None = None,
+    clips: float = 1.0,
+    fps: float = 10.0,
+    overrides: dict[str, float] | None = None,
+    measure: bool = True,
+) -> Plan:
+    """The plan of a config. people / faces / clips: pose, face and CLIP items per frame per
+    camera (faces default to people); fps: for cameras whose config sets none; overrides:
+    model -> pass seconds; measure: time models the config gives no cost_s for."""
+    config = load_config(path)
+    options = _infer_options(config)
+    enabled = [m for m in MODELS if getattr(options, m).enabled]
+    if not enabled:
+        raise PlanError(f"{config.path}: the infer stage enables no model")
+    if not config.cameras:
+        raise PlanError(f"{config.path}: no [[cameras]] to plan for")
+    overrides = dict(overrides or {})
+    for name in overrides:
+        if name not in enabled:
+            raise PlanError(f"--cost {name}: not an enabled model (enabled: {', '.join(enabled)})")
+    costs: dict[str, ModelCost] = {}
+    unknown = []
+    for name in enabled:
+        batch = DEFAULT_BATCH[name]
+        if name in overrides:
+            costs[name] = ModelCost(name, batch, overrides[name], "--cost")
+        elif getattr(options, name).cost_s is not None:
+            costs[name] = ModelCost(name, batch, getattr(options, name).cost_s, "config cost_s")
+        else:
+            unknown.append(name)
+    if unknown:
+        if not measure:
+            raise PlanError(
+                f"no device time for {', '.join(unknown)}: set cost_s in the config, pass "
+                "--cost MODEL=SECONDS, or drop --no-measure"
+            )
+        costs.update(measure_costs(config, options, unknown))
+    costs = {m: costs[m] for m in MODELS if m in costs}
+    per_frame = {"sapiens2": people, "adaface": people if faces is None else faces, "clip": clips}
+    rows = []
+    for cam in config.cameras:
+        rate = cam.fps or fps
+        items = {m: per_frame[m] for m in enabled}
+        demand = rate * sum(items[m] * costs[m].item_s for m in enabled)
+        rows.append((cam.name, rate, items, demand, cam.staleness_ms / 1000))
+    total = sum(r[3] for r in rows)
+    cameras = []
+    for name, rate, items, demand, staleness in rows:
+        max_people = None
+        if "sapiens2" in costs:
+            # this camera's fair share of the device, less its non-pose work
+            share = 1.0 / len(rows)
+            other = rate * sum(items[m] * costs[m].item_s for m in items if m != "sapiens2")
+            max_people = max(share - other, 0.0) / (rate * costs["sapiens2"].item_s)
+        max_fps = rate / total if total > 0 else float("inf")
+        slow = tuple(m for m in items if costs[m].pass_s > staleness)
+        cameras.append(CameraPlan(name, rate, items, demand, max_fps, max_people, staleness, slow))
+    return Plan(str(config.path), options.backend, costs, cameras)
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"plan for {plan.config} (backend {plan.backend})", "", "device time per item:"]
+    for c in plan.costs.values():
+        lines.append(
+            f"  {c.model:9s} {c.item_s * 1e3:10.2f} ms/item  ({c.pass_s * 1e3:.2f} ms a pass "
+            f"of {c.batch}; {c.source})"
+        )
+    lines += ["", "asked of the device:"]
+    for cam in plan.cameras:
+        items = ", ".join(f"{n:g} {m}" for m, n in cam.items.items())
+        lines.append(
+            f"  {cam.camera}: {cam.fps:g} fps x ({items}) per frame = {cam.demand_s:.3f} device-s/s"
+        )
+        for m in cam.too_slow:
+            lines.append(
+                f"  WARNING {cam.camera}: a {m} pass ({plan.costs[m].pass_s:.3f} s) outlasts the "
+                f"camera's staleness budget ({cam.staleness_s:.3f} s): every {m} job of it will "
+                "be dropped (raise staleness_ms)"
+            )
+    u = plan.utilisation
+    lines += ["", f"device utilisation asked: {100 * u:.1f}%"]
+    if u > 1:
+        lines.append(
+            f"over capacity: about {100 * plan.dropped_share:.1f}% of the asked work will be "
+            "dropped (npu_busy / stale), shared fairly across cameras by device time"
+        )
+    else:
+        lines.append(f"fits, with {100 * (1 - u):.1f}% of the device to spare")
+    lines += ["", "highest sustainable rates per camera:"]
+    for cam in plan.cameras:
+        people = "" if cam.max_people is None else f", or {cam.max_people:.2f} people/frame posed"
+        lines.append(
+            f"  {cam.camera}: {cam.max_fps:.2f} fps at this mix{people} at {cam.fps:g} fps"
+        )
+    return "\n".join(lines)
+
+
+def _cost(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not sep or name not in MODELS or not seconds > 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected MODEL=SECONDS with MODEL one of {', '.join(MODELS)}, SECONDS > 0"
+        )
+    return name, seconds
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    plan = make_plan(
+        args.config,
+        people=args.people,
+        faces=args.faces,
+        clips=args.clips,
+        fps=args.fps,
+        overrides=dict(args.cost or []),
+        measure=not args.no_measure,
+    )
+    if args.json:
+        data = asdict(plan)
+        data["utilisation"] = plan.utilisation
+        data["dropped_share"] = plan.dropped_share
+        print(json.dumps(data, indent=2))
+    else:
+        print(format_plan(plan))
+        print(f"\n(planned in {time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="device utilisation a config asks for, and its sustainable rates",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument("config", type=Path, help="a pipeline config with an infer stage")
+    p.add_argument("--people", type=float, default=3.0, help="people posed per frame (3)")
+    p.add_argument("--faces", type=float, default=None, help="faces per frame (= people)")
+    p.add_argument("--clips", type=float, default=1.0, help="CLIP crops per frame (1)")
+    p.add_argument("--fps", type=float, default=10.0, help="fps of cameras that set none (10)")
+    p.add_argument(
+        "--cost", type=_cost, action="append", metavar="MODEL=S", help="pass device seconds"
+    )
+    p.add_argument("--no-measure", action="store_true", help="never load models to time them")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plan)
