@@ -301,6 +301,9 @@ class DetectOptions(StageOptions):
     tracker: TrackerOptions = TrackerOptions()
     pose: bool = True
     pose_jobs_per_frame: int = Field(1, ge=0)
+    # a track whose pose job brought no result for this long gets a new job (the infer stage
+    # may have dropped it; a queued job of the same track is replaced); None: at its deadline
+    pose_retry_s: float | None = Field(None, gt=0)
     faces: bool = True  # face jobs (to align and infer) for the faces found
     face_interval_s: float = Field(0.0, ge=0)  # min time between frames with face jobs
     clip: Literal["off", "persons", "frame"] = "off"
@@ -468,10 +471,11 @@ class CameraTracks:
     def __init__(self, tracker: PersonTracker) -> None:
         self.tracker = tracker
         self.lock = threading.Lock()
-        self.pose_deadlines: dict[int, int] = {}  # track id -> deadline of its pose job
+        # track id -> when its pose job counts as lost (its deadline, or the retry time)
+        self.pose_deadlines: dict[int, int] = {}
 
     def expire_poses(self, at_ns: int) -> None:
-        """Free the tracks whose pose job passed its deadline unanswered (dropped stale)."""
+        """Free the tracks whose pose job is past its deadline (or retry time) unanswered."""
         for track_id, deadline in list(self.pose_deadlines.items()):
             if at_ns > deadline:
                 del self.pose_deadlines[track_id]
@@ -733,7 +737,12 @@ class Detect(Stage):
                         )
                     )
                     tracks.tracker.pose_started(track.track_id)
-                    tracks.pose_deadlines[track.track_id] = frame.deadline_ns
+                    retry = o.pose_retry_s
+                    tracks.pose_deadlines[track.track_id] = (
+                        frame.deadline_ns
+                        if retry is None
+                        else min(frame.deadline_ns, frame.capture_ts_ns + round(retry * 1e9))
+                    )
             if o.clip != "off":
                 clip_jobs = self._clip_jobs(frame, boxes_of, w, h)
 

@@ -288,3 +288,37 @@ def test_config_check_names_the_missing_keys(tmp_path):
         "stages[2].face_regions: face = 'roi' needs",
     ):
         assert f"bad.toml: {line}" in text
+
+
+def test_pose_retry_reissues_a_job_before_its_deadline(tmp_path):
+    stage = make_stage(
+        tmp_path, person="roi", face="none", pose_retry_s=0.05,
+        person_regions=[{"name": "door", "x": 10, "y": 10, "w": 40, "h": 80}],
+    )  # fmt: skip
+    image = np.zeros((100, 100, 3), np.uint8)
+    t0 = now_ns()
+    assert [j.track_id for j in split(stage.process(frame(image, 0, t0)))[1]] == [1]
+    assert split(stage.process(frame(image, 1, t0)))[1] == []  # running, 50 ms not over
+    time.sleep(0.1)
+    assert [j.track_id for j in split(stage.process(frame(image, 2, t0)))[1]] == [1]
+
+
+def test_faces_inside_person_boxes_are_found_in_a_wide_frame(tmp_path):
+    small = cv2.resize(cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR), (160, 160))
+    canvas = np.zeros((360, 1280, 3), np.uint8)
+    canvas[150:310, 900:1060] = small
+    region = {"name": "booth", "x": 880, "y": 130, "w": 200, "h": 200}
+    stage = make_stage(
+        tmp_path, person="roi", person_regions=[region], face_in="persons", face_interval_s=1.0
+    )
+    t0 = now_ns()
+    det, _, faces, _ = split(stage.process(frame(canvas, 0, t0)))
+    assert det.labels == ("person", "face")
+    (face,) = faces
+    # her face sits at ~(178..272, 81..175) of 512 in the original: x 0.31 scale + offset
+    x, y, w, h = face.box_xywh
+    assert 940 < x < x + w < 1000 and 160 < y < y + h < 220
+    assert face.track_id == det.extra["track_ids"][0] == det.extra["track_ids"][1]
+    # face_interval_s: the next frame within the second gives det boxes but no face jobs
+    det2, _, faces2, _ = split(stage.process(frame(canvas, 1, t0)))
+    assert det2.labels == ("person", "face") and faces2 == []
