@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +31,7 @@ from pipeline.config import Config
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from stages.jobs import ClipJob, FaceJob, Inferred, Job, PoseJob
-from stages.runtimes import MODELS, ModelSource, Runtime, open_runtime
+from stages.runtimes import MODELS, ModelSource, Ran, Runtime, open_runtime
 from stages.scheduler import Batch, BatchScheduler, ModelProfile
 from stages.scheduler import Job as SchedJob
 
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MODEL_OF: dict[type, str] = {PoseJob: "sapiens2", FaceJob: "adaface", ClipJob: "clip"}
 ERROR_LOG_LINES = 5
+
+
+def _run_prepared(rt: Runtime, glue: Future) -> Ran:
+    """On the device thread: wait for a batch's host glue, then run it."""
+    return rt.run(glue.result())
 
 
 class ModelOptions(StageOptions):
@@ -85,7 +90,7 @@ class InferOptions(StageOptions):
     clip: ClipOptions = ClipOptions()
     sim: SimOptions = SimOptions()
     context_slots: int | None = Field(None, ge=1)  # modelled LRU; default TACONITE_CTX_CACHE/16
-    prepare_ahead_ms: float = Field(100.0, ge=0)  # hand out the next batch this early
+    prepare_ahead_ms: float = Field(200.0, ge=0)  # hand out the next batch this early
     synthetic_cache: str | None = Field(None, min_length=1)  # default <asset cache>/synthetic
 
 
@@ -337,55 +342,46 @@ class Infer(Stage):
 
     async def _serve(self, out: Any, feeder: asyncio.Task) -> None:
         """Dispatch, prepare (worker thread), run (device thread), publish; until the inbox
-        has closed and every queued job is done or dropped."""
+        has closed and every queued job is done or dropped.
+
+        A dispatched batch goes to both threads at once: its host glue to the prepare
+        thread, and a run that waits for that glue to the device thread's FIFO, so the
+        device starts the next batch the moment the current one ends (in dispatch order),
+        without a round trip through the event loop. The loop only reports and publishes.
+        """
         sched = self.scheduler
-        assert sched is not None
-        loop = asyncio.get_running_loop()
-        prepared: deque[tuple[Batch, asyncio.Future]] = deque()
-        running: tuple[Batch, asyncio.Future] | None = None
+        assert sched is not None and self._prep_pool is not None
+        assert self._device_pool is not None
+        in_flight: deque[tuple[Batch, asyncio.Future]] = deque()
         while True:
             while (batch := sched.next_batch()) is not None:
-                self._sync_drops()
                 rt = self.runtimes[batch.model]
                 for job in batch.jobs:
                     wait_s = (batch.dispatch_ns - job.enqueue_ns) / 1e9
                     self.metrics.observe_queue_wait(f"{self.name}/{batch.model}", wait_s)
-                payloads = [job.payload for job in batch.jobs]
-                prepared.append(
-                    (batch, loop.run_in_executor(self._prep_pool, rt.prepare, payloads))
-                )
+                glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
+                ran = self._device_pool.submit(_run_prepared, rt, glue)
+                in_flight.append((batch, asyncio.wrap_future(ran)))
             self._sync_drops()
-            if running is None and prepared and prepared[0][1].done():
-                batch, fut = prepared.popleft()
-                try:
-                    p = fut.result()
-                except Exception as exc:
-                    self._failed(batch, exc, 0.0)
-                    continue
-                rt = self.runtimes[batch.model]
-                running = (batch, loop.run_in_executor(self._device_pool, rt.run, p))
-            if running is None and not prepared and not self._feeding and sched.pending() == 0:
+            if in_flight and in_flight[0][1].done():
+                batch, fut = in_flight.popleft()
+                await self._finish(batch, fut, out)
+                continue  # a completion frees the device model: dispatch again first
+            if not in_flight and not self._feeding and sched.pending() == 0:
                 return
             if feeder.done() and feeder.exception() is not None:
                 return
-            waits: set[asyncio.Future] = set()
-            if running is not None:
-                waits.add(running[1])
-            if prepared:
-                waits.add(prepared[0][1])
             self._wake.clear()
             waker = asyncio.ensure_future(self._wake.wait())
-            waits.add(waker)
+            waits: set[asyncio.Future] = {waker}
+            if in_flight:
+                waits.add(in_flight[0][1])
             wake_ns = sched.wake_ns()
             timeout = None if wake_ns is None else max((wake_ns - now_ns()) / 1e9, 0.0) + 1e-4
             try:
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waker.cancel()
-            if running is not None and running[1].done():
-                batch, fut = running
-                running = None
-                await self._finish(batch, fut, out)
 
     def _failed(self, batch: Batch, exc: BaseException, device_s: float) -> None:
         assert self.scheduler is not None

@@ -78,14 +78,14 @@ def _ids(camera: str, seq: int, budget_s: float) -> dict:
     return dict(camera=camera, seq=seq, capture_ts_ns=t, deadline_ns=t + round(budget_s * 1e9))
 
 
-def pose(camera: str, seq: int, track: int, budget_s: float = 5.0) -> PoseJob:
+def pose(camera: str, seq: int, track: int, budget_s: float = 60.0) -> PoseJob:
     box = np.array([20 + 10 * track, 10, 50, 100], np.float32)
     return PoseJob(
         **_ids(camera, seq, budget_s), track_id=track, box_xywh=box, score=0.9, image=IMAGE
     )
 
 
-def face(camera: str, seq: int, budget_s: float = 5.0) -> FaceJob:
+def face(camera: str, seq: int, budget_s: float = 60.0) -> FaceJob:
     return FaceJob(
         **_ids(camera, seq, budget_s),
         box_xywh=np.zeros(4, np.float32),
@@ -95,7 +95,7 @@ def face(camera: str, seq: int, budget_s: float = 5.0) -> FaceJob:
     )
 
 
-def clip(camera: str, seq: int, budget_s: float = 5.0) -> ClipJob:
+def clip(camera: str, seq: int, budget_s: float = 60.0) -> ClipJob:
     return ClipJob(
         **_ids(camera, seq, budget_s), box_xywh=np.array([0, 0, 160, 120], np.float32), image=IMAGE
     )
@@ -144,7 +144,7 @@ def test_models_never_mix(tmp_path, cache):
         if name == "clip":
             assert item.extra["labels"] == LABELS
             assert item.extra["text_embeds"].shape == (3, 64)
-    assert kinds == {"sapiens2": 6, "adaface": 6, "clip": 6}
+    assert kinds == {"sapiens2": 6, "adaface": 6, "clip": 6}, stage.stats()
 
 
 def test_clip_batches_are_always_four(tmp_path, cache, monkeypatch):
@@ -312,7 +312,9 @@ def _rss_bytes() -> int:
 
 def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
     """More work than the device can do, from 2 cameras at 10 fps (2 tracked people, a
-    face and a CLIP crop per frame, 1 s staleness budget), for `seconds`."""
+    face and a CLIP crop per frame, 3 s staleness budget), for `seconds`. The simulated
+    dispatch time (10 ms) dominates the simulator's own numpy work, so pass times stay
+    close to the modelled ones even when the host is shared."""
     intervals: list[tuple[float, float]] = []
     run = Runtime.run
 
@@ -324,7 +326,7 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
             intervals.append((t0, time.perf_counter()))
 
     monkeypatch.setattr(Runtime, "run", timed)
-    stage = make_stage(tmp_path, cache)
+    stage = make_stage(tmp_path, cache, sim={"dispatch_s": 0.01})
     rss: list[int] = []
     window: list[float] = []
 
@@ -336,9 +338,9 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
         while time.perf_counter() - t0 < seconds:
             for cam in ("c0", "c1"):
                 for track in (0, 1):
-                    yield pose(cam, seq, track, budget_s=1.0)
-                yield face(cam, seq, budget_s=1.0)
-                yield clip(cam, seq, budget_s=1.0)
+                    yield pose(cam, seq, track, budget_s=3.0)
+                yield face(cam, seq, budget_s=3.0)
+                yield clip(cam, seq, budget_s=3.0)
             seq += 1
             if not rss and time.perf_counter() - t0 > min(3.0, seconds / 4):
                 rss.append(_rss_bytes())  # after warm-up
@@ -349,6 +351,7 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
     out = run_stage(stage, source())
     start, end = window
     busy = sum(min(b, end) - max(a, start) for a, b in intervals if b > start and a < end)
+    print(f"busy {busy / (end - start):.4f} rss {rss}")
     assert busy / (end - start) >= 0.95
     # the stage's own counter agrees with the independent measurement
     reported = stage.scheduler.stats.busy_s
