@@ -52,6 +52,13 @@ test: setup-test
 test-slow: setup-test
 	$(PY) -m pytest -q -m slow
 
+# 4 looping cameras through detect + infer on the SIMULATED NPU for SOAK_MINUTES; fails on
+# RSS growth over 5% after warm-up, fd, task or thread leaks (bench/soak.py, docs/reliability.md).
+SOAK_MINUTES ?= 30
+
+soak: setup
+	$(PY) bench/soak.py --minutes $(SOAK_MINUTES) --path sim
+
 lint: setup-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
