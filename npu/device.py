@@ -4,7 +4,9 @@ A device loads bundle kernels, allocates host-mapped buffers (and sub-buffers cu
 root), patches instruction words and runs a kernel over an argument tuple. Kernels that
 share an (xclbin, kernel name) share one hardware context, and resident contexts live in an
 LRU capped at 16 (`TACONITE_CTX_CACHE`) with evict-and-retry when creation fails, as
-taconite's shim and taconite-adaface do (specs/bundle-and-xrt.md §2).
+taconite's shim and taconite-adaface do (specs/bundle-and-xrt.md §2). `DeviceCore` holds the
+bookkeeping both devices share (which kernels use which context, buffers, counters, teardown);
+each device adds only what its backend does with a context, a kernel, a buffer and a run.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -377,3 +381,217 @@ class Device(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_insts_stream(spec: KernelSpec) -> None:
+    """A device loads only a non-empty stream of whole u32 words; DeviceError names the spec."""
+    if len(spec.insts) % 4 or not spec.insts:
+        raise DeviceError(f"{spec.where()}: the instruction stream is not whole u32 words")
+
+
+def patched_insts(insts: bytes, patches: Mapping[int, int]) -> np.ndarray:
+    """The instruction stream as uint32 words with the patches {index: value} applied."""
+    words = np.frombuffer(insts, np.uint32).copy()
+    for i, v in patches.items():
+        words[i] = v
+    return words
+
+
+class LoadedKernel(Protocol):
+    """What DeviceCore keeps of a kernel: its spec, patches, counters, launches in flight."""
+
+    spec: KernelSpec
+    patches: dict[int, int]
+    timing: KernelTiming
+    pending: Any  # launches in flight: a count or a list; falsy when none
+    freed: bool
+
+
+K = TypeVar("K", bound=LoadedKernel)
+B = TypeVar("B", bound=Buffer)
+
+
+class DeviceCore(Generic[K, B]):
+    """The bookkeeping XrtDevice and SimDevice share, behind one internal lock.
+
+    Kernels are listed by context key (`_users`); a context's last kernel freed frees the
+    context, and a context evicted from the ContextCache unloads its kernels' device objects
+    (they come back on the next run, patches re-applied). Buffers are tracked by id until
+    freed. A subclass supplies the backend's part through the hooks below; its kernels carry
+    `spec`, `patches`, `timing`, `pending` and `freed`.
+    """
+
+    backend: str
+    label: str  # the device's name in messages and in its TACONITE_TIMING line
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.stats = DeviceStats()
+        self._timing = timing_enabled()
+        self._users: dict[str, list[K]] = {}
+        self._contexts = ContextCache(
+            ctx_cache_cap(), self._create_context, self._release_context, self.stats
+        )
+        self._buffers: dict[int, B] = {}
+        self.closed = False
+
+    # hooks
+
+    def _create_context(self, key: str) -> Any:
+        """Create the hardware context of a context key (ContextCache's create)."""
+        raise NotImplementedError
+
+    def _destroy_context(self, key: str, ctx: Any) -> None:
+        """Free a context whose kernels were already unloaded."""
+        raise NotImplementedError
+
+    def _new_kernel(self, spec: KernelSpec) -> K:
+        """Validate a spec and make its (not yet resident) kernel."""
+        raise NotImplementedError
+
+    def _resident(self, kernel: K) -> None:
+        """Make the kernel's context resident and its device objects live."""
+        raise NotImplementedError
+
+    def _unload(self, kernel: K) -> None:
+        """Drop the kernel's device objects (its context is going, or it is freed)."""
+        raise NotImplementedError
+
+    def _patch(self, kernel: K, words: list[tuple[int, int]]) -> None:
+        """Apply checked instruction patches to the kernel's live stream, if it has one."""
+        raise NotImplementedError
+
+    def _new_buffer(self, nbytes: int) -> B:
+        """A zeroed root buffer of nbytes (nbytes >= 1)."""
+        raise NotImplementedError
+
+    def _new_sub(self, root: Buffer, offset: int, nbytes: int) -> B:
+        """A sub-buffer [offset, +nbytes) of a root (range already checked)."""
+        raise NotImplementedError
+
+    def _drop_buffers(self, gone: list[Buffer]) -> None:
+        """Mark buffers freed and stop tracking them (and drop what uses them)."""
+        raise NotImplementedError
+
+    def start(self, kernel: K, buffers: Sequence[Buffer]) -> Launch:
+        """Start a run of kernel over the argument buffers."""
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        """Release what the backend holds beyond kernels, contexts and buffers."""
+
+    def _timing_lines(self) -> list[str]:
+        return [self.stats.line(self.label)]
+
+    # contexts and kernels
+
+    def _release_context(self, key: str, ctx: Any) -> None:
+        for kernel in self._users.get(key, []):
+            self._unload(kernel)
+        self._destroy_context(key, ctx)
+
+    def load(self, spec: KernelSpec) -> K:
+        """Load a kernel: share or create its context (LRU), upload its instructions."""
+        with self._lock:
+            self._check_open()
+            kernel = self._new_kernel(spec)
+            kernel.timing = self.stats.kernels.setdefault(spec.key, kernel.timing)
+            self._users.setdefault(spec.context_key, []).append(kernel)
+            try:
+                self._resident(kernel)
+            except BaseException:
+                self._forget(kernel)
+                raise
+            return kernel
+
+    def _forget(self, kernel: K) -> None:
+        key = kernel.spec.context_key
+        users = self._users.get(key, [])
+        if kernel in users:
+            users.remove(kernel)
+        if not users:
+            self._users.pop(key, None)
+            self._contexts.drop(key)
+
+    def free_kernel(self, kernel: K) -> None:
+        with self._lock:
+            if kernel.freed:
+                return
+            self._unload(kernel)
+            kernel.freed = True
+            self._forget(kernel)
+
+    def resident_contexts(self) -> list[str]:
+        """Context keys resident now, least recently used first."""
+        return self._contexts.keys()
+
+    def set_insts_words(self, kernel: K, words: Iterable[tuple[int, int]]) -> None:
+        with self._lock:
+            spec = kernel.spec
+            checked = check_insts_words(len(spec.insts), words)
+            if kernel.pending:
+                raise DeviceError(f"{spec.key}: instruction patch while a launch is in flight")
+            kernel.patches.update(checked)
+            self._patch(kernel, checked)
+
+    # buffers
+
+    def alloc(self, nbytes: int) -> B:
+        """A zeroed host-mapped data buffer of nbytes."""
+        with self._lock:
+            self._check_open()
+            if nbytes <= 0:
+                raise DeviceError(f"a buffer needs at least one byte, asked for {nbytes}")
+            buf = self._new_buffer(nbytes)
+            self._buffers[buf.id] = buf
+            return buf
+
+    def sub(self, buf: Buffer, offset: int, nbytes: int) -> B:
+        """A sub-buffer [offset, +nbytes) of buf, always cut from buf's root."""
+        with self._lock:
+            buf.check_live()
+            check_sub_range(buf.nbytes, offset, nbytes)
+            root = buf.root
+            sub = self._new_sub(root, buf.offset + offset, nbytes)
+            root.subs.append(sub)
+            self._buffers[sub.id] = sub
+            return sub
+
+    def free(self, buf: Buffer) -> None:
+        """Free a buffer (and its sub-buffers, if it is a root)."""
+        with self._lock:
+            self._drop_buffers([buf, *(buf.subs if buf.root is buf else [])])
+            if buf.root is not buf and buf in buf.root.subs:
+                buf.root.subs.remove(buf)
+
+    # runs
+
+    def _count_run(self, kernel: K, wall: float, waited: float) -> None:
+        """Add one finished dispatch to the device's and the kernel's wall-clock counters."""
+        for timing in (self.stats, kernel.timing):
+            timing.runs += 1
+            timing.run_s += wall
+            timing.wait_s += waited
+
+    def run(self, kernel: K, buffers: Sequence[Buffer]) -> float:
+        """start + wait: the wall seconds of the dispatch."""
+        return self.start(kernel, buffers).wait()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DeviceError(f"the {self.label} device is closed")
+
+    def close(self) -> None:
+        """Free every kernel, buffer and context; print the TACONITE_TIMING line(s) if on."""
+        with self._lock:
+            if self.closed:
+                return
+            for kernel in [k for ks in self._users.values() for k in ks]:
+                self.free_kernel(kernel)
+            self._contexts.clear()
+            self._drop_buffers(list(self._buffers.values()))
+            self._shutdown()
+            self.closed = True
+            if self._timing:
+                for line in self._timing_lines():
+                    print(line, file=sys.stderr)

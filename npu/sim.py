@@ -15,9 +15,7 @@ import contextlib
 import fcntl
 import itertools
 import os
-import sys
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -33,15 +31,12 @@ from npu.device import (
     ERT_CMD_STATE_ERROR,
     ERT_CMD_STATE_TIMEOUT,
     Buffer,
-    ContextCache,
+    DeviceCore,
     DeviceError,
-    DeviceStats,
     KernelSpec,
     KernelTiming,
-    check_insts_words,
-    check_sub_range,
-    ctx_cache_cap,
-    timing_enabled,
+    check_insts_stream,
+    patched_insts,
 )
 from npu.ops import LOG2E, gelu, silu
 
@@ -463,7 +458,7 @@ class SimLaunch:
         return time.perf_counter() - self.t0
 
 
-class SimDevice:
+class SimDevice(DeviceCore[SimKernel, SimBuffer]):
     """The simulated NPU (backend "sim"). Same interface as npu.xrt.XrtDevice.
 
     cost: the CostModel; sleep: also sleep the modelled time (the device serialises
@@ -473,6 +468,7 @@ class SimDevice:
     """
 
     backend = "sim"
+    label = "sim"
 
     def __init__(
         self,
@@ -489,18 +485,10 @@ class SimDevice:
         self.registry = ContextRegistry(
             Path(registry_dir) if registry_dir is not None else default_registry_dir(), hwctx_limit
         )
-        self.stats = DeviceStats()
+        super().__init__()
         self.sim = SimTime()
-        self._timing = timing_enabled()
-        self._lock = threading.RLock()
-        self._users: dict[str, list[SimKernel]] = {}
-        self._contexts = ContextCache(
-            ctx_cache_cap(), self._create_context, self._release_context, self.stats
-        )
-        self._buffers: dict[int, SimBuffer] = {}
         self._last_context: str | None = None
         self._busy_until = 0.0
-        self.closed = False
         # a device dropped without close() still gives its machine-wide slots back
         self._slots: set[Path] = set()
         self._release_slots = weakref.finalize(self, _release_slots, self.registry, self._slots)
@@ -520,107 +508,51 @@ class SimDevice:
         self.sim.device_time_s += self.cost.ctx_create_s
         return slot
 
-    def _release_context(self, key: str, slot: Path) -> None:
-        for kernel in self._users.get(key, []):
-            kernel.words = None
+    def _destroy_context(self, key: str, slot: Path) -> None:
         if self._last_context == key:
             self._last_context = None
         self._slots.discard(slot)
         self.registry.release(slot)
 
+    def _unload(self, kernel: SimKernel) -> None:
+        kernel.words = None
+
     def _resident(self, kernel: SimKernel) -> None:
         self._contexts.acquire(kernel.spec.context_key)
         if kernel.words is None:
-            words = np.frombuffer(kernel.spec.insts, np.uint32).copy()
-            for i, v in kernel.patches.items():
-                words[i] = v
-            kernel.words = words
+            kernel.words = patched_insts(kernel.spec.insts, kernel.patches)
 
-    def load(self, spec: KernelSpec) -> SimKernel:
-        with self._lock:
-            self._check_open()
-            factory = SIM_KERNELS.get(spec.kind)
-            if factory is None:
-                raise DeviceError(
-                    f"{spec.where()}: the simulator has no kernel kind {spec.kind!r}"
-                    f" (it knows {', '.join(sorted(SIM_KERNELS))})"
-                )
-            if len(spec.insts) % 4 or not spec.insts:
-                raise DeviceError(f"{spec.where()}: the instruction stream is not whole u32 words")
-            if not spec.xclbin.is_file():
-                raise DeviceError(f"{spec.where()}: xclbin {spec.xclbin} is missing")
-            kernel = SimKernel(self, spec, factory(spec))
-            kernel.timing = self.stats.kernels.setdefault(spec.key, kernel.timing)
-            self.sim.kernels.setdefault(spec.key, SimKernelTime())
-            self._users.setdefault(spec.context_key, []).append(kernel)
-            try:
-                self._resident(kernel)
-            except BaseException:
-                self._forget(kernel)
-                raise
-            return kernel
+    def _new_kernel(self, spec: KernelSpec) -> SimKernel:
+        factory = SIM_KERNELS.get(spec.kind)
+        if factory is None:
+            raise DeviceError(
+                f"{spec.where()}: the simulator has no kernel kind {spec.kind!r}"
+                f" (it knows {', '.join(sorted(SIM_KERNELS))})"
+            )
+        check_insts_stream(spec)
+        if not spec.xclbin.is_file():
+            raise DeviceError(f"{spec.where()}: xclbin {spec.xclbin} is missing")
+        kernel = SimKernel(self, spec, factory(spec))
+        self.sim.kernels.setdefault(spec.key, SimKernelTime())
+        return kernel
 
-    def _forget(self, kernel: SimKernel) -> None:
-        key = kernel.spec.context_key
-        users = self._users.get(key, [])
-        if kernel in users:
-            users.remove(kernel)
-        if not users:
-            self._users.pop(key, None)
-            self._contexts.drop(key)
-
-    def free_kernel(self, kernel: SimKernel) -> None:
-        with self._lock:
-            if not kernel.freed:
-                kernel.freed = True
-                kernel.words = None
-                self._forget(kernel)
-
-    def resident_contexts(self) -> list[str]:
-        return self._contexts.keys()
-
-    def set_insts_words(self, kernel: SimKernel, words: Iterable[tuple[int, int]]) -> None:
-        with self._lock:
-            checked = check_insts_words(len(kernel.spec.insts), words)
-            if kernel.pending:
-                raise DeviceError(
-                    f"{kernel.spec.key}: instruction patch while a launch is in flight"
-                )
-            kernel.patches.update(checked)
-            if kernel.words is not None:
-                for i, v in checked:
-                    kernel.words[i] = v
+    def _patch(self, kernel: SimKernel, words: list[tuple[int, int]]) -> None:
+        if kernel.words is not None:
+            for i, v in words:
+                kernel.words[i] = v
 
     # buffers
 
-    def alloc(self, nbytes: int) -> SimBuffer:
-        with self._lock:
-            self._check_open()
-            if nbytes <= 0:
-                raise DeviceError(f"a buffer needs at least one byte, asked for {nbytes}")
-            buf = SimBuffer(np.zeros(nbytes, np.uint8))
-            self._buffers[buf.id] = buf
-            return buf
+    def _new_buffer(self, nbytes: int) -> SimBuffer:
+        return SimBuffer(np.zeros(nbytes, np.uint8))
 
-    def sub(self, buf: Buffer, offset: int, nbytes: int) -> SimBuffer:
-        with self._lock:
-            buf.check_live()
-            check_sub_range(buf.nbytes, offset, nbytes)
-            root = buf.root
-            at = buf.offset + offset
-            sub = SimBuffer(root.host[at : at + nbytes], root, at)
-            root.subs.append(sub)
-            self._buffers[sub.id] = sub
-            return sub
+    def _new_sub(self, root: Buffer, offset: int, nbytes: int) -> SimBuffer:
+        return SimBuffer(root.host[offset : offset + nbytes], root, offset)
 
-    def free(self, buf: Buffer) -> None:
-        with self._lock:
-            gone = [buf, *(buf.subs if buf.root is buf else [])]
-            for b in gone:
-                b.freed = True
-                self._buffers.pop(b.id, None)
-            if buf.root is not buf and buf in buf.root.subs:
-                buf.root.subs.remove(buf)
+    def _drop_buffers(self, gone: list[Buffer]) -> None:
+        for b in gone:
+            b.freed = True
+            self._buffers.pop(b.id, None)
 
     def to_device(self, buf: Buffer) -> None:
         buf.check_live()
@@ -690,34 +622,13 @@ class SimDevice:
             kernel = launch.kernel
             kernel.pending -= 1
             wall = time.perf_counter() - launch.t0
-            for timing in (self.stats, kernel.timing):
-                timing.runs += 1
-                timing.run_s += wall
-                timing.wait_s += wall
+            self._count_run(kernel, wall, wall)
 
-    def run(self, kernel: SimKernel, buffers: Sequence[Buffer]) -> float:
-        return self.start(kernel, buffers).wait()
+    def _shutdown(self) -> None:
+        self._release_slots()
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise DeviceError("the sim device is closed")
-
-    def close(self) -> None:
-        """Free every kernel, buffer and context slot; print the timing lines if asked."""
-        with self._lock:
-            if self.closed:
-                return
-            for kernel in [k for ks in self._users.values() for k in ks]:
-                self.free_kernel(kernel)
-            self._contexts.clear()
-            for buf in self._buffers.values():
-                buf.freed = True
-            self._buffers.clear()
-            self._release_slots()
-            self.closed = True
-            if self._timing:
-                print(self.stats.line("sim"), file=sys.stderr)
-                print(self.sim.line(), file=sys.stderr)
+    def _timing_lines(self) -> list[str]:
+        return [*super()._timing_lines(), self.sim.line()]
 
 
 # -- writing bundles for the simulator ----------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -25,15 +24,12 @@ import numpy as np
 
 from npu.device import (
     Buffer,
-    ContextCache,
+    DeviceCore,
     DeviceError,
-    DeviceStats,
     KernelSpec,
     KernelTiming,
-    check_insts_words,
-    check_sub_range,
-    ctx_cache_cap,
-    timing_enabled,
+    check_insts_stream,
+    patched_insts,
 )
 
 DEVICE_NODE = "/dev/accel/accel0"
@@ -135,10 +131,11 @@ def open_device(device_node: str = DEVICE_NODE) -> XrtDevice:
         return _device
 
 
-class XrtDevice:
+class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
     """The NPU through pyxrt. Use open_device(); one thread at a time (an internal lock)."""
 
     backend = "npu"
+    label = "xrt"
 
     def __init__(self, device_node: str = DEVICE_NODE) -> None:
         pyxrt, missing = probe(device_node)
@@ -151,16 +148,8 @@ class XrtDevice:
             raise DeviceError(f"XRT could not open device 0 ({device_node}): {exc}") from exc
         self._to_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         self._from_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
-        self._lock = threading.RLock()
-        self.stats = DeviceStats()
-        self._timing = timing_enabled()
         self._xclbins: dict[Path, tuple[Any, Any]] = {}
-        self._users: dict[str, list[XrtKernel]] = {}
-        self._contexts = ContextCache(
-            ctx_cache_cap(), self._create_context, self._release_context, self.stats
-        )
-        self._buffers: dict[int, XrtBuffer] = {}
-        self.closed = False
+        super().__init__()
 
     # contexts and kernels
 
@@ -179,12 +168,10 @@ class XrtDevice:
             except Exception as exc:
                 raise DeviceError(f"{spec.where()}: xclbin {spec.xclbin}: {exc}") from exc
 
-    def _release_context(self, key: str, ctx: _Context) -> None:
-        for kernel in self._users.get(key, []):
-            self._drop_runs(kernel)
+    def _destroy_context(self, key: str, ctx: _Context) -> None:
         ctx.hw_context = None
 
-    def _drop_runs(self, kernel: XrtKernel) -> None:
+    def _unload(self, kernel: XrtKernel) -> None:
         """Wait for the kernel's launches in flight, then drop its pyxrt objects."""
         for launch in list(kernel.pending):
             self._finish(launch)
@@ -201,108 +188,51 @@ class XrtDevice:
         try:
             xk = self._x.kernel(ctx.hw_context, ctx.name)
             ib = self._x.bo(self._dev, len(spec.insts), self._x.bo.cacheable, xk.group_id(1))
-            words = np.frombuffer(spec.insts, np.uint32).copy()
-            for i, v in kernel.patches.items():
-                words[i] = v
-            ib.write(words.view(np.uint8), 0)
+            ib.write(patched_insts(spec.insts, kernel.patches).view(np.uint8), 0)
             ib.sync(self._to_dev)
         except Exception as exc:
             raise DeviceError(f"{spec.where()}: kernel {ctx.name} in {spec.xclbin}: {exc}") from exc
         kernel.xk, kernel.insts_bo = xk, ib
 
-    def load(self, spec: KernelSpec) -> XrtKernel:
-        with self._lock:
-            self._check_open()
-            if len(spec.insts) % 4 or not spec.insts:
-                raise DeviceError(f"{spec.where()}: the instruction stream is not whole u32 words")
-            kernel = XrtKernel(self, spec)
-            kernel.timing = self.stats.kernels.setdefault(spec.key, kernel.timing)
-            self._users.setdefault(spec.context_key, []).append(kernel)
-            try:
-                self._resident(kernel)
-            except BaseException:
-                self._forget(kernel)
-                raise
-            return kernel
+    def _new_kernel(self, spec: KernelSpec) -> XrtKernel:
+        check_insts_stream(spec)
+        return XrtKernel(self, spec)
 
-    def _forget(self, kernel: XrtKernel) -> None:
-        key = kernel.spec.context_key
-        users = self._users.get(key, [])
-        if kernel in users:
-            users.remove(kernel)
-        if not users:
-            self._users.pop(key, None)
-            self._contexts.drop(key)
-
-    def free_kernel(self, kernel: XrtKernel) -> None:
-        with self._lock:
-            if kernel.freed:
-                return
-            self._drop_runs(kernel)
-            kernel.freed = True
-            self._forget(kernel)
-
-    def resident_contexts(self) -> list[str]:
-        return self._contexts.keys()
-
-    def set_insts_words(self, kernel: XrtKernel, words: Iterable[tuple[int, int]]) -> None:
-        with self._lock:
-            checked = check_insts_words(len(kernel.spec.insts), words)
-            if kernel.pending:
-                raise DeviceError(
-                    f"{kernel.spec.key}: instruction patch while a launch is in flight"
-                )
-            kernel.patches.update(checked)
-            if kernel.insts_bo is not None and checked:
-                mapped = np.frombuffer(kernel.insts_bo.map(), np.uint32)
-                for i, v in checked:
-                    mapped[i] = v
-                kernel.insts_bo.sync(self._to_dev)
+    def _patch(self, kernel: XrtKernel, words: list[tuple[int, int]]) -> None:
+        if kernel.insts_bo is not None and words:
+            mapped = np.frombuffer(kernel.insts_bo.map(), np.uint32)
+            for i, v in words:
+                mapped[i] = v
+            kernel.insts_bo.sync(self._to_dev)
 
     # buffers
 
-    def alloc(self, nbytes: int) -> XrtBuffer:
-        with self._lock:
-            self._check_open()
-            if nbytes <= 0:
-                raise DeviceError(f"a buffer needs at least one byte, asked for {nbytes}")
-            try:
-                bo = self._x.bo(self._dev, nbytes, self._x.bo.host_only, 0)
-                host = np.frombuffer(bo.map(), np.uint8, count=nbytes)
-                host[:] = 0
-                bo.sync(self._to_dev)
-            except Exception as exc:
-                raise DeviceError(f"alloc({nbytes} bytes): {exc}") from exc
-            buf = XrtBuffer(bo, host)
-            self._buffers[buf.id] = buf
-            return buf
+    def _new_buffer(self, nbytes: int) -> XrtBuffer:
+        try:
+            bo = self._x.bo(self._dev, nbytes, self._x.bo.host_only, 0)
+            host = np.frombuffer(bo.map(), np.uint8, count=nbytes)
+            host[:] = 0
+            bo.sync(self._to_dev)
+        except Exception as exc:
+            raise DeviceError(f"alloc({nbytes} bytes): {exc}") from exc
+        return XrtBuffer(bo, host)
 
-    def sub(self, buf: Buffer, offset: int, nbytes: int) -> XrtBuffer:
-        with self._lock:
-            buf.check_live()
-            check_sub_range(buf.nbytes, offset, nbytes)
-            root = buf.root
-            assert isinstance(root, XrtBuffer)
-            at = buf.offset + offset
-            bo = self._x.bo(root.bo, nbytes, at)
-            sub = XrtBuffer(bo, root.host[at : at + nbytes], root, at)
-            root.subs.append(sub)
-            self._buffers[sub.id] = sub
-            return sub
+    def _new_sub(self, root: Buffer, offset: int, nbytes: int) -> XrtBuffer:
+        assert isinstance(root, XrtBuffer)
+        bo = self._x.bo(root.bo, nbytes, offset)
+        return XrtBuffer(bo, root.host[offset : offset + nbytes], root, offset)
 
-    def free(self, buf: Buffer) -> None:
-        with self._lock:
-            gone = {buf.id} | ({s.id for s in buf.subs} if buf.root is buf else set())
-            for kernel in (k for ks in self._users.values() for k in ks):
-                for key in [k for k in kernel.runs if gone.intersection(k)]:
-                    del kernel.runs[key]
-            for bid in gone:
-                dead = self._buffers.pop(bid, None)
-                if dead is not None:
-                    dead.freed = True
-                    dead.bo = None
-            if buf.root is not buf and buf in buf.root.subs:
-                buf.root.subs.remove(buf)
+    def _drop_buffers(self, gone: list[Buffer]) -> None:
+        """Drop the cached runs that use them, then their BOs."""
+        ids = {b.id for b in gone}
+        for kernel in (k for ks in self._users.values() for k in ks):
+            for key in [k for k in kernel.runs if ids.intersection(k)]:
+                del kernel.runs[key]
+        for bid in ids:
+            dead = self._buffers.pop(bid, None)
+            if dead is not None:
+                dead.freed = True
+                dead.bo = None
 
     def to_device(self, buf: Buffer) -> None:
         assert isinstance(buf, XrtBuffer)
@@ -362,41 +292,21 @@ class XrtDevice:
                 kernel.pending.remove(launch)
                 launch.run = None  # a held handle must not keep the run (and its context) alive
             t1 = time.perf_counter()
-            wall, waited = t1 - launch.t0, t1 - launch.t_start
-            for timing in (self.stats, kernel.timing):
-                timing.runs += 1
-                timing.run_s += wall
-                timing.wait_s += waited
+            wall = t1 - launch.t0
+            self._count_run(kernel, wall, t1 - launch.t_start)
             if state != self._x.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
                 launch._error = DeviceError(f"kernel finished in state {int(state)}")
                 return
             launch._done = wall
 
-    def run(self, kernel: XrtKernel, buffers: Sequence[Buffer]) -> float:
-        return self.start(kernel, buffers).wait()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise DeviceError("the xrt device is closed")
+    def _shutdown(self) -> None:
+        self._xclbins.clear()
+        self._dev = None
 
     def close(self) -> None:
         """Free every kernel, buffer and context; print the TACONITE_TIMING line if on."""
         global _device
-        with self._lock:
-            if self.closed:
-                return
-            for kernel in [k for ks in self._users.values() for k in ks]:
-                self.free_kernel(kernel)
-            self._contexts.clear()
-            for buf in list(self._buffers.values()):
-                buf.freed = True
-                buf.bo = None
-            self._buffers.clear()
-            self._xclbins.clear()
-            self._dev = None
-            self.closed = True
-            if self._timing:
-                print(self.stats.line("xrt"), file=sys.stderr)
+        super().close()
         with _device_lock:
             if _device is self:
                 _device = None
