@@ -4,6 +4,11 @@ Each COCO box is padded by 1.25, widened or heightened to the crop's aspect, and
 an align-corners grid with torch.grid_sample semantics (zero padding; bilinear when the crop
 shrinks the region, bicubic with A = -0.75 when it grows it), then ImageNet-normalised.
 Reference: transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (spec sapiens2 §2).
+
+The `detect` stage (the second half of this file) turns frames into det results and the
+NPU stage's work: person boxes (BlazePose, an ONNX detector, fixed regions, or an external
+detector over ZeroMQ) tracked per camera (stages.tracker), faces (BlazeFace, YuNet), and
+PoseJob / FaceJob / ClipJob items (stages.jobs); the infer stage crops with crop_persons.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -255,6 +261,7 @@ _DETECT_LOG = logging.getLogger("stages.detect")
 MALFORMED_LOGGED = 5  # external box messages logged in full; then one line per 100
 MIN_FACE_SEARCH_PX = 8  # face_in = "persons": person boxes narrower or lower are skipped
 FACE_DUPLICATE_IOU = 0.5  # face_in = "persons": the same face found in two person boxes
+POSE_FACES_KEPT = 8  # face jobs from pose keypoints waiting for detect's next frame
 
 
 class RegionOptions(StageOptions):
@@ -473,6 +480,9 @@ class CameraTracks:
         self.lock = threading.Lock()
         # track id -> when its pose job counts as lost (its deadline, or the retry time)
         self.pose_deadlines: dict[int, int] = {}
+        # face jobs built from Sapiens2 face keypoints (the dark stage's face_points), sent
+        # on by detect with its next frame of this camera; the newest POSE_FACES_KEPT
+        self.pose_faces: deque[FaceJob] = deque(maxlen=POSE_FACES_KEPT)
 
     def expire_poses(self, at_ns: int) -> None:
         """Free the tracks whose pose job is past its deadline (or retry time) unanswered."""
@@ -778,6 +788,10 @@ class Detect(Stage):
                         landmark_source=source,
                     )
                 )
+        if o.faces:
+            with tracks.lock:
+                face_jobs.extend(tracks.pose_faces)
+                tracks.pose_faces.clear()
         n_faces = 0 if faces is None else len(faces)
         det = Detections(
             camera=frame.camera,

@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
+from npu.models.keypoints308 import NAMES as KEYPOINT_NAMES
+from npu.models.keypoints308 import face_points
 from pipeline.errors import NpucamError
 from pipeline.graph import MapStage, StageOptions
 from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
@@ -173,6 +175,10 @@ def dark_keypoints(
 
 class DarkOptions(StageOptions):
     kernel: int = Field(BLUR_KERNEL, ge=3)  # DARK's Gaussian blur kernel (odd)
+    # face jobs from each 308-keypoint pose's 5 face points (npu.models.keypoints308), sent
+    # on by the detect stage of the same run with its next frame of that camera
+    face_points: bool = False
+    face_min_score: float = Field(0.3, ge=0)  # every point used must score above this
 
 
 def _xyxy(box_xywh: np.ndarray) -> np.ndarray:
@@ -222,6 +228,10 @@ class Dark(MapStage):
         tracks = run_tracks(self.context).get(job.camera)
         if tracks is not None:
             tag = tracks.finish_pose(job.track_id, job.capture_ts_ns, at)
+            face = self._face_job(job, keypoints) if self.options.face_points else None
+            if face is not None:
+                with tracks.lock:
+                    tracks.pose_faces.append(face)
         if tag is not None:  # the tracker's word: time since the pose it had before
             since_ms = None if tag.since_previous_ns is None else tag.since_previous_ns / 1e6
         else:  # no tracker in this run (a split config): the age detect saw
@@ -237,6 +247,33 @@ class Dark(MapStage):
                 since_previous_ms=since_ms,
             )
         ]
+
+    def _face_job(self, job: PoseJob, keypoints: np.ndarray) -> FaceJob | None:
+        """A face job on the pose's own frame from its 5 face points, or None when the pose
+        is not Sapiens2's 308 keypoints or a point has no confident candidate. The box is
+        an approximation: a square of twice the points' extent around their mean."""
+        if keypoints.shape[0] != len(KEYPOINT_NAMES) or job.image is None:
+            return None
+        points = face_points(keypoints, self.options.face_min_score)
+        if points is None:
+            return None
+        centre = points.mean(axis=0)
+        side = 2.0 * float(np.ptp(points, axis=0).max())
+        if side <= 0:
+            return None
+        return FaceJob(
+            camera=job.camera,
+            seq=job.seq,
+            capture_ts_ns=job.capture_ts_ns,
+            deadline_ns=job.deadline_ns,
+            frame_size=job.frame_size,
+            box_xywh=np.array([*(centre - side / 2), side, side], np.float32),
+            score=job.score,
+            landmarks=points,
+            image=job.image,
+            track_id=job.track_id,
+            landmark_source="sapiens2",
+        )
 
 
 class FaceMatchOptions(StageOptions):

@@ -11,7 +11,7 @@ import pytest
 from npu.models.clip_towers import logits_and_probs
 from pipeline.config import parse_config
 from pipeline.graph import Context
-from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
+from pipeline.messages import ClipResult, FaceResult, Frame, PoseResult, now_ns
 from pipeline.metrics import Metrics
 from pipeline.wire import decode, encode_result
 from stages.detect import CameraTracks, run_tracks
@@ -232,3 +232,35 @@ def test_clip_labels_bad_outputs_are_clear_errors(tmp_path):
     with pytest.raises(PostprocessError, match=r"\[L >= 1, 5\]"):
         label_probabilities(np.ones(5), text, 100.0)
     assert stage.process(face_item(np.ones(8, np.float32))) == []
+
+
+def test_dark_face_points_become_face_jobs_that_detect_sends_on(tmp_path):
+    from npu.models.keypoints308 import face_points
+    from stages.align import Align, AlignOptions, align_face
+    from stages.detect import Detect, DetectOptions
+
+    ctx = context(tmp_path)
+    detect = Detect("detect", DetectOptions(person="none", face="none"), ctx)
+    tracks = detect.camera_tracks("cam")
+    maps, _ = peaked_heatmaps(308, 64, 48)
+    image = np.random.default_rng(4).integers(0, 256, (240, 320, 3), np.uint8)
+    item = pose_item(maps, (160, 120, 96, 128))
+    item.job.image = image
+    (pose,) = Dark("dark", DarkOptions(face_points=True), ctx).process(item)
+    (face,) = tracks.pose_faces
+    expected = face_points(pose.keypoints)
+    assert expected is not None
+    np.testing.assert_array_equal(face.landmarks, expected)
+    assert face.landmark_source == "sapiens2" and face.track_id == item.job.track_id
+    assert face.seq == item.job.seq and face.image is image  # the pose's own frame
+    t = now_ns()
+    out = detect.process(Frame("cam", 9, t, t + 10**10, image))
+    assert face in out and not tracks.pose_faces  # sent once, with detect's next frame
+    (aligned,) = Align("align", AlignOptions(), ctx).process(face)
+    np.testing.assert_array_equal(aligned.aligned, align_face(image, expected)[0])
+    # without the option, or with fewer than 308 keypoints, no face job
+    Dark("dark", DarkOptions(), ctx).process(item)
+    small = pose_item(peaked_heatmaps(17, 64, 48)[0], (160, 120, 96, 128))
+    small.job.image = image
+    Dark("dark", DarkOptions(face_points=True), ctx).process(small)
+    assert not tracks.pose_faces
