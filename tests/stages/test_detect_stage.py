@@ -322,3 +322,70 @@ def test_faces_inside_person_boxes_are_found_in_a_wide_frame(tmp_path):
     # face_interval_s: the next frame within the second gives det boxes but no face jobs
     det2, _, faces2, _ = split(stage.process(frame(canvas, 1, t0)))
     assert det2.labels == ("person", "face") and faces2 == []
+
+
+def test_the_demo_wiring_with_a_fake_infer_delivers_every_result_kind(write_config):
+    """detect -> align -> (fake) infer -> dark / face_match / clip_labels, in one run."""
+    import asyncio
+
+    from pipeline.config import load_config
+    from pipeline.graph import Pipeline
+    from pipeline.messages import ClipResult, FaceResult, PoseResult
+
+    path = write_config(
+        """
+        [metrics]
+        stats_interval_s = 0
+        [[cameras]]
+        name = "carphone"
+        url = "sample:carphone_pristine.mp4"
+        staleness_ms = 10000
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "detect"
+        to = ["collect", "align"]
+        clip = "persons"
+        clip_interval_s = 0.2
+        inbox = { size = 2, policy = "latest" }
+        [[stages]]
+        kind = "align"
+        [[stages]]
+        kind = "tests.stages.stream_fakes:FakeInfer"
+        name = "infer"
+        to = ["dark", "face_match", "clip_labels"]
+        [[stages]]
+        kind = "dark"
+        to = ["collect"]
+        [[stages]]
+        kind = "face_match"
+        to = ["collect"]
+        [[stages]]
+        kind = "clip_labels"
+        to = ["collect"]
+        [[stages]]
+        kind = "engine_stages:Collect"
+        name = "collect"
+        inbox = { size = 1000, policy = "block" }
+        """
+    )
+    pipeline = Pipeline(load_config(path))
+    assert asyncio.run(pipeline.run(duration=3.0, handle_signals=False)) == 0
+    items = pipeline.stages["collect"].items
+    kinds = {type(i) for i in items}
+    assert {Detections, PoseResult, FaceResult, ClipResult} <= kinds, kinds
+    dets = [i for i in items if isinstance(i, Detections)]
+    assert [d.seq for d in dets] == sorted(d.seq for d in dets)
+    person_ids = {d.extra["track_ids"][0] for d in dets if d.labels[:1] == ("person",)}
+    for r in items:
+        if isinstance(r, PoseResult):
+            assert r.track_id in person_ids and r.keypoints.shape == (17, 3)
+            assert r.model == "fake-PoseJob" and r.synthetic
+        if isinstance(r, ClipResult):
+            assert abs(float(r.probabilities.sum()) - 1) < 1e-6 and r.track_id in person_ids
+            # the fake's image embedding is label track_id % 3's text embedding
+            assert r.top[0] == r.labels[r.track_id % 3]
+    poses = [r for r in items if isinstance(r, PoseResult)]
+    # one track: each pose after the first reports the time since the previous one
+    assert poses[0].since_previous_ms is None
+    assert all(p.since_previous_ms and p.since_previous_ms > 0 for p in poses[1:])
