@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from pipeline.errors import NpucamError
 
 EPILOGUES = ("none", "silu", "gelu", "swiglu")
 LOG2E = 1.4426950408889634
+T = TypeVar("T")
 
 
 class OpsError(NpucamError):
@@ -89,6 +90,31 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(np.float32)
 
 
+def gemm_epilogue(c: np.ndarray, bias: np.ndarray | None, epilogue: str) -> np.ndarray:
+    """epilogue(c + bias) of a GEMM's float32 [rows, N] product (the bias is added in place).
+
+    Returns float32 [rows, N], or [rows, N/2] for swiglu: silu(g) * u of the halves g | u.
+    """
+    if bias is not None:
+        c += bias
+    if epilogue == "silu":
+        return silu(c)
+    if epilogue == "gelu":
+        return gelu(c)
+    if epilogue == "swiglu":
+        half = c.shape[1] // 2
+        return silu(c[:, :half]) * c[:, half:]
+    return c
+
+
+def _bound(table: Mapping[str, T], op: str, key: str, backend: str) -> T:
+    """What op `key` was bound to; OpsError if it was not bound on this backend."""
+    try:
+        return table[key]
+    except KeyError:
+        raise OpsError(f"{op} {key!r} is not bound on the {backend} backend") from None
+
+
 def attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool = False
 ) -> np.ndarray:
@@ -112,22 +138,10 @@ class NumpyOps:
         self._gemms = dict(gemms)
 
     def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
-        try:
-            gw = self._gemms[key]
-        except KeyError:
-            raise OpsError(f"gemm {key!r} is not bound on the cpu backend") from None
+        gw = _bound(self._gemms, "gemm", key, self.backend)
         if a.ndim != 2 or a.shape[1] != gw.w.shape[0]:
             raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {gw.w.shape[0]}]")
-        c = np.matmul(a.astype(np.float32, copy=False), gw.w)
-        if gw.bias is not None:
-            c += gw.bias
-        if gw.epilogue == "silu":
-            c = silu(c)
-        elif gw.epilogue == "gelu":
-            c = gelu(c)
-        elif gw.epilogue == "swiglu":
-            half = c.shape[1] // 2
-            c = silu(c[:, :half]) * c[:, half:]
+        c = gemm_epilogue(np.matmul(a.astype(np.float32, copy=False), gw.w), gw.bias, gw.epilogue)
         return c.astype(np.float32, copy=False)
 
     def mha(
@@ -158,6 +172,14 @@ class DeviceGemm:
 
     spec: KernelSpec
     b: np.ndarray
+
+
+def _mha_dims(spec: KernelSpec) -> tuple[int, int, int, int, int]:
+    """(heads, kv_heads, d, seq, seq_pad) of an mha record (docs/device.md §3)."""
+    heads, d = spec.get_int("heads"), spec.get_int("d")
+    kv = spec.get_int("kv_heads", heads)
+    seq = spec.get_int("seq")
+    return heads, kv, d, seq, spec.get_int("seq_pad", seq)
 
 
 @dataclass
@@ -246,9 +268,7 @@ class DeviceOps:
         self._gemms[key] = (kernel, buf, spec)
 
     def _bind_mha(self, key: str, spec: KernelSpec) -> None:
-        heads, d = spec.get_int("heads"), spec.get_int("d")
-        kv = spec.get_int("kv_heads", heads)
-        seq_pad = spec.get_int("seq_pad", spec.get_int("seq"))
+        heads, kv, d, _, seq_pad = _mha_dims(spec)
         kernel = self._kernel(spec)
         sizes = [heads, kv, kv, heads]
         bufs = [self.device.alloc(h * seq_pad * d * 2) for h in sizes]
@@ -276,10 +296,7 @@ class DeviceOps:
         return self._rows[id(kernel)]
 
     def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
-        try:
-            kernel, b_buf, spec = self._gemms[key]
-        except KeyError:
-            raise OpsError(f"gemm {key!r} is not bound on the {self.backend} backend") from None
+        kernel, b_buf, spec = _bound(self._gemms, "gemm", key, self.backend)
         m, k = spec.get_int("M"), spec.get_int("K")
         if a.ndim != 2 or a.shape[1] != k or a.shape[0] == 0:
             raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {k}]")
@@ -308,14 +325,8 @@ class DeviceOps:
         scale: float,
         causal: bool = False,
     ) -> np.ndarray:
-        try:
-            kernel, bufs, spec = self._mhas[key]
-        except KeyError:
-            raise OpsError(f"mha {key!r} is not bound on the {self.backend} backend") from None
-        heads, d = spec.get_int("heads"), spec.get_int("d")
-        kv = spec.get_int("kv_heads", heads)
-        seq = spec.get_int("seq")
-        seq_pad = spec.get_int("seq_pad", seq)
+        kernel, bufs, spec = _bound(self._mhas, "mha", key, self.backend)
+        heads, kv, d, seq, seq_pad = _mha_dims(spec)
         s = q.shape[1] if q.ndim == 3 else -1
         if q.shape != (heads, s, d) or k.shape != (kv, s, d) or v.shape != k.shape:
             raise OpsError(

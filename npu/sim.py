@@ -38,7 +38,7 @@ from npu.device import (
     check_insts_stream,
     patched_insts,
 )
-from npu.ops import LOG2E, gelu, silu
+from npu.ops import LOG2E, gemm_epilogue
 
 if TYPE_CHECKING:
     from npu.bundle_writer import BundleWriter
@@ -319,15 +319,7 @@ class SimGemm:
     def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
         a = bf16_to_f32(_bf16_matrix(args[0], self.m, self.k, self.lda))
         w, bias = self.weights(args[1])
-        c = a @ w
-        if bias is not None:
-            c += bias
-        if self.epilogue == "silu":
-            c = silu(c)
-        elif self.epilogue == "gelu":
-            c = gelu(c)
-        elif self.epilogue == "swiglu":
-            c = silu(c[:, : self.n_out]) * c[:, self.n_out :]
+        c = gemm_epilogue(a @ w, bias, self.epilogue)
         out = args[2].host[: args[2].nbytes - args[2].nbytes % 2].view(np.uint16)
         rows = np.lib.stride_tricks.as_strided(
             out, (self.m, self.n_out), (self.c_stride * 2, 2), writeable=True
