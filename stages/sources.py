@@ -34,7 +34,9 @@ stall_timeout_s itself; a read fails once per undecodable frame and the stream g
 frame of a stream is scaled to the size it had when opened, so a size change shows only after
 a reopen (folders and zmq pass sizes through; stats count size_changes). RTSP over TCP is
 chosen with OpenCV's own variable OPENCV_FFMPEG_CAPTURE_OPTIONS="rtsp_transport;tcp". ZeroMQ
-reconnects its TCP link itself, so a silent zmq source is "stale" until frames come back.
+reconnects its TCP link itself, but not after a protocol error (a message over MAXMSGSIZE, or
+one that fails CURVE's authentication, ends that connection for good in libzmq 4.3.5), so a
+zmq source silent for stall_timeout_s is reopened like any live source.
 """
 
 from __future__ import annotations
@@ -364,10 +366,18 @@ class _ZmqSource(_Source):
     # ZeroMQ drops a peer that sends more instead of allocating it.
     MAXMSGSIZE = MAX_SIDE * MAX_SIDE * 3 + 65536
 
-    def __init__(self, endpoint: str, stop: threading.Event, curve: Curve | None, camera: str):
+    def __init__(
+        self,
+        endpoint: str,
+        stop: threading.Event,
+        curve: Curve | None,
+        camera: str,
+        stall_timeout_s: float,
+    ):
         self.endpoint = endpoint
         self.description = f"zmq:{endpoint}"
         self.stop = stop
+        self.stall_timeout_s = stall_timeout_s
         self.curve = curve
         self.camera = camera
         self.ctx: zmq.Context | None = None
@@ -388,18 +398,27 @@ class _ZmqSource(_Source):
             raise _SourceFailed(f"cannot connect to {self.endpoint}: {exc}") from None
 
     def read(self, seq: int) -> tuple[np.ndarray, int, str] | None:
+        """The next frame; None after stop, or after 0.9 * stall_timeout_s without one (the
+        reader's "stalled" mark), with the socket already closed: a frame sent once the
+        camera shows "stale" then waits for the reopened socket instead of being lost."""
+        give_up = time.monotonic() + 0.9 * self.stall_timeout_s
         while not self.stop.is_set():
-            if self.sock.poll(self.POLL_MS, zmq.POLLIN):
-                parts = self.sock.recv_multipart()
-                try:
-                    remote = decode_frame(parts)
-                except FrameWireError as exc:
-                    raise _BadFrame("bad_messages", str(exc)) from None
-                return (
-                    remote.image,
-                    remote.capture_ts_ns,
-                    f"{self.description} {remote.camera}#{remote.seq} ({remote.source})",
-                )
+            left_ms = (give_up - time.monotonic()) * 1000
+            if not self.sock.poll(max(0, min(self.POLL_MS, left_ms)), zmq.POLLIN):
+                if left_ms <= 0:
+                    self.close()
+                    return None
+                continue
+            parts = self.sock.recv_multipart()
+            try:
+                remote = decode_frame(parts)
+            except FrameWireError as exc:
+                raise _BadFrame("bad_messages", str(exc)) from None
+            return (
+                remote.image,
+                remote.capture_ts_ns,
+                f"{self.description} {remote.camera}#{remote.seq} ({remote.source})",
+            )
         return None
 
     def close(self) -> None:
@@ -478,7 +497,7 @@ def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
         ]
         return _CaptureSource(target, redact(target), params)
     if kind == "zmq":
-        return _ZmqSource(target, stop, spec.curve, spec.name)
+        return _ZmqSource(target, stop, spec.curve, spec.name, spec.stall_timeout_s)
     return _SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
 
 

@@ -715,6 +715,9 @@ def test_zmq_source_goes_stale_without_frames_and_recovers(push, start_reader):
     got.wait_for(1)
     assert reader.health == "online"
     wait_until(lambda: reader.health == "stale", timeout=2, what="stale")
+    # A silent zmq camera reopens its socket (libzmq gives up on a connection after a
+    # protocol error); a frame sent from then on waits for the new socket.
+    wait_until(lambda: reader.stats()["reconnects"] >= 1, timeout=2, what="a reopen")
     sock.send_multipart(encode_frame(frame, "raw"))
     got.wait_for(2)
     wait_until(lambda: reader.health == "online", timeout=1)
