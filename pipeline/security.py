@@ -100,7 +100,9 @@ def _problem(where: str, path: Path, what: str) -> SecurityError:
 def _certificate(path: Path, where: str) -> tuple[bytes, bytes | None]:
     """zmq.auth.load_certificate, with every failure as a SecurityError naming where/path."""
     if not path.exists():
-        raise _problem(where, path, "no such key file")
+        raise _problem(
+            where, path, "no such key file (`npucam keys generate NAME --dir DIR` makes a pair)"
+        )
     if path.is_dir():
         raise _problem(where, path, "is a directory, expected a key file")
     try:
