@@ -26,6 +26,8 @@ The stages at the end of the file turn the infer stage's outputs into published 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from pydantic import Field
 
@@ -37,6 +39,8 @@ from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
 from stages.detect import run_tracks
 from stages.gallery import Gallery, GalleryFile
 from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
+
+logger = logging.getLogger(__name__)
 
 BLUR_KERNEL = 11
 LOG_CLIP = (1e-3, 50.0)
@@ -299,6 +303,7 @@ class FaceMatch(MapStage):
         if options.gallery is not None:
             self.gallery = GalleryFile(context.config.base_dir / options.gallery)
         self._checked_ns = 0
+        self._warned_model = False
 
     def _current(self) -> Gallery | None:
         if self.gallery is None:
@@ -328,6 +333,16 @@ class FaceMatch(MapStage):
                 raise PostprocessError(
                     f"camera {job.camera!r}: embedding dim {e.shape[0]} does not match the "
                     f"gallery's {gallery.embed_dim} ({self.gallery.path})"
+                )
+            if gallery.model and gallery.model != item.model and not self._warned_model:
+                self._warned_model = True
+                logger.warning(
+                    "stage %s: gallery %s holds %r embeddings, faces come from %r: "
+                    "similarities across models mean nothing (enrol with the stream's model)",
+                    self.name,
+                    self.gallery.path,
+                    gallery.model,
+                    item.model,
                 )
             if gallery.names:
                 m = gallery.identify(e, self.options.threshold, self.options.margin)

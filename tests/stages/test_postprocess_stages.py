@@ -264,3 +264,14 @@ def test_dark_face_points_become_face_jobs_that_detect_sends_on(tmp_path):
     small.job.image = image
     Dark("dark", DarkOptions(face_points=True), ctx).process(small)
     assert not tracks.pose_faces
+
+
+def test_face_match_warns_once_when_the_gallery_holds_another_models_embeddings(tmp_path, caplog):
+    rng = np.random.default_rng(5)
+    GalleryFile(tmp_path / "g.npz").enrol("erin", unit(rng)[None], model="IR-101")
+    stage = FaceMatch("face", FaceMatchOptions(gallery="g.npz"), context(tmp_path))
+    with caplog.at_level("WARNING"):
+        stage.process(face_item(unit(rng)))  # face_item's model is "adaface"
+        stage.process(face_item(unit(rng)))
+    warnings = [r for r in caplog.records if "similarities across models" in r.message]
+    assert len(warnings) == 1 and "'IR-101'" in warnings[0].message
