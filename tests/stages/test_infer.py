@@ -107,8 +107,16 @@ async def started(stage: Infer) -> None:
         await asyncio.sleep(0.01)
 
 
-def run_stage(stage: Infer, source) -> Recorder:
-    out = Recorder()
+class Tally(Recorder):
+    """An outbox that keeps only (sent ns, deadline ns, job type) of each item, so the test
+    holds no outputs (a pose's heatmaps are 3.8 MB) and RSS reflects the stage alone."""
+
+    async def send(self, item: Inferred) -> None:
+        self.items.append((now_ns(), item.job.deadline_ns, type(item.job).__name__))
+
+
+def run_stage(stage: Infer, source, out: Recorder | None = None) -> Recorder:
+    out = out or Recorder()
     asyncio.run(asyncio.wait_for(stage.run(source, out), timeout=120))
     return out
 
@@ -312,9 +320,10 @@ def _rss_bytes() -> int:
 
 def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
     """More work than the device can do, from 2 cameras at 10 fps (2 tracked people, a
-    face and a CLIP crop per frame, 3 s staleness budget), for `seconds`. The simulated
-    dispatch time (10 ms) dominates the simulator's own numpy work, so pass times stay
-    close to the modelled ones even when the host is shared."""
+    face and a CLIP crop per frame), for `seconds`. The simulated dispatch time (10 ms)
+    dominates the simulator's own numpy work; the 8 s staleness budget leaves room for
+    passes slowed by a shared 2-core host (while a model's estimated pass outlasts the
+    budget, the scheduler drops all its jobs as npu_busy)."""
     intervals: list[tuple[float, float]] = []
     run = Runtime.run
 
@@ -338,9 +347,9 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
         while time.perf_counter() - t0 < seconds:
             for cam in ("c0", "c1"):
                 for track in (0, 1):
-                    yield pose(cam, seq, track, budget_s=3.0)
-                yield face(cam, seq, budget_s=3.0)
-                yield clip(cam, seq, budget_s=3.0)
+                    yield pose(cam, seq, track, budget_s=8.0)
+                yield face(cam, seq, budget_s=8.0)
+                yield clip(cam, seq, budget_s=8.0)
             seq += 1
             if not rss and time.perf_counter() - t0 > min(3.0, seconds / 4):
                 rss.append(_rss_bytes())  # after warm-up
@@ -348,21 +357,24 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
         rss.append(_rss_bytes())
         window.append(time.perf_counter())
 
-    out = run_stage(stage, source())
+    out = run_stage(stage, source(), Tally())
     start, end = window
     busy = sum(min(b, end) - max(a, start) for a, b in intervals if b > start and a < end)
-    print(f"busy {busy / (end - start):.4f} rss {rss}")
-    assert busy / (end - start) >= 0.95
+    assert busy / (end - start) >= 0.95, f"device busy {busy / (end - start):.3f}"
     # the stage's own counter agrees with the independent measurement
     reported = stage.scheduler.stats.busy_s
     assert reported == pytest.approx(sum(b - a for a, b in intervals), rel=0.02)
     assert out.items, "nothing published"
-    for sent_ns, item in out.items:
-        assert sent_ns <= item.job.deadline_ns  # no stale result published
+    for sent_ns, deadline_ns, _ in out.items:
+        assert sent_ns <= deadline_ns  # no stale result published
     drops = stage.scheduler.stats.drops_by_reason()
     assert drops["stale"] + drops["npu_busy"] + drops["queue_full"] > 0  # it was overloaded
-    published = Counter(type(item.job).__name__ for _, item in out.items)
-    assert set(published) == {"PoseJob", "FaceJob", "ClipJob"}  # no model starved
+    published = Counter(kind for _, _, kind in out.items)
+    models = {
+        m: (v["results"], round(v["cost_estimate_s"], 3))
+        for m, v in stage.stats()["models"].items()
+    }
+    assert set(published) == {"PoseJob", "FaceJob", "ClipJob"}, (drops, models)  # none starved
     assert rss[1] <= rss[0] * 1.03 + 4 * 2**20, f"RSS grew {rss[0]} -> {rss[1]}"
 
 
