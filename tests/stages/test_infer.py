@@ -291,6 +291,30 @@ def test_missing_bundle_without_synthetic_fails_at_startup(tmp_path, cache):
         run_stage(stage, source())
 
 
+def test_npu_backend_without_hardware_fails_at_startup_naming_what_is_missing(tmp_path, cache):
+    stage = make_stage(tmp_path, cache, models=(), backend="npu", adaface={"enabled": True})
+
+    async def source():
+        yield face("c0", 0)
+
+    with pytest.raises(DeviceError, match="the npu backend is unavailable"):
+        run_stage(stage, source())
+
+
+def test_cpu_backend_runs_without_a_device(tmp_path, cache):
+    stage = make_stage(tmp_path, cache, models=("adaface", "clip"), backend="cpu")
+
+    async def source():
+        await started(stage)
+        for i in range(2):
+            yield face("c0", i)
+            yield clip("c0", i)
+
+    out = run_stage(stage, source())
+    assert stage.device is None and len(out.items) == 4
+    assert {(item.backend, item.synthetic) for _, item in out.items} == {("cpu", True)}
+
+
 def test_check_names_the_key_of_a_missing_path(tmp_path):
     config = parse_config(
         {
@@ -311,6 +335,20 @@ def test_check_names_the_key_of_a_missing_path(tmp_path):
                for p in problems)  # fmt: skip
     assert "stages[0].clip.labels: CLIP needs at least one label" in problems
     assert not any("adaface" in p for p in problems)
+    npu = parse_config(
+        {
+            "stages": [
+                {"kind": "infer", "backend": "npu", "adaface": {"enabled": True, "synthetic": True}}
+            ]
+        },
+        tmp_path / "y.toml",
+    )
+    assert Infer.check(npu, 0) == [
+        "stages[0].adaface.bundle: is not set "
+        "(backend npu; synthetic models run on cpu and sim only)"
+    ]
+    none = parse_config({"stages": [{"kind": "infer", "backend": "cpu"}]}, tmp_path / "z.toml")
+    assert Infer.check(none, 0)[0].startswith("stages[0]: no model enabled")
 
 
 def _rss_bytes() -> int:

@@ -176,3 +176,21 @@ def test_real_bundle_is_preferred_to_synthetic(cache, device):
         "sapiens2", "sim", ModelSource(bundle=str(path), synthetic=True), device=device
     )
     assert not rt.synthetic and rt.model_id == path.name
+
+
+def test_real_checkpoints_and_bundles_load_on_their_backends(tmp_path, cache, device):
+    from safetensors.numpy import save_file
+
+    clip_dir = synthetic.clip_checkpoint_path(cache)  # an HF CLIPModel directory
+    rt = open_runtime("clip", "cpu", ModelSource(checkpoint=str(clip_dir)), labels=["a dog"])
+    assert (rt.backend, rt.synthetic, rt.batch_size, rt.contexts) == ("cpu", False, 4, ())
+    face_dir = tmp_path / "adaface"  # a cvlface-style directory
+    face_dir.mkdir()
+    save_file(synthetic.adaface_state_dict(), str(face_dir / "model.safetensors"))
+    (face_dir / "config.json").write_text('{"name": "IR-test", "units": [1, 1, 1, 1]}')
+    rt = open_runtime("adaface", "cpu", ModelSource(checkpoint=str(face_dir)))
+    assert rt.model_id == "IR-test" and not rt.synthetic
+    for name in ("adaface", "clip"):
+        bundle = synthetic.bundle_path(name, cache)
+        rt = open_runtime(name, "sim", ModelSource(bundle=str(bundle)), device=device, labels=["x"])
+        assert rt.backend == "sim" and not rt.synthetic and rt.contexts
