@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -126,7 +125,6 @@ class Infer(Stage):
         self._prep_pool: ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
         self._feeding = True
-        self._started = time.monotonic()
 
     # -- configuration -----------------------------------------------------------------
 
@@ -268,7 +266,6 @@ class Infer(Stage):
                 context_slots=self.options.context_slots or ctx_cache_cap(),
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
             )
-            self._started = time.monotonic()
             feeder = asyncio.create_task(self._feed(inbox))
             await self._serve(out, feeder)
             await feeder  # re-raises a feeder failure
@@ -366,7 +363,7 @@ class Infer(Stage):
             if in_flight and in_flight[0][1].done():
                 batch, fut = in_flight.popleft()
                 await self._finish(batch, fut, out)
-                continue  # a completion frees the device model: dispatch again first
+                continue  # the scheduler now sees the device free: dispatch first
             if not in_flight and not self._feeding and sched.pending() == 0:
                 return
             if feeder.done() and feeder.exception() is not None:
