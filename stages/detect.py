@@ -67,7 +67,10 @@ def _check_image(image_rgb: np.ndarray) -> None:
 
 
 def _check_boxes(boxes_xywh: np.ndarray | list) -> np.ndarray:
-    boxes = np.asarray(boxes_xywh, dtype=np.float64)
+    try:
+        boxes = np.asarray(boxes_xywh, dtype=np.float64)
+    except (TypeError, ValueError) as exc:  # ragged lists, non-numbers
+        raise CropError(f"boxes_xywh is not an [N, 4] array of numbers: {exc}") from None
     if boxes.ndim == 1 and boxes.shape == (4,):
         boxes = boxes[None]
     if boxes.ndim != 2 or boxes.shape[1] != 4:
