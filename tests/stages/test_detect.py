@@ -112,6 +112,8 @@ def test_crop_of_a_box_outside_the_image_is_the_normalised_zero():
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, 5, 5], [1, 1, 3, 0]], "boxes_xywh[1]"),
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, np.nan, 5]], "not finite"),
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, 5]], "[N, 4]"),
+        (np.zeros((10, 10, 3), np.uint8), [[0, 0, 5, 5], [1, 2]], "[N, 4] array of numbers"),
+        (np.zeros((10, 10, 3), np.uint8), [["a", 0, 5, 5]], "[N, 4] array of numbers"),
         (np.zeros((10, 10, 3), np.uint8), [[0, 0, 3e38, 5]], "out of float32 range"),
         (np.zeros((10, 10, 3), np.uint8), [[3e38, 0, 3, 5]], "out of float32 range"),
     ],
