@@ -8,6 +8,10 @@ test card) run in this process through one of two paths:
   engine  capture -> publish (the engine alone)
 A subscriber thread reads every published message, as a healthy client would.
 
+RSS keeps rising for the first ~100 s on the sim path (glibc malloc arenas filling as the
+worker threads allocate; Python and numpy memory, traced with tracemalloc, stays flat), so the
+default warm-up is min(300 s, run / 4).
+
 Every --sample-s seconds it records RSS (VmRSS), open file descriptors (/proc/self/fd),
 asyncio tasks, threads and executor workers. After --warmup-s, the first window of samples
 is the baseline and the last window the final state (a window is 10% of the post-warm-up
@@ -273,7 +277,7 @@ def soak(
     for url in CAMERAS.values():
         if url.startswith("sample:"):
             asset_path(url.partition(":")[2])  # AssetError says to run `make setup`
-    warmup_s = min(60.0, seconds / 4) if warmup_s is None else warmup_s
+    warmup_s = min(300.0, seconds / 4) if warmup_s is None else warmup_s
     result = SoakResult(path=path, seconds=seconds, warmup_s=warmup_s)
     threads_before = {t.ident for t in threading.enumerate()}
     with tempfile.TemporaryDirectory(prefix="npucam-soak-") as tmp:
@@ -346,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--path", choices=("sim", "engine"), default="sim")
-    p.add_argument("--warmup-s", type=float, default=None, help="default: min(60 s, run / 4)")
+    p.add_argument("--warmup-s", type=float, default=None, help="default: min(300 s, run / 4)")
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--rss-limit", type=float, default=0.05, help="allowed RSS growth (0.05 = 5%%)")
     p.add_argument("--json", metavar="FILE", help="write samples, checks and failures here")
