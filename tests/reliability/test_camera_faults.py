@@ -30,9 +30,9 @@ RECONNECT_MAX_S = 0.8
 # Recovery bound: one backoff wait at the cap plus one open (FFmpeg probes the first frame)
 # plus scheduling slack on a loaded 2-core machine.
 RECOVERY_BOUND_S = RECONNECT_MAX_S + STALL_TIMEOUT_S + 1.0
-# The healthy camera during a fault: at least this share of its nominal rate, and never a
-# silence longer than MAX_GAP_S.
-RATE_SHARE = 0.8
+# The healthy camera during a fault: at least this share of its nominal rate (slack for a
+# 2-core machine shared with other test runs), and never a silence longer than MAX_GAP_S.
+RATE_SHARE = 0.7
 MAX_GAP_S = 0.4
 # Health sequences start this long before a fault, so they show the state it interrupted.
 BEFORE_NS = 200_000_000

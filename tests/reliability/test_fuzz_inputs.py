@@ -22,6 +22,7 @@ import io
 import json
 import random
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -416,9 +417,139 @@ def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flo
     assert last["remote"]["reconnects"] == 0
     assert last["remote"]["health"] == "online"
     assert last["card"]["health"] == "online"
-    card = [s for s in rec.frames("card") if t0 <= s.received_ns <= t1]
-    assert len(card) >= 0.8 * 25 * (t1 - t0) / 1e9
+    # The other camera kept flowing: at least half its rate (a loaded 2-core machine) and
+    # never silent for more than 0.5 s.
+    card = [s.received_ns for s in rec.frames("card") if t0 <= s.received_ns <= t1]
+    assert len(card) >= 0.5 * 25 * (t1 - t0) / 1e9
+    edges = [t0, *card, t1]
+    assert max(b - a for a, b in zip(edges, edges[1:], strict=False)) <= 500_000_000
 
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+# ---- the external detector's box messages (stages.detect, person = "zmq") -------------------
+
+BOX_JSON = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**63),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+        st.sampled_from(["cam", "other", ""]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(
+            st.sampled_from(["camera", "boxes", "scores", "seq", "ts", "x"]), inner, max_size=5
+        ),
+    ),
+    max_leaves=20,
+)
+
+
+def decode_only_box_error(raw: bytes) -> None:
+    from stages.detect import BoxMessageError, decode_box_message
+
+    try:
+        got = decode_box_message(raw, ["cam", "other"])
+    except BoxMessageError:
+        return
+    assert got.camera in ("cam", "other")
+    assert got.boxes.dtype == np.float32 and got.boxes.shape == (len(got.scores), 4)
+
+
+@FUZZ
+@given(BOX_JSON)
+def test_box_message_arbitrary_json_raises_only_box_message_error(value):
+    decode_only_box_error(json.dumps(value).encode())
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_box_message_arbitrary_bytes_raise_only_box_message_error(raw):
+    decode_only_box_error(raw)
+
+
+@FUZZ
+@given(
+    st.lists(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=4, max_size=4), max_size=4),
+    st.data(),
+)
+def test_box_message_well_formed_ones_decode_to_their_boxes(boxes, data):
+    boxes = [[x, y, abs(w) + 1, abs(h) + 1] for x, y, w, h in boxes]
+    scores = data.draw(st.lists(st.floats(0, 1), min_size=len(boxes), max_size=len(boxes)))
+    from stages.detect import decode_box_message
+
+    raw = json.dumps({"camera": "cam", "boxes": boxes, "scores": scores}).encode()
+    got = decode_box_message(raw)
+    np.testing.assert_array_equal(got.boxes, np.array(boxes, np.float32).reshape(-1, 4))
+    np.testing.assert_array_equal(got.scores, np.array(scores, np.float32))
+
+
+HOSTILE_BOX_MESSAGES = {
+    "int beyond float": b'{"camera": "cam", "boxes": [[1, 2, 1' + b"0" * 400 + b", 4]]}",
+    "nested 100000 deep": b"[" * 100_000,
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="stages.detect.decode_box_message lets OverflowError (math.isfinite of a huge JSON "
+    "int) and RecursionError (deeply nested JSON) escape; reported to the detect owner",
+)
+@pytest.mark.parametrize("name", list(HOSTILE_BOX_MESSAGES))
+def test_box_message_hostile_input_raises_only_box_message_error(name):
+    decode_only_box_error(HOSTILE_BOX_MESSAGES[name])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="decode_box_message checks finiteness in float64, then casts to float32: a box "
+    "value of 1e39 becomes inf; reported to the detect owner",
+)
+def test_box_message_values_beyond_float32_are_refused():
+    from stages.detect import BoxMessageError, decode_box_message
+
+    with pytest.raises(BoxMessageError):
+        decode_box_message(b'{"camera": "cam", "boxes": [[1, 2, 1e39, 4]]}')
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="one hostile box message ends BoxReceiver's thread (the escaping error above), so "
+    "no camera gets external boxes any more; reported to the detect owner",
+)
+def test_box_receiver_keeps_serving_after_a_hostile_message(free_port):
+    from stages.detect import BoxReceiver
+
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    receiver = BoxReceiver(endpoint, ["cam"])
+    try:
+        good = json.dumps({"camera": "cam", "boxes": [[1, 2, 3, 4]]}).encode()
+        deadline = time.monotonic() + 5
+        while receiver.received == 0 and time.monotonic() < deadline:  # slow joiner
+            pub.send(good)
+            time.sleep(0.02)
+        assert receiver.received > 0
+        pub.send(HOSTILE_BOX_MESSAGES["int beyond float"])
+        pub.send(b"not json")
+        before = receiver.received
+        for _ in range(10):
+            pub.send(good)
+            time.sleep(0.02)
+        deadline = time.monotonic() + 2
+        while receiver.received < before + 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert receiver.received == before + 10
+        assert receiver.malformed >= 1
+    finally:
+        receiver.close()
+        pub.close(0)
+        ctx.term()
