@@ -5,7 +5,9 @@ device, no asyncio. It packs jobs into batches of exactly each model's export si
 "size or max delay" rule, with padded slots masked), budgets the one device by estimated
 device-seconds (not job count), keeps per-camera fairness (virtual-time fair queueing over
 device-seconds), prefers models whose hardware contexts are resident in a 16-slot LRU unless
-that would break a deadline, and drops work that is stale or can no longer finish in time.
+that would break a deadline, and drops work that is stale or can no longer finish in time
+even on an optimistic cost. Pass costs are learned from measured passes; an estimate that
+alone keeps a model's jobs from running relaxes toward the profile cost until it runs again.
 Design and the overlap protocol: docs/scheduler.md.
 """
 
@@ -24,7 +26,8 @@ QueuePolicy = Literal["drop_oldest", "reject_new"]
 QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new")
 
 # Why a job was dropped: past its deadline; still in time but unable to finish before it
-# because of the device's backlog; its model's queue was full; its device run failed.
+# even on an optimistic cost (the device's backlog, or a pass longer than the time left);
+# its model's queue was full; its device run failed.
 DROP_REASONS: tuple[str, ...] = ("stale", "npu_busy", "queue_full", "error")
 
 NPU2_CONTEXT_SLOTS = 16
@@ -317,6 +320,7 @@ class BatchScheduler:
         max_in_flight: int = 2,
         prepare_ahead_s: float | None = 0.05,
         margin_devs: float = 2.0,
+        recovery_half_life_s: float = 5.0,
     ) -> None:
         self.profiles: dict[str, ModelProfile] = {}
         for profile in profiles:
@@ -339,6 +343,7 @@ class BatchScheduler:
             ("prepare_ahead_s", prepare_ahead_s),
             ("margin_devs", margin_devs),
             ("context_load_s", context_load_s),
+            ("recovery_half_life_s", recovery_half_life_s),
         ):
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise SchedulerError(f"scheduler: {name} must be finite and >= 0, got {value}")
@@ -362,6 +367,11 @@ class BatchScheduler:
         # mean absolute deviation of measured costs; deadlines are judged on cost + margin
         self._dev: dict[str, float] = {name: 0.1 * p.cost_s for name, p in self.profiles.items()}
         self.margin_devs = margin_devs
+        # while a model's own cost bound exceeds its jobs' time left (and nothing re-measures
+        # it), the excess of its estimate and deviation over the profile's halves this often
+        self.recovery_half_life_s = recovery_half_life_s
+        self._blocked: set[str] = set()
+        self._relaxed_ns = clock()
         self.prepare_ahead_ns = None if prepare_ahead_s is None else _s_to_ns(prepare_ahead_s)
         self._served: dict[str, float] = {}  # device-seconds charged per camera, / weight
         self._virtual = 0.0  # the charge level at which the latest batch started
@@ -449,33 +459,56 @@ class BatchScheduler:
         """The cost deadlines are judged on: estimate + margin_devs x mean abs deviation."""
         return self._cost[model] + self.margin_devs * self._dev[model]
 
+    def cost_floor_s(self, model: str) -> float:
+        """The optimistic pass cost `npu_busy` drops are judged on: the lower of the estimate
+        and the profile's cost (a pass that once took that long may again)."""
+        return min(self._cost[model], self.profiles[model].cost_s)
+
     def wake_ns(self) -> int | None:
         """When to call `next_batch` again if nothing arrives or completes first: the next
         partial batch's max-wait close, or the prepare-ahead point of the last batch in flight
-        (None if no job is queued)."""
-        times = [
-            queue[0].enqueue_ns
-            + (0 if len(queue) >= profile.batch_size else _ms_to_ns(profile.max_wait_ms))
-            for name, queue in self._queues.items()
-            if queue
-            for profile in [self.profiles[name]]
-        ]
+        (None if no job is queued). While a batch is in flight, only jobs expected to finish
+        in time count (the others wait for the device to be idle: its completion wakes)."""
+        now = self.clock()
+        start_ns = self._device_free_ns(now)
+        latest_start_ns = self._device_free_ns(now, bound=True)
+        times = []
+        for name, queue in self._queues.items():
+            if self._in_flight:
+                queue = self._sort_out(name, now, start_ns, latest_start_ns)[0]
+            if not queue:
+                continue
+            profile = self.profiles[name]
+            oldest = min(job.enqueue_ns for job in queue)
+            full = len(queue) >= profile.batch_size
+            times.append(oldest + (0 if full else _ms_to_ns(profile.max_wait_ms)))
         if times and self._in_flight and self.prepare_ahead_ns is not None:
-            prepare_at = self._device_free_ns(self.clock()) - self.prepare_ahead_ns
+            prepare_at = start_ns - self.prepare_ahead_ns
             times = [max(t, prepare_at) for t in times]
         return min(times, default=None)
 
     def next_batch(self) -> Batch | None:
         """The batch the device should run next, or None (nothing ready, or enough in flight).
 
-        Drops queued jobs that are stale or cannot finish before their deadline if their batch
-        started when the device frees up; then, among models with a ready batch (full, or its
-        oldest job waited max_wait_ms), picks by camera fairness, residency and deadline.
+        Drops queued jobs that are stale or cannot finish before their deadline even if
+        their batch started when the device is expected to free up and took the optimistic
+        cost (`cost_floor_s`); then, among models with a ready batch (full, or its oldest job
+        waited max_wait_ms) of jobs expected to finish in time by the cost bound, picks by
+        camera fairness, residency and deadline. With no such batch and the device idle, it
+        runs a ready batch of jobs that may still finish (and so re-measures its model).
         """
         now = self.clock()
         start_ns = self._device_free_ns(now)
         latest_start_ns = self._device_free_ns(now, bound=True)
-        self._drop_infeasible(now, latest_start_ns)
+        self._relax(now)
+        safe: dict[str, list[Job]] = {}
+        self._blocked = set()
+        for name in self._queues:
+            safe[name], at_risk = self._sort_out(name, now, start_ns, latest_start_ns, drop=True)
+            # blocked by its own estimate: the bound outlasts the time left on an idle device
+            bound_ns = _s_to_ns(self._switch_s(self.profiles[name]) + self.cost_bound_s(name))
+            if any(now + bound_ns > job.deadline_ns for job in at_risk):
+                self._blocked.add(name)
         if len(self._in_flight) >= self.max_in_flight:
             return None
         # Decide as late as the host glue allows: fresher jobs, fuller batches.
@@ -486,11 +519,17 @@ class BatchScheduler:
         ):
             return None
         candidates = [
-            c
-            for name, queue in self._queues.items()
-            if queue and self._ready(name, now)
-            for c in [self._candidate(self.profiles[name], latest_start_ns)]
+            self._candidate(self.profiles[name], latest_start_ns, jobs)
+            for name, jobs in safe.items()
+            if jobs and self._ready(name, jobs, now)
         ]
+        if not candidates and not self._in_flight:
+            # The device is idle and nothing is expected to finish in time: run what might.
+            candidates = [
+                self._candidate(self.profiles[name], latest_start_ns, queue)
+                for name, queue in self._queues.items()
+                if queue and self._ready(name, queue, now)
+            ]
         if not candidates:
             return None
         chosen = self._choose(candidates, latest_start_ns)
@@ -505,44 +544,73 @@ class BatchScheduler:
             t += _s_to_ns(b.switch_s + (b.cost_bound_s if bound else b.cost_s))
         return max(t, now)
 
-    def _ready(self, model: str, now: int) -> bool:
+    def _ready(self, model: str, jobs: list[Job], now: int) -> bool:
         profile = self.profiles[model]
-        queue = self._queues[model]
-        oldest = min(job.enqueue_ns for job in queue)
-        return len(queue) >= profile.batch_size or now - oldest >= _ms_to_ns(profile.max_wait_ms)
+        oldest = min(job.enqueue_ns for job in jobs)
+        return len(jobs) >= profile.batch_size or now - oldest >= _ms_to_ns(profile.max_wait_ms)
 
     def _switch_s(self, profile: ModelProfile, after: Iterable[str] = ()) -> float:
         return self.lru.missing(profile.contexts, after) * self.context_load_s
 
-    def _drop_infeasible(self, now: int, latest_start_ns: int) -> None:
-        for name, queue in self._queues.items():
-            if not queue:
-                continue
+    def _sort_out(
+        self, name: str, now: int, start_ns: int, latest_start_ns: int, drop: bool = False
+    ) -> tuple[list[Job], list[Job]]:
+        """Split `name`'s queue into (safe, at risk): safe jobs finish in time if their batch
+        starts when the device frees up by the bounds and takes the cost bound; jobs at risk
+        would with the expected start and the optimistic cost. With drop=True the rest are
+        dropped (`stale` or `npu_busy`) and the queue keeps safe and at-risk jobs."""
+        queue = self._queues[name]
+        if not queue:
+            return [], []
+        switch_s = self._switch_s(self.profiles[name])
+        bound_finish = latest_start_ns + _s_to_ns(switch_s + self.cost_bound_s(name))
+        floor_finish = start_ns + _s_to_ns(switch_s + self.cost_floor_s(name))
+        safe: list[Job] = []
+        at_risk: list[Job] = []
+        for job in queue:
+            if now > job.deadline_ns or floor_finish > job.deadline_ns:
+                if drop:
+                    self._drop(job, "stale" if now > job.deadline_ns else "npu_busy")
+            elif bound_finish > job.deadline_ns:
+                at_risk.append(job)
+            else:
+                safe.append(job)
+        if drop:
+            kept = {id(job) for job in safe + at_risk}
+            queue[:] = [job for job in queue if id(job) in kept]
+        return safe, at_risk
+
+    def _relax(self, now: int) -> None:
+        """Decay the estimates of models blocked by their own cost bound since the last call
+        (and with no pass in flight to re-measure them) toward their profiles: a slow pass
+        (a loaded host, a one-time stall) must not keep a model off the device for good."""
+        elapsed_ns = now - self._relaxed_ns
+        self._relaxed_ns = now
+        if elapsed_ns <= 0 or not self._blocked:
+            return
+        half_life_ns = _s_to_ns(self.recovery_half_life_s)
+        keep = 0.5 ** (elapsed_ns / half_life_ns) if half_life_ns else 0.0
+        running = {b.model for b in self._in_flight}
+        for name in self._blocked - running:
             profile = self.profiles[name]
-            finish = latest_start_ns + _s_to_ns(self._switch_s(profile) + self.cost_bound_s(name))
-            keep: list[Job] = []
-            for job in queue:
-                if now > job.deadline_ns:
-                    self._drop(job, "stale")
-                elif finish > job.deadline_ns:
-                    self._drop(job, "npu_busy")
-                else:
-                    keep.append(job)
-            queue[:] = keep
+            for values, base in ((self._cost, profile.cost_s), (self._dev, 0.1 * profile.cost_s)):
+                if values[name] > base:
+                    values[name] = base + (values[name] - base) * keep
+            self.stats.models[name].cost_estimate_s = self._cost[name]
 
     def _weight(self, camera: str) -> float:
         return self.camera_weights.get(camera, 1.0)
 
-    def _candidate(self, profile: ModelProfile, latest_start_ns: int) -> _Candidate:
-        """The batch this model would run now: jobs taken camera by camera, least served
-        camera first (charging each taken job its share of the batch cost), and within a
-        camera by (priority, deadline, arrival)."""
+    def _candidate(
+        self, profile: ModelProfile, latest_start_ns: int, queued: list[Job]
+    ) -> _Candidate:
+        """The batch this model would run now from `queued`: jobs taken camera by camera,
+        least served camera first (charging each taken job its share of the batch cost), and
+        within a camera by (priority, deadline, arrival)."""
         cost = self._cost[profile.name]
         switch = self._switch_s(profile)
         by_camera: dict[str, list[Job]] = {}
-        for job in sorted(
-            self._queues[profile.name], key=lambda j: (j.priority, j.deadline_ns, j.enqueue_ns)
-        ):
+        for job in sorted(queued, key=lambda j: (j.priority, j.deadline_ns, j.enqueue_ns)):
             by_camera.setdefault(job.camera, []).append(job)
         served = {c: self._served.get(c, 0.0) for c in by_camera}
         lead = min(served.values())
