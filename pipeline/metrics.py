@@ -1,5 +1,6 @@
 """Pipeline metrics: per-stage items in/out, drops by (stage, camera, reason), latency
-histograms (queue wait, work time) and per-camera capture stats (fps, health).
+histograms (queue wait, work time), per-camera capture stats (fps, health) and the gauges a
+stage registers for itself (numbers by name, read at snapshot / scrape time).
 
 One Metrics object per pipeline. snapshot() is the JSON of the `stats` topic; the same
 numbers are exposed as Prometheus text over HTTP when [metrics] prometheus is set, with
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
+import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pipeline.errors import NpucamError
 
@@ -24,6 +27,14 @@ DROP_REASONS = ("queue_full", "stale", "npu_busy", "error")
 # Histogram bucket upper bounds in seconds, from 0.1 ms to 10 s; the last bucket is +Inf.
 BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
              2.5, 5.0, 10.0)  # fmt: skip
+
+
+# A stage gauge's name: its Prometheus family is npucam_stage_<name>; the stage counters'
+# family names are taken.
+GAUGE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+RESERVED_GAUGE_NAMES = ("items_in", "items_out")
+
+Gauges = Callable[[], Mapping[str, float]]
 
 
 class MetricsError(NpucamError):
@@ -84,6 +95,8 @@ class Metrics:
         self.work_time: defaultdict[str, Histogram] = defaultdict(Histogram)
         self.queue_depth: dict[str, Callable[[], int]] = {}
         self.cameras: dict[str, Callable[[], dict]] = {}
+        self.gauges: dict[str, Gauges] = {}
+        self._bad_gauges: set[tuple[str, str]] = set()  # (stage, repr(name)) warned
 
     def count_in(self, stage: str, camera: str, n: int = 1) -> None:
         with self._lock:
@@ -127,6 +140,52 @@ class Metrics:
         """Report a camera's capture stats (fps, health, frames, reconnects...) in snapshots."""
         self.cameras[camera] = stats
 
+    def add_gauges(self, stage: str, gauges: Gauges) -> None:
+        """Report `stage`'s own gauges: `gauges()` returns {name: number}, read at every
+        snapshot (under stages.<stage>.gauges) and Prometheus scrape (npucam_stage_<name>
+        with label stage). It may be called from any thread. Names: lower-case letters,
+        digits and underscores, starting with a letter. Registering a stage again replaces
+        its gauges."""
+        if not stage:
+            raise MetricsError("add_gauges: the stage name is empty")
+        self.gauges[stage] = gauges
+
+    def gauge_values(self, stage: str) -> dict[str, float]:
+        """The current gauges of `stage` ({} if none); a failing or malformed gauge source is
+        logged (once per stage and problem) and skipped, never raised: metrics must not take
+        the stats topic or the Prometheus endpoint down."""
+        fn = self.gauges.get(stage)
+        if fn is None:
+            return {}
+        try:
+            raw = dict(fn())
+        except Exception as exc:
+            self._warn_gauge(stage, "", f"gauges failed: {type(exc).__name__}: {exc}")
+            return {}
+        out: dict[str, float] = {}
+        for name, value in raw.items():
+            if not isinstance(name, str) or not GAUGE_NAME.match(name):
+                self._warn_gauge(stage, name, f"gauge {name!r} is not a valid name (skipped)")
+            elif name in RESERVED_GAUGE_NAMES:
+                self._warn_gauge(stage, name, f"gauge {name!r} is a reserved name (skipped)")
+            elif (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                self._warn_gauge(
+                    stage, name, f"gauge {name!r}: {value!r} is not a finite number (skipped)"
+                )
+            else:
+                out[name] = value
+        return out
+
+    def _warn_gauge(self, stage: str, name: object, problem: str) -> None:
+        key = (stage, repr(name))
+        if key not in self._bad_gauges:
+            self._bad_gauges.add(key)
+            log.warning("stage %s: %s", stage, problem)
+
     def dropped(
         self, stage: str | None = None, camera: str | None = None, reason: str | None = None
     ) -> int:
@@ -160,8 +219,11 @@ class Metrics:
                 entry(stage)["work"] = h.summary_ms()
             depths = dict(self.queue_depth)
             cameras = dict(self.cameras)
+            gauged = list(self.gauges)
         for stage, depth in depths.items():
             entry(stage)["queue_depth"] = depth()
+        for stage in gauged:
+            entry(stage)["gauges"] = self.gauge_values(stage)
         return {
             "uptime_s": round(time.monotonic() - self.started, 3),
             "stages": stages,
@@ -248,6 +310,16 @@ class PrometheusCollector:
             for state in HEALTH_STATES:
                 health.add_metric([name, state], 1.0 if st.get("health") == state else 0.0)
         yield from (fps, health)
+        families: dict[str, GaugeMetricFamily] = {}
+        for stage in list(m.gauges):
+            for name, value in m.gauge_values(stage).items():
+                fam = families.get(name)
+                if fam is None:
+                    fam = families[name] = GaugeMetricFamily(
+                        f"npucam_stage_{name}", f"Stage gauge {name}", labels=["stage"]
+                    )
+                fam.add_metric([stage], float(value))
+        yield from families.values()
 
 
 def _hist_copy(h: Histogram) -> tuple[list[int], float]:

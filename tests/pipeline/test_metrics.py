@@ -72,3 +72,56 @@ def test_prometheus_endpoint_serves_stage_and_camera_metrics(write_config):
     assert 'npucam_camera_health{camera="card",state="online"} 1.0' in text
     fps = [line for line in text.splitlines() if line.startswith("npucam_camera_fps{")]
     assert fps and float(fps[0].split()[-1]) > 20
+
+
+def _prometheus_text(m: Metrics) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(m.prometheus_collector())
+    return generate_latest(registry).decode()
+
+
+def test_stage_gauges_appear_in_the_snapshot_and_as_labelled_prometheus_gauges():
+    m = Metrics()
+    busy = {"device_busy_fraction": 0.25, "context_loads": 3}
+    m.add_gauges("infer", lambda: busy)
+    m.add_gauges("infer/clip", lambda: {"fill_ratio": 0.75})
+    m.add_gauges("infer/pose", lambda: {"fill_ratio": 1.0})
+    busy["device_busy_fraction"] = 0.5  # read at snapshot time, not at registration
+    stages = m.snapshot()["stages"]
+    assert stages["infer"]["gauges"] == {"device_busy_fraction": 0.5, "context_loads": 3}
+    assert stages["infer/clip"]["gauges"] == {"fill_ratio": 0.75}
+    text = _prometheus_text(m)
+    assert "# TYPE npucam_stage_fill_ratio gauge" in text
+    assert 'npucam_stage_fill_ratio{stage="infer/clip"} 0.75' in text
+    assert 'npucam_stage_fill_ratio{stage="infer/pose"} 1.0' in text
+    assert 'npucam_stage_device_busy_fraction{stage="infer"} 0.5' in text
+    assert 'npucam_stage_context_loads{stage="infer"} 3.0' in text
+
+
+def test_a_bad_gauge_source_is_skipped_and_logged_not_raised(caplog):
+    m = Metrics()
+
+    def broken():
+        raise RuntimeError("device gone")
+
+    m.add_gauges("a", broken)
+    m.add_gauges(
+        "b",
+        lambda: {"ok": 1.5, "Bad-Name": 1, "items_in": 2, "text": "x", "flag": True,
+                 "nan": float("nan")},
+    )  # fmt: skip
+    for _ in range(2):
+        snap = m.snapshot()
+        text = _prometheus_text(m)
+    assert snap["stages"]["a"]["gauges"] == {}
+    assert snap["stages"]["b"]["gauges"] == {"ok": 1.5}
+    assert 'npucam_stage_ok{stage="b"} 1.5' in text and "Bad-Name" not in text
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "stage a: gauges failed: RuntimeError: device gone" in warnings
+    assert any("gauge 'Bad-Name' is not a valid name" in w for w in warnings)
+    assert any("gauge 'items_in' is a reserved name" in w for w in warnings)
+    assert len(warnings) == 6  # once per stage and problem, not per read
+    with pytest.raises(MetricsError, match="stage name is empty"):
+        m.add_gauges("", dict)
