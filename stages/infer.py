@@ -12,12 +12,15 @@ an `Inferred` (stages.jobs) naming backend, model and whether the weights are sy
 
 A device error fails that batch's jobs (dropped `error`, counted per model and camera) and
 the stage goes on; running out of hardware contexts makes the device's LRU evict, not fail.
+Its scheduler and device numbers are registered as stage gauges (`<stage>` and
+`<stage>/<model>`) with pipeline.metrics, so they are on the `stats` topic and Prometheus.
 Configuration keys: docs/configuration.md ("infer stage"); design: docs/inference.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -276,6 +279,11 @@ class Infer(Stage):
                 context_slots=self.options.context_slots or ctx_cache_cap(),
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
             )
+            self.metrics.add_gauges(self.name, self.device_gauges)
+            for model in self.runtimes:
+                self.metrics.add_gauges(
+                    f"{self.name}/{model}", functools.partial(self.model_gauges, model)
+                )
             feeder = asyncio.create_task(self._feed(inbox))
             await self._serve(out, feeder)
             await feeder  # re-raises a feeder failure
@@ -476,6 +484,47 @@ class Infer(Stage):
             if sim is not None:
                 snap["device"]["sim_device_time_s"] = sim.device_time_s
         return snap
+
+    def device_gauges(self) -> dict[str, float]:
+        """The stage's device-wide gauges (the `<stage>` entry of pipeline.metrics): busy
+        fraction and seconds, context loads / evictions as the scheduler models them, and the
+        device's own context counters when there is a device. Read from any thread."""
+        assert self.scheduler is not None
+        st = self.scheduler.stats
+        gauges: dict[str, float] = {
+            "device_busy_fraction": st.busy_fraction(now_ns()),
+            "device_busy_seconds": st.busy_s,
+            "context_loads": st.context_loads,
+            "context_evictions": st.context_evictions,
+            "queued": self.scheduler.pending(),
+            "in_flight": len(self.scheduler.in_flight),
+        }
+        if self.device is not None:
+            dev = self.device.stats
+            gauges["device_context_loads"] = dev.loads
+            gauges["device_context_hits"] = dev.hits
+            gauges["device_context_evictions"] = dev.evict
+        return gauges
+
+    def model_gauges(self, model: str) -> dict[str, float]:
+        """One model's gauges (the `<stage>/<model>` entry of pipeline.metrics): batches,
+        fill ratio, padded slots, padding waste, queue wait mean / max (submit to dispatch),
+        the learned pass cost and its bound, queued jobs, published results and errors."""
+        assert self.scheduler is not None
+        m = self.scheduler.stats.models[model]
+        return {
+            "batches": m.batches,
+            "fill_ratio": m.fill_ratio,
+            "padded_slots": m.slots - m.filled,
+            "padding_waste_seconds": m.padding_waste_s,
+            "queue_wait_mean_seconds": m.mean_wait_s,
+            "queue_wait_max_seconds": m.wait_s_max,
+            "cost_estimate_seconds": self.scheduler.cost_estimate_s(model),
+            "cost_bound_seconds": self.scheduler.cost_bound_s(model),
+            "queued": self.scheduler.pending(model),
+            "published": self.published[model],
+            "errors": self.errors[model],
+        }
 
     def _log_summary(self) -> None:
         s = self.stats()
