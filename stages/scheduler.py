@@ -467,8 +467,11 @@ class BatchScheduler:
     def wake_ns(self) -> int | None:
         """When to call `next_batch` again if nothing arrives or completes first: the next
         partial batch's max-wait close, or the prepare-ahead point of the last batch in flight
-        (None if no job is queued). While a batch is in flight, only jobs expected to finish
+        (None if no job is queued, or if max_in_flight batches are in flight: only a
+        completion can change that). While a batch is in flight, only jobs expected to finish
         in time count (the others wait for the device to be idle: its completion wakes)."""
+        if len(self._in_flight) >= self.max_in_flight:
+            return None
         now = self.clock()
         start_ns = self._device_free_ns(now)
         latest_start_ns = self._device_free_ns(now, bound=True)

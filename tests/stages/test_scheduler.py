@@ -538,6 +538,7 @@ def test_next_batch_is_planned_while_one_runs_and_bounded_by_max_in_flight():
     assert prepared.est_start_ns == running.est_finish_ns
     assert sched.next_batch() is None
     assert sched.in_flight == (running, prepared)
+    assert sched.wake_ns() is None  # only a completion can free a slot: no busy waiting
     clock.t = running.est_finish_ns
     sched.complete(running, [None], running.est_finish_ns / S)
     third = sched.next_batch()
