@@ -508,9 +508,14 @@ class BatchScheduler:
         self._blocked = set()
         for name in self._queues:
             safe[name], at_risk = self._sort_out(name, now, start_ns, latest_start_ns, drop=True)
-            # blocked by its own estimate: the bound outlasts the time left on an idle device
+            # blocked by its own estimate: no job it would run, and its bound outlasts the time
+            # left of its freshest job even on an idle device
             bound_ns = _s_to_ns(self._switch_s(self.profiles[name]) + self.cost_bound_s(name))
-            if any(now + bound_ns > job.deadline_ns for job in at_risk):
+            if (
+                at_risk
+                and not safe[name]
+                and now + bound_ns > max(job.deadline_ns for job in at_risk)
+            ):
                 self._blocked.add(name)
         if len(self._in_flight) >= self.max_in_flight:
             return None
