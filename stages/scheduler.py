@@ -367,8 +367,9 @@ class BatchScheduler:
         # mean absolute deviation of measured costs; deadlines are judged on cost + margin
         self._dev: dict[str, float] = {name: 0.1 * p.cost_s for name, p in self.profiles.items()}
         self.margin_devs = margin_devs
-        # while a model's own cost bound exceeds its jobs' time left (and nothing re-measures
-        # it), the excess of its estimate and deviation over the profile's halves this often
+        # while a model's own cost bound keeps all its queued jobs from running (and no pass
+        # re-measures it), the excess of its estimate and deviation over the profile's
+        # halves this often
         self.recovery_half_life_s = recovery_half_life_s
         self._blocked: set[str] = set()
         self._relaxed_ns = clock()
