@@ -8,6 +8,8 @@ Options model by pipeline.graph (which imports stage classes lazily by kind).
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -184,11 +186,19 @@ def _check_names(config: Config) -> list[str]:
     return problems
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def key_path(loc: Sequence[str | int]) -> str:
-    """('cameras', 1, 'url') -> 'cameras[1].url'."""
+    """('cameras', 1, 'url') -> 'cameras[1].url'; a key that is not a bare TOML key is quoted
+    as TOML quotes it ('a"b\n' -> "a\"b\n"), so a message stays one line per problem."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        key = str(part) if _BARE_KEY.fullmatch(str(part)) else json.dumps(str(part))
+        out += f".{key}" if out else key
     return out or "(top level)"
 
 

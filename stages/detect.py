@@ -321,6 +321,9 @@ class DetectOptions(StageOptions):
     clip_max_per_frame: int = Field(4, ge=1)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class BoxMessageError(NpucamError):
     """An external detector's box message that does not follow the documented format."""
 
@@ -346,6 +349,13 @@ def _int_or_none(msg: dict, key: str) -> int | None:
     return value
 
 
+def _fits_float32(v: int | float) -> bool:
+    """True for a finite number float32 can hold (a huge JSON integer would overflow)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return False
+    return abs(v) <= FLOAT32_MAX  # exact for ints of any size
+
+
 def decode_box_message(raw: bytes, cameras: Sequence[str] | None = None) -> ExternalBoxes:
     """Parse one external-detector message (docs/configuration.md, person = "zmq").
 
@@ -357,6 +367,8 @@ def decode_box_message(raw: bytes, cameras: Sequence[str] | None = None) -> Exte
         msg = json.loads(bytes(raw))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BoxMessageError(f"not UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise BoxMessageError("JSON nested too deeply") from None
     if not isinstance(msg, dict):
         raise BoxMessageError(f"expected a JSON object, got {type(msg).__name__}")
     camera = msg.get("camera")
@@ -376,8 +388,10 @@ def decode_box_message(raw: bytes, cameras: Sequence[str] | None = None) -> Exte
             and all(isinstance(v, int | float) and not isinstance(v, bool) for v in box)
         ):
             raise BoxMessageError(f"{where}: boxes[{i}] must be 4 numbers [x, y, w, h]: {box!r}")
-        if not all(math.isfinite(v) for v in box) or box[2] <= 0 or box[3] <= 0:
-            raise BoxMessageError(f"{where}: boxes[{i}] = {box} needs finite values and w, h > 0")
+        if not all(_fits_float32(v) for v in box) or box[2] <= 0 or box[3] <= 0:
+            raise BoxMessageError(
+                f"{where}: boxes[{i}] = {box} needs finite float32 values and w, h > 0"
+            )
         rows.append(box)
     scores = msg.get("scores", [1.0] * len(rows))
     if not (

@@ -196,7 +196,7 @@ GOOD = {"camera": "cam", "boxes": [[10, 20, 30, 40]], "scores": [0.9], "seq": 5}
         (json.dumps({"camera": "cam", "boxes": [[1, 2, 3]]}).encode(), r"boxes\[0\] must be 4"),
         (json.dumps({"camera": "cam", "boxes": [[1, 2, 3, True]]}).encode(), r"boxes\[0\]"),
         (json.dumps({"camera": "cam", "boxes": [[1, 2, 0, 5]]}).encode(), "w, h > 0"),
-        (b'{"camera": "cam", "boxes": [[1, 2, NaN, 5]]}', "needs finite values"),
+        (b'{"camera": "cam", "boxes": [[1, 2, NaN, 5]]}', "needs finite float32 values"),
         (json.dumps({**GOOD, "scores": [0.5, 0.5]}).encode(), "'scores' must be 1 numbers"),
         (json.dumps({**GOOD, "scores": [1.5]}).encode(), r"scores must lie in \[0, 1\]"),
         (json.dumps({**GOOD, "seq": "5"}).encode(), "'seq' must be an integer"),
