@@ -13,18 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from pipeline.assets import asset_path
 from stages.detectors.anchors import (
     POSE_DETECTION,
     DecodeOptions,
-    decode,
     ssd_anchors,
-    weighted_nms,
 )
-from stages.detectors.detections import Detections, check_image, letterbox, xyxy_to_clipped_xywh
+from stages.detectors.detections import Detections, xyxy_to_clipped_xywh
 from stages.detectors.litert import TfliteSsd
 
 POSE_KEYPOINTS = ("hip_centre", "body_scale", "shoulder_centre", "upper_body_scale")
@@ -56,14 +53,8 @@ class BlazePosePerson:
 
     def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections:
         """image: uint8 [H, W, 3] in `colour_order` ("bgr" as Frame, or "rgb")."""
-        check_image(image)
+        raw, lb = self._model.detect_letterboxed(image, colour_order, self._anchors, self._decode)
         h, w = image.shape[:2]
-        boxed, lb = letterbox(image, self.size)
-        if colour_order == "bgr":
-            boxed = cv2.cvtColor(boxed, cv2.COLOR_BGR2RGB)
-        x = boxed.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
-        reg, logits = self._model.run(x[None])
-        raw = weighted_nms(decode(reg, logits, self._anchors, self._decode), self._decode.nms_iou)
         if len(raw.scores) == 0:
             return Detections.empty(4, POSE_KEYPOINTS)
         kp = lb.to_image(raw.keypoints)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 
-from stages.detectors.detections import DetectorError
+from stages.detectors.anchors import DecodeOptions, RawDetections, decode, weighted_nms
+from stages.detectors.detections import DetectorError, Letterbox, check_image, letterbox
 
 
 class TfliteSsd:
@@ -23,6 +25,7 @@ class TfliteSsd:
         from ai_edge_litert.interpreter import Interpreter
 
         self.path = Path(path)
+        self.size = size
         if not self.path.is_file():
             raise DetectorError(f"{self.path}: detector model not found")
         try:
@@ -56,3 +59,21 @@ class TfliteSsd:
         reg = self._interp.get_tensor(self._regressors)[0]
         logits = self._interp.get_tensor(self._scores)[0, :, 0]
         return reg.copy(), logits.copy()
+
+    def detect_letterboxed(
+        self,
+        image: np.ndarray,
+        colour_order: str,
+        anchors: np.ndarray,
+        options: DecodeOptions,
+    ) -> tuple[RawDetections, Letterbox]:
+        """Letterbox image (uint8 [H, W, 3], "bgr" or "rgb") to the model's square RGB input
+        in [-1, 1], run it, decode against anchors and weighted-NMS the result. Boxes and
+        keypoints are in letterbox pixels; the returned Letterbox maps them to the image."""
+        check_image(image)
+        boxed, lb = letterbox(image, self.size)
+        if colour_order == "bgr":
+            boxed = cv2.cvtColor(boxed, cv2.COLOR_BGR2RGB)
+        x = boxed.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
+        reg, logits = self.run(x[None])
+        return weighted_nms(decode(reg, logits, anchors, options), options.nms_iou), lb
