@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "npu" / "models"))
 from conftest_clip import write_vocab  # noqa: E402
+from timing import best_of
 
 from npu.models.clip import Tokenizer, preprocess  # noqa: E402
 
@@ -57,15 +58,6 @@ def text_corpus(n: int, seed: int = 0) -> list[str]:
     while len(texts) < n:
         texts.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))))
     return texts
-
-
-def best_of(repeat: int, fn) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def best_of_pair(repeat: int, ref, ours) -> tuple[float, float]:

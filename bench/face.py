@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -29,6 +28,7 @@ import cv2
 import numpy as np
 import skimage.data
 from skimage.transform import SimilarityTransform
+from timing import best_of
 
 from pipeline.assets import asset_path
 from stages.align import ARCFACE_TEMPLATE, align_face, align_face_4pt, blazeface_alignment_points
@@ -45,16 +45,6 @@ def carphone_frames() -> list[np.ndarray]:
         frames.append(frame)
     cap.release()
     return frames
-
-
-def best_of(repeat: int, fn) -> float:
-    """Best wall time (s) of `repeat` runs of fn()."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def skimage_align(image: np.ndarray, lmk: np.ndarray) -> np.ndarray:
