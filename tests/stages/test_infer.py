@@ -333,7 +333,9 @@ def test_check_names_the_key_of_a_missing_path(tmp_path):
     problems = Infer.check(config, 0)
     assert any(p.startswith("stages[0].sapiens2.bundle: ") and "nowhere does not exist" in p
                for p in problems)  # fmt: skip
-    assert "stages[0].clip.labels: CLIP needs at least one label" in problems
+    assert any(
+        p.startswith("stages[0].clip.labels: CLIP needs at least one label") for p in problems
+    )
     assert not any("adaface" in p for p in problems)
     npu = parse_config(
         {
@@ -395,7 +397,10 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
                 yield face(cam, seq, budget_s=8.0)
                 yield clip(cam, seq, budget_s=8.0)
             seq += 1
-            if not rss and warm(stage):
+            # the baseline waits for a third of the run as well as 2 passes per model: glibc's
+            # per-thread arenas keep growing for a while after the first passes (native
+            # memory; tracemalloc is flat: docs/reliability.md, Soak), and flat means after that
+            if not rss and warm(stage) and time.perf_counter() - t0 >= seconds / 3:
                 rss.append(_rss_bytes())
             await asyncio.sleep(0.1)
         rss.append(_rss_bytes())
