@@ -33,7 +33,16 @@ from pipeline.config import Config
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from stages.jobs import ClipJob, FaceJob, Inferred, Job, PoseJob
-from stages.runtimes import MODELS, ModelSource, Ran, Runtime, open_runtime
+from stages.runtimes import (
+    MODELS,
+    ClipRuntime,
+    LabelsFileError,
+    ModelSource,
+    Ran,
+    Runtime,
+    open_runtime,
+    read_labels_file,
+)
 from stages.scheduler import Batch, BatchScheduler, ModelProfile
 from stages.scheduler import Job as SchedJob
 
@@ -73,10 +82,14 @@ class ModelOptions(StageOptions):
 
 
 class ClipOptions(ModelOptions):
-    """[stages.clip]: the model keys plus the zero-shot labels and prompt template."""
+    """[stages.clip]: the model keys plus the zero-shot labels and prompt template.
+
+    labels_file (relative to the config file): one label per line, re-read when it changes
+    while the stage runs; once readable it wins over `labels` (stages.runtimes.ClipRuntime)."""
 
     max_wait_ms: float = Field(150.0, ge=0)
     labels: list[str] = []
+    labels_file: str | None = Field(None, min_length=1)
     template: str | None = None  # default: the bundle's prompt_template, "a photo of a {}"
 
 
@@ -172,8 +185,20 @@ class Infer(Stage):
                 else "or set synthetic = true"
             )
             problems.append(f"stages[{index}].{m}.{key}: {what} (backend {options.backend}; {fix})")
-        if options.clip.enabled and not options.clip.labels:
-            problems.append(f"stages[{index}].clip.labels: CLIP needs at least one label")
+        clip = options.clip
+        if clip.enabled and not clip.labels:
+            if clip.labels_file is None:
+                problems.append(
+                    f"stages[{index}].clip.labels: CLIP needs at least one label "
+                    "(in labels or in a labels_file)"
+                )
+            else:
+                try:
+                    read_labels_file(_resolve(config.base_dir, clip.labels_file))
+                except LabelsFileError as exc:
+                    problems.append(
+                        f"stages[{index}].clip.labels_file: {exc} (and labels is empty)"
+                    )
         return problems
 
     # -- startup (device thread) --------------------------------------------------------
@@ -223,6 +248,7 @@ class Infer(Stage):
                 max_wait_ms=mo.max_wait_ms,
                 labels=opts.clip.labels if clip else (),
                 template=opts.clip.template if clip else None,
+                labels_file=_resolve(self.base_dir, opts.clip.labels_file) if clip else None,
                 synthetic_cache=_resolve(self.base_dir, opts.synthetic_cache),
             )
             self.runtimes[name] = rt
@@ -509,10 +535,11 @@ class Infer(Stage):
     def model_gauges(self, model: str) -> dict[str, float]:
         """One model's gauges (the `<stage>/<model>` entry of pipeline.metrics): batches,
         fill ratio, padded slots, padding waste, queue wait mean / max (submit to dispatch),
-        the learned pass cost and its bound, queued jobs, published results and errors."""
+        the learned pass cost and its bound, queued jobs, published results and errors; for
+        CLIP also the labels in effect, label sets encoded and labels-file errors."""
         assert self.scheduler is not None
         m = self.scheduler.stats.models[model]
-        return {
+        gauges = {
             "batches": m.batches,
             "fill_ratio": m.fill_ratio,
             "padded_slots": m.slots - m.filled,
@@ -525,6 +552,12 @@ class Infer(Stage):
             "published": self.published[model],
             "errors": self.errors[model],
         }
+        rt = self.runtimes.get(model)
+        if isinstance(rt, ClipRuntime):
+            gauges["labels"] = len(rt.labels)
+            gauges["label_sets_loaded"] = rt.label_sets_loaded
+            gauges["label_file_errors"] = rt.label_errors
+        return gauges
 
     def _log_summary(self) -> None:
         s = self.stats()

@@ -8,7 +8,8 @@ warm-up pass). `prepare(jobs)` is the host glue, run in a worker thread while th
 runs the previous batch: Sapiens2 crops at its own input size with stages.detect.crop_persons
 from the job's frame (BGR -> RGB), AdaFace normalises the aligned face in the model's colour
 order (stages.align.embedder_input), CLIP crops the box and preprocesses it as
-CLIPImageProcessor (ClipModel.pixels). `run(prepared)` is the device pass, on the device
+CLIPImageProcessor (ClipModel.pixels) and polls CLIP's `labels_file` for a new label set
+(ClipRuntime.poll_labels_file). `run(prepared)` is the device pass, on the device
 thread only (XRT objects stay on one thread); it returns one output per slot of the export
 batch, padded slots marked so the stage never publishes them, and the device seconds used.
 
@@ -21,7 +22,9 @@ npu.models.synthetic when its config allows it; every output then says `syntheti
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +47,46 @@ class RuntimeLoadError(NpucamError):
 
 class JobInputError(NpucamError):
     """One job's input the model's host glue cannot use (no aligned face, an empty box...)."""
+
+
+class LabelsFileError(NpucamError):
+    """A CLIP labels file that cannot be used: unreadable, not UTF-8, no labels, a label
+    without letters. The message names the file and, where there is one, the line."""
+
+
+def read_labels_file(path: str | Path) -> list[tuple[int, str]]:
+    """A CLIP labels file -> [(line number, label)]: UTF-8 text (a BOM is skipped), one label
+    per line, surrounding whitespace stripped; blank lines and lines starting with `#` are
+    skipped."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise LabelsFileError(
+            f"{path}: cannot read the labels file: {exc.strerror or exc}"
+        ) from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise LabelsFileError(f"{path}:{line}: not UTF-8 ({exc.reason})") from exc
+    labels = []
+    for n, line in enumerate(text.split("\n"), 1):
+        label = line.strip()
+        if label and not label.startswith("#"):
+            labels.append((n, label))
+    if not labels:
+        raise LabelsFileError(f"{path}: no labels (only blank lines and # comments)")
+    return labels
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """(mtime ns, size, inode) of a file, None when it cannot be stat'ed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 @dataclass(slots=True)
@@ -286,26 +329,158 @@ class AdaFaceRuntime(Runtime):
         return [np.asarray(self.model.embed(x), np.float32) for x in inputs]
 
 
+LABELS_CHECK_S = 1.0  # the labels file is stat'ed at most this often
+LABEL_SETS_CACHED = 8  # text embeddings kept for this many most recent label sets
+
+
 class ClipRuntime(Runtime):
     """CLIP image tower: ClipJob (box on the frame) -> image embedding float32 [D]; every
-    output carries the label prompts' text embeddings, computed once at load."""
+    output carries the label set in effect and its prompts' text embeddings.
+
+    The text embeddings of a label set are computed once (on the device thread, one text
+    tower pass per t_batch prompts) and cached. With a `labels_file`, the host glue
+    (`prepare`, worker thread) stats the file at most every LABELS_CHECK_S and, when its
+    (mtime, size, inode) changed, reads and checks it; the next `run` (device thread)
+    encodes the new set if it is not cached and swaps it in. A bad, empty or vanished file
+    keeps the labels in effect, logs the error (file and line) and counts it in
+    `label_errors`."""
 
     name = "clip"
     job_type = ClipJob
 
-    def __init__(self, model: Any, *, labels: Sequence[str], template: str | None, **kw) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        labels: Sequence[str],
+        template: str | None,
+        labels_file: str | Path | None = None,
+        **kw,
+    ) -> None:
         super().__init__(model, **kw)
         self.labels = list(labels)
         self.template = template
         self.text_embeds: np.ndarray | None = None
+        self.labels_file = Path(labels_file) if labels_file is not None else None
+        self.label_errors = 0  # bad / empty / vanished labels files, failed encodings
+        self.last_label_error: str | None = None
+        self.label_sets_loaded = 0  # label sets whose text embeddings were computed
+        self.label_device_s = 0.0  # device seconds spent encoding label sets
+        self._in_effect: tuple[tuple[str, ...], np.ndarray] | None = None
+        self._embeds: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+        self._pending: tuple[str, ...] | None = None
+        self._pending_lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._next_check = 0.0
+
+    # -- the label set ---------------------------------------------------------------------
+
+    def _label_error(self, message: str) -> None:
+        self.label_errors += 1
+        self.last_label_error = message
+        log.error("%s; keeping the %d labels in effect", message, len(self.labels))
+
+    def _read_labels_file(self) -> tuple[str, ...]:
+        """The labels file's labels, each checked to have letters (LabelsFileError)."""
+        assert self.labels_file is not None
+        labels = read_labels_file(self.labels_file)
+        for n, label in labels:
+            try:
+                self.model.tokenizer.encode_prompt(label, what=f"{self.labels_file}:{n}: label")
+            except NpucamError as exc:
+                raise LabelsFileError(str(exc)) from exc
+        return tuple(label for _, label in labels)
+
+    def _use(self, labels: tuple[str, ...]) -> float:
+        """Make `labels` the set in effect, encoding its prompts unless cached (device
+        thread); the device seconds spent."""
+        device_s = 0.0
+        embeds = self._embeds.get(labels)
+        if embeds is None:
+            out, device_s = self.timer.measure(
+                lambda: self.model.label_embeddings(list(labels), self.template)
+            )
+            embeds = np.asarray(out, np.float32)
+            self._embeds[labels] = embeds
+            self.label_sets_loaded += 1
+            self.label_device_s += device_s
+            while len(self._embeds) > LABEL_SETS_CACHED:
+                self._embeds.popitem(last=False)
+        else:
+            self._embeds.move_to_end(labels)
+        self._in_effect = (labels, embeds)
+        self.labels = list(labels)
+        self.text_embeds = embeds
+        return device_s
 
     def load_labels(self) -> float:
-        """Encode the label prompts (device thread); their device seconds."""
-        embeds, device_s = self.timer.measure(
-            lambda: self.model.label_embeddings(self.labels, self.template)
+        """The startup label set (device thread): the labels file's when it is readable,
+        else the configured `labels` (the file's error logged and counted); their device
+        seconds. RuntimeLoadError when neither gives labels."""
+        labels = tuple(self.labels)
+        if self.labels_file is not None:
+            self._stamp = _stamp(self.labels_file)
+            self._next_check = time.monotonic() + LABELS_CHECK_S
+            try:
+                labels = self._read_labels_file()
+            except LabelsFileError as exc:
+                if not labels:
+                    raise RuntimeLoadError(f"{exc} (and no labels configured)") from exc
+                self._label_error(f"{exc}; using the configured labels")
+        return self._use(labels)
+
+    def poll_labels_file(self, now: float | None = None) -> bool:
+        """Host glue: re-read the labels file if its stamp changed (at most every
+        LABELS_CHECK_S); True when a new label set is queued for the next run."""
+        if self.labels_file is None:
+            return False
+        now = time.monotonic() if now is None else now
+        if now < self._next_check:
+            return False
+        self._next_check = now + LABELS_CHECK_S
+        stamp = _stamp(self.labels_file)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        if stamp is None:
+            self._label_error(f"{self.labels_file}: the labels file vanished")
+            return False
+        try:
+            labels = self._read_labels_file()
+        except LabelsFileError as exc:
+            self._label_error(str(exc))
+            return False
+        with self._pending_lock:
+            self._pending = labels
+        return True
+
+    def apply_pending_labels(self) -> float:
+        """Device thread: swap in a label set the host glue queued; its device seconds."""
+        with self._pending_lock:
+            labels, self._pending = self._pending, None
+        if labels is None or (self._in_effect is not None and labels == self._in_effect[0]):
+            return 0.0
+        try:
+            device_s = self._use(labels)
+        except NpucamError as exc:
+            self._label_error(f"{self.labels_file}: encoding the new labels failed: {exc}")
+            return 0.0
+        log.info(
+            "%s: %d labels now in effect (%.3f s to encode): %s",
+            self.labels_file,
+            len(labels),
+            device_s,
+            ", ".join(labels),
         )
-        self.text_embeds = np.asarray(embeds, np.float32)
         return device_s
+
+    def prepare(self, jobs: Sequence[Job]) -> Prepared:
+        self.poll_labels_file()
+        return super().prepare(jobs)
+
+    def run(self, prepared: Prepared) -> Ran:
+        self.apply_pending_labels()
+        return super().run(prepared)
 
     def prepare_one(self, job: ClipJob) -> np.ndarray:
         if job.image is None:
@@ -332,9 +507,10 @@ class ClipRuntime(Runtime):
         return list(self.model.encode_images(np.ascontiguousarray(inputs, np.float32)))
 
     def extra(self) -> dict:
+        labels, embeds = self._in_effect if self._in_effect is not None else ((), None)
         return {
-            "labels": list(self.labels),
-            "text_embeds": self.text_embeds,
+            "labels": list(labels),
+            "text_embeds": embeds,
             "logit_scale": float(self.model.logit_scale),
         }
 
@@ -411,11 +587,13 @@ def open_runtime(
     max_wait_ms: float = 0.0,
     labels: Sequence[str] = (),
     template: str | None = None,
+    labels_file: str | Path | None = None,
     synthetic_cache: str | Path | None = None,
 ) -> Runtime:
     """Load model `name` on `backend` from `source` (see ModelSource); device is the open
-    SimDevice / XrtDevice for sim / npu, None for cpu. CLIP encodes its label prompts here,
-    so call it on the device thread. Errors name the config key."""
+    SimDevice / XrtDevice for sim / npu, None for cpu. CLIP encodes its label prompts here
+    (from `labels_file` when it is readable, else `labels`), so call it on the device
+    thread. Errors name the config key."""
     if name not in RUNTIMES:
         raise RuntimeLoadError(
             f"{source.where or name}: unknown model (known: {', '.join(MODELS)})"
@@ -468,7 +646,7 @@ def open_runtime(
         max_wait_ms=max_wait_ms,
     )
     if name == "clip":
-        rt = ClipRuntime(model, labels=labels, template=template, **kw)
+        rt = ClipRuntime(model, labels=labels, template=template, labels_file=labels_file, **kw)
         rt.load_labels()
         return rt
     return RUNTIMES[name](model, **kw)
