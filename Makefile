@@ -9,7 +9,7 @@ DURATION ?= 20
 
 KEYS ?= configs/keys
 
-.PHONY: setup setup-test demo test test-slow lint format soak bench clean keys
+.PHONY: setup setup-test demo test test-slow lint format soak clean keys
 
 $(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
