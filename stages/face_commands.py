@@ -1,23 +1,39 @@
 """`npucam face ...`: enrol, identify, list and remove identities in a face gallery file.
 
-Still images go through the same chain as the face-ID stage: BlazeFace -> 4-point
-alignment -> AdaFace (cpu: a cvlface-style safetensors dir; sim/npu: a bundle) -> the
-gallery (stages.gallery). `face check` is taconite's run_ir18 bundle self-check. Exit
-codes: 0 done, 1 an identify found no known face (or a check mismatched), 2 an error (a
-bad image, no enrollable face, a corrupt gallery, ...), each message naming the file.
+Enrolment reads still images, or a camera (any stages.sources url) for up to --seconds,
+keeping the --samples sharpest gated faces spread over time. Images and frames go through
+the same chain as the face-ID stage: BlazeFace -> 4-point alignment -> AdaFace (cpu: a
+cvlface-style safetensors dir; sim/npu: a bundle) -> the gallery (stages.gallery). `face
+check` is taconite's run_ir18 bundle self-check. Exit codes: 0 done, 1 an identify found no
+known face (or a check mismatched), 2 an error (a bad image or camera, no enrollable face, a
+corrupt gallery, ...), each message naming the file or camera.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages.gallery import FaceEncoder, GalleryError, GalleryFile, QualityGate, read_image
+from pipeline.messages import Frame
+from stages.gallery import (
+    FaceEncoder,
+    FaceObservation,
+    FaceRejected,
+    GalleryError,
+    GalleryFile,
+    QualityGate,
+    read_image,
+)
+from stages.sources import CameraReader, CameraSpec, redact
 
 DEFAULT_GALLERY = "gallery.npz"
 BACKENDS = ("cpu", "sim", "npu")
@@ -70,25 +86,130 @@ def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
+    if bool(args.images) == bool(args.camera):
+        raise GalleryError(f"{args.name}: give either IMAGES or --camera URL, not both or neither")
     encoder, model_id = _encoder(args)
     gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness, args.max_nose_offset)
-    samples, rejected = [], []
-    for image_path in args.images:
-        try:
-            samples.append(encoder.enrolment_sample(read_image(image_path), gate, image_path))
-        except GalleryError as exc:
-            rejected.append(str(exc))
-    for msg in rejected:
-        print(f"rejected: {msg}", file=sys.stderr)
-    if not samples:
-        raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
+    if args.camera:
+        faces, rejected = camera_enrolment_faces(
+            encoder, gate, args.camera, args.seconds, args.samples
+        )
+        samples = [encoder.embed_crop(f.crop) for f in faces]
+    else:
+        samples, errors = [], []
+        for image_path in args.images:
+            try:
+                samples.append(encoder.enrolment_sample(read_image(image_path), gate, image_path))
+            except GalleryError as exc:
+                errors.append(str(exc))
+        for msg in errors:
+            print(f"rejected: {msg}", file=sys.stderr)
+        rejected = len(errors)
+        if not samples:
+            raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
     store = GalleryFile(_gallery_path(args), encoder.embedder.embed_dim(), model_id)
     g = store.enrol(args.name, np.stack(samples), model=model_id)
     print(
-        f"enrolled {args.name!r}: {len(samples)} sample(s), {len(rejected)} rejected; "
+        f"enrolled {args.name!r}: {len(samples)} sample(s), {rejected} rejected; "
         f"{store.path} holds {len(g.identities())} identities"
     )
     return 0
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A frame's face that passed the gate: its capture time (s) and the face."""
+
+    t_s: float
+    face: FaceObservation
+
+
+class _Newest:
+    """A one-frame slot: the camera thread overwrites it, so a slow consumer sees the newest
+    frame and never a backlog (the live-source policy of stages.sources)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._frame: Frame | None = None
+
+    def put(self, frame: Frame) -> None:
+        with self._lock:
+            self._frame = frame
+            self._ready.set()
+
+    def take(self, timeout: float) -> Frame | None:
+        if not self._ready.wait(timeout):
+            return None
+        with self._lock:
+            frame, self._frame = self._frame, None
+            self._ready.clear()
+            return frame
+
+
+def camera_enrolment_faces(
+    encoder: FaceEncoder, gate: QualityGate, url: str, seconds: float, samples: int
+) -> tuple[list[FaceObservation], int]:
+    """Read the camera at url for up to `seconds` (or until a file or folder ends), gate the
+    one face of each frame taken (FaceEncoder.enrolment_face), print the accepted/rejected
+    counts with reasons; return up to `samples` faces picked by `spread_best` and the number
+    of frames rejected.
+
+    GalleryError names the camera when it gives no frame or no face passes the gate.
+    """
+    where = repr(redact(url))
+    slot = _Newest()
+    reader = CameraReader(CameraSpec("enrol", url, end="stop"), slot.put)
+    accepted: list[_Candidate] = []
+    reasons: collections.Counter[str] = collections.Counter()
+    frames = 0
+    reader.start()
+    deadline = time.monotonic() + seconds
+    try:
+        while (remaining := deadline - time.monotonic()) > 0:
+            frame = slot.take(min(0.2, remaining))
+            if frame is None:
+                if reader.health == "ended":
+                    break
+                continue
+            frames += 1
+            try:
+                face = encoder.enrolment_face(frame.image, gate, f"{where} frame {frame.seq}")
+            except FaceRejected as exc:
+                reasons[exc.reason.removeprefix("rejected: ").split(":")[0]] += 1
+                continue
+            accepted.append(_Candidate(frame.capture_ts_ns / 1e9, face))
+    finally:
+        reader.stop()
+    if frames == 0:
+        error = reader.stats()["last_error"] or f"no frame within {seconds:g} s"
+        raise GalleryError(f"camera {where}: cannot read a frame: {error}")
+    why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+    print(
+        f"camera {where}: {frames} frame(s) read, {len(accepted)} passed the quality gate, "
+        f"{frames - len(accepted)} rejected" + (f" ({why})" if why else "")
+    )
+    if not accepted:
+        raise GalleryError(
+            f"camera {where}: no face passed the quality gate in {frames} frame(s); "
+            "nothing enrolled"
+        )
+    return [c.face for c in spread_best(accepted, samples)], frames - len(accepted)
+
+
+def spread_best(candidates: list[_Candidate], n: int) -> list[_Candidate]:
+    """Up to n candidates, sharpest first (then by detector score), each at least
+    span / (2n) seconds from every one already taken (span: first to last candidate), so
+    near-identical consecutive frames are not enrolled twice; returned in time order."""
+    span = candidates[-1].t_s - candidates[0].t_s
+    min_gap = span / (2 * n)
+    taken: list[_Candidate] = []
+    for c in sorted(candidates, key=lambda c: (-c.face.sharpness, -c.face.score)):
+        if len(taken) == n:
+            break
+        if all(abs(c.t_s - t.t_s) >= min_gap for t in taken):
+            taken.append(c)
+    return sorted(taken, key=lambda c: c.t_s)
 
 
 def cmd_identify(args: argparse.Namespace) -> int:
@@ -159,6 +280,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     return check_command(args.bundle, open_device(args.backend), args.reps)
 
 
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return value
+
+    return parse
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `npucam face {enroll,identify,check,list,remove}`."""
     face = subparsers.add_parser("face", help="face gallery: enroll, identify, list, remove")
@@ -185,9 +319,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 help="detect with YuNet from this ONNX file (5-point alignment) instead",
             )
 
-    p = sub.add_parser("enroll", help="enrol NAME from one or more face images")
+    p = sub.add_parser("enroll", help="enrol NAME from face images or a camera")
     p.add_argument("name")
-    p.add_argument("images", nargs="+")
+    p.add_argument("images", nargs="*")
+    p.add_argument(
+        "--camera",
+        metavar="URL",
+        help="enrol from this camera instead of images (any camera url, e.g. usb:0, rtsp://...)",
+    )
+    p.add_argument(
+        "--seconds", type=_positive(float), default=10.0, help="--camera: read time (default 10)"
+    )
+    p.add_argument(
+        "--samples", type=_positive(int), default=5, help="--camera: samples kept (default 5)"
+    )
     common(p, model=True)
     gate = QualityGate()
     p.add_argument("--min-face-px", type=float, default=gate.min_face_px)

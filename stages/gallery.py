@@ -46,6 +46,14 @@ class GalleryError(NpucamError):
     """A gallery file that cannot be read or written, or an operation it cannot do."""
 
 
+class FaceRejected(GalleryError):
+    """An image or frame without an enrollable face; `reason` says why without `where`."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
+
+
 # ---- the gallery itself (immutable; edits return a new Gallery) ---------------------------
 
 
@@ -361,7 +369,7 @@ class QualityGate:
         if min(w, h) < self.min_face_px:
             return f"face too small: {min(w, h):.0f} px < {self.min_face_px:.0f} px"
         if face.score < self.min_score:
-            return f"detector score {face.score:.2f} < {self.min_score:.2f}"
+            return f"low detector score: {face.score:.2f} < {self.min_score:.2f}"
         if face.at_border:
             return "face cut by the image border"
         offset = nose_offset(face.keypoints)
@@ -477,23 +485,29 @@ class FaceEncoder:
         """An aligned BGR crop -> float32 [D], in the channel order the model expects."""
         return self.embedder.embed(embedder_input(crop_bgr, "bgr", self.embedder.colour_order()))
 
-    def enrolment_sample(
+    def enrolment_face(
         self, image: np.ndarray, gate: QualityGate, where: str = "image"
-    ) -> np.ndarray:
-        """The embedding of the one enrollable face of image; GalleryError with the reason.
+    ) -> FaceObservation:
+        """The one enrollable face of image, not embedded yet; FaceRejected with the reason.
 
         More than one face is refused (which one would be meant?) unless the largest is at
         least twice the area of the next.
         """
         obs = self.faces(image, embed=False)
         if not obs:
-            raise GalleryError(f"{where}: no face found")
+            raise FaceRejected(where, "no face found")
         if len(obs) > 1:
             a0 = obs[0].box[2] * obs[0].box[3]
             a1 = obs[1].box[2] * obs[1].box[3]
             if a0 < 2 * a1:
-                raise GalleryError(f"{where}: {len(obs)} faces of similar size; need one")
+                raise FaceRejected(where, f"{len(obs)} faces of similar size; need one")
         reason = gate.reject_reason(obs[0])
         if reason:
-            raise GalleryError(f"{where}: rejected: {reason}")
-        return self.embed_crop(obs[0].crop)
+            raise FaceRejected(where, f"rejected: {reason}")
+        return obs[0]
+
+    def enrolment_sample(
+        self, image: np.ndarray, gate: QualityGate, where: str = "image"
+    ) -> np.ndarray:
+        """The embedding (float32 [D]) of the one enrollable face of image (enrolment_face)."""
+        return self.embed_crop(self.enrolment_face(image, gate, where).crop)

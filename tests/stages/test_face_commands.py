@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from npu.bundle import Bundle
 from pipeline.assets import asset_path
 from pipeline.errors import NpucamError
 from stages import face_commands
+from stages.gallery import FaceObservation, read_gallery
 
 
 def _run(argv: list[str]) -> int:
@@ -338,3 +340,62 @@ def test_enrol_on_cpu_identify_on_sim(files, tmp_path, capsys, sim_registry):
     )  # fmt: skip
     face = json.loads(capsys.readouterr().out)["faces"][0]
     assert rc == 0 and face["identity"] == "eileen" and face["similarity"] > 0.95
+
+
+def test_enroll_from_a_camera_keeps_the_best_samples_spread_over_time(files, capsys, tmp_path):
+    _, model = files
+    gallery = tmp_path / "cam.npz"
+    argv = ["face", "enroll", "caller", "--camera", "sample:carphone_pristine.mp4",
+            "--seconds", "2", "--samples", "3",
+            "--model", str(model), "--gallery", str(gallery)]  # fmt: skip
+    assert _run(argv) == 0
+    out = capsys.readouterr().out
+    m = re.search(
+        r"camera 'sample:carphone_pristine.mp4': (\d+) frame\(s\) read, (\d+) passed", out
+    )
+    assert m and int(m.group(1)) >= 10 and int(m.group(2)) >= 3, out
+    rejected = int(m.group(1)) - int(m.group(2))
+    assert f"enrolled 'caller': 3 sample(s), {rejected} rejected" in out
+    g = read_gallery(gallery)
+    assert g.names == ("caller",) * 3 and g.model
+    assert np.allclose(np.linalg.norm(g.embeddings, axis=1), 1, atol=1e-5)
+    assert gallery.stat().st_mode & 0o777 == 0o600
+
+
+def _candidate(t_s: float, sharp: float) -> face_commands._Candidate:
+    face = FaceObservation(
+        np.zeros(4, np.float32), 0.9, np.zeros((6, 2), np.float32),
+        np.zeros((112, 112, 3), np.uint8), np.zeros((2, 3)), sharp, False,
+    )  # fmt: skip
+    return face_commands._Candidate(t_s, face)
+
+
+def test_spread_best_skips_near_duplicate_frames():
+    # 10 s of frames at 10 fps; the sharpest three are consecutive frames around t = 5 s
+    cands = [_candidate(i / 10, 50.0 + (100 if 49 <= i <= 51 else i % 7)) for i in range(100)]
+    picked = face_commands.spread_best(cands, 4)
+    times = [c.t_s for c in picked]
+    assert len(picked) == 4 and times == sorted(times)
+    assert min(np.diff(times)) >= 9.9 / 8 - 1e-9  # span / (2n)
+    assert sum(4.9 <= t <= 5.1 for t in times) == 1  # one of the three near-duplicates
+    assert [c.t_s for c in face_commands.spread_best(cands[:1], 3)] == [0.0]
+
+
+def test_enroll_from_a_camera_without_faces_or_frames_fails_cleanly(files, capsys, tmp_path):
+    _, model = files
+    gallery = tmp_path / "none.npz"
+    base = ["--model", str(model), "--gallery", str(gallery)]
+    rc = _run(["face", "enroll", "nobody", "--camera", "synthetic:", "--seconds", "0.5", *base])
+    out = capsys.readouterr().out
+    assert rc == 2 and "no face found)" in out
+    assert "camera 'synthetic:': no face passed the quality gate" in out
+    assert "nothing enrolled" in out and not gallery.exists()
+    missing = tmp_path / "missing.mp4"
+    assert _run(["face", "enroll", "x", "--camera", f"file:{missing}", *base]) == 2
+    out = capsys.readouterr().out
+    assert f"camera 'file:{missing}': cannot read a frame" in out and not gallery.exists()
+    assert _run(["face", "enroll", "x", "--camera", "bogus://host/x", *base]) == 2
+    assert "bogus://host/x" in capsys.readouterr().out
+    assert _run(["face", "enroll", "x", str(missing), "--camera", "synthetic:", *base]) == 2
+    assert "either IMAGES or --camera" in capsys.readouterr().out
+    assert not gallery.exists()
