@@ -27,6 +27,7 @@ import cv2
 import numpy as np
 
 from pipeline.errors import NpucamError
+from pipeline.files import file_stamp
 from stages.align import (
     ColourOrder,
     align_face,
@@ -255,14 +256,6 @@ def read_gallery(path: str | Path) -> Gallery:
     return decode_gallery(data, str(path))
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 class GalleryFile:
     """A gallery backed by a file, hot-reloaded when the file changes.
 
@@ -277,7 +270,7 @@ class GalleryFile:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.last_error: GalleryError | None = None
-        self._stamp = _stamp(self.path)
+        self._stamp = file_stamp(self.path)
         if self._stamp is None:
             self.current = Gallery.empty(embed_dim, model)
         else:
@@ -285,7 +278,7 @@ class GalleryFile:
 
     def reload_if_changed(self) -> bool:
         """True when a changed file was loaded; False if unchanged or the new one was bad."""
-        stamp = _stamp(self.path)
+        stamp = file_stamp(self.path)
         if stamp == self._stamp:
             return False
         self._stamp = stamp
@@ -310,7 +303,7 @@ class GalleryFile:
             g = change(base)
             write_gallery(self.path, g)
             self.current = g
-            self._stamp = _stamp(self.path)
+            self._stamp = file_stamp(self.path)
             return g
 
     def enrol(self, name: str, embeddings: np.ndarray, model: str = "") -> Gallery:

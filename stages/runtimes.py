@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.errors import NpucamError
+from pipeline.files import file_stamp
 from stages.jobs import ClipJob, FaceJob, Job, PoseJob
 
 log = logging.getLogger(__name__)
@@ -78,15 +79,6 @@ def read_labels_file(path: str | Path) -> list[tuple[int, str]]:
     if not labels:
         raise LabelsFileError(f"{path}: no labels (only blank lines and # comments)")
     return labels
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """(mtime ns, size, inode) of a file, None when it cannot be stat'ed."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 @dataclass(slots=True)
@@ -419,7 +411,7 @@ class ClipRuntime(Runtime):
         seconds. RuntimeLoadError when neither gives labels."""
         labels = tuple(self.labels)
         if self.labels_file is not None:
-            self._stamp = _stamp(self.labels_file)
+            self._stamp = file_stamp(self.labels_file)
             self._next_check = time.monotonic() + LABELS_CHECK_S
             try:
                 labels = self._read_labels_file()
@@ -438,7 +430,7 @@ class ClipRuntime(Runtime):
         if now < self._next_check:
             return False
         self._next_check = now + LABELS_CHECK_S
-        stamp = _stamp(self.labels_file)
+        stamp = file_stamp(self.labels_file)
         if stamp == self._stamp:
             return False
         self._stamp = stamp
