@@ -182,6 +182,22 @@ def _mha_dims(spec: KernelSpec) -> tuple[int, int, int, int, int]:
     return heads, kv, d, seq, spec.get_int("seq_pad", seq)
 
 
+def _gemm_strides(spec: KernelSpec) -> tuple[int, int, int]:
+    """(lda, c_stride, N') of a gemm record: A's and C's row strides in elements (defaults K
+    and N') and the columns of C per row (N, or N/2 after a swiglu epilogue)."""
+    k = spec.get_int("K")
+    n_out = spec.get_int("N") // (2 if spec.get_str("epilogue", "none") == "swiglu" else 1)
+    return spec.get_int("lda", k), spec.get_int("c_stride", n_out), n_out
+
+
+def _check_rows(key: str, spec: KernelSpec, rows: int) -> None:
+    """OpsError when a record that names its row count (`rows=`) is asked for more rows."""
+    if "rows" in spec.fields and rows > spec.get_int("rows"):
+        raise OpsError(
+            f"gemm {key!r}: {rows} rows, but {spec.where()} has rows={spec.get_int('rows')}"
+        )
+
+
 @dataclass
 class _RowBuffers:
     """A GEMM's padded A / C roots and the M-row chunk sub-buffers cut from them."""
@@ -257,9 +273,12 @@ class DeviceOps:
 
     def _bind_gemm(self, key: str, g: DeviceGemm) -> None:
         spec = g.spec
-        k = spec.get_int("K")
-        if spec.get_int("lda", k) != k or "c_stride" in spec.fields:
-            raise OpsError(f"{spec.where()}: DeviceOps runs dense GEMMs (lda=K, no c_stride)")
+        lda, c_stride, n_out = _gemm_strides(spec)
+        if lda <= 0 or c_stride < n_out:
+            raise OpsError(
+                f"{spec.where()}: lda={lda}, c_stride={c_stride}; need lda > 0 and "
+                f"c_stride >= N'={n_out}"
+            )
         b = np.ascontiguousarray(g.b).reshape(-1).view(np.uint8)
         kernel = self._kernel(spec)
         buf = self.device.alloc(b.nbytes)
@@ -276,7 +295,7 @@ class DeviceOps:
 
     def _row_buffers(self, kernel: Kernel, spec: KernelSpec, rows: int) -> _RowBuffers:
         m, k = spec.get_int("M"), spec.get_int("K")
-        n_out = spec.get_int("N") // (2 if spec.get_str("epilogue", "none") == "swiglu" else 1)
+        lda, c_stride, n_out = _gemm_strides(spec)
         padded = -(-rows // m) * m
         have = self._rows.get(id(kernel))
         if have is not None and have.rows >= padded:
@@ -284,36 +303,75 @@ class DeviceOps:
         if have is not None:
             self.device.free(have.a)
             self.device.free(have.c)
-        a, c = self.device.alloc(padded * k * 2), self.device.alloc(padded * n_out * 2)
+        a = self.device.alloc(((padded - 1) * lda + k) * 2)
+        c = self.device.alloc(padded * c_stride * 2)
         chunks = [
             (
-                self.device.sub(a, i * m * k * 2, m * k * 2),
-                self.device.sub(c, i * m * n_out * 2, m * n_out * 2),
+                self.device.sub(a, i * m * lda * 2, ((m - 1) * lda + k) * 2),
+                self.device.sub(c, i * m * c_stride * 2, ((m - 1) * c_stride + n_out) * 2),
             )
             for i in range(padded // m)
         ]
         self._rows[id(kernel)] = _RowBuffers(padded, a, c, chunks)
         return self._rows[id(kernel)]
 
-    def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
-        kernel, b_buf, spec = _bound(self._gemms, "gemm", key, self.backend)
-        m, k = spec.get_int("M"), spec.get_int("K")
-        if a.ndim != 2 or a.shape[1] != k or a.shape[0] == 0:
-            raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {k}]")
-        rows = a.shape[0]
-        rb = self._row_buffers(kernel, spec, rows)
-        n_chunks = -(-rows // m)
-        a_host = rb.a.array(np.uint16, (rb.rows, k))
-        a_host[:rows] = f32_to_bf16(a)
-        a_host[rows : n_chunks * m] = 0
+    def _run_rows(
+        self, kernel: Kernel, b_buf: Buffer, spec: KernelSpec, rb: _RowBuffers, rows: int
+    ) -> np.ndarray:
+        """Sync A, run the M-row chunks covering `rows`, return C float32 [rows, N']."""
+        _, c_stride, n_out = _gemm_strides(spec)
+        n_chunks = -(-rows // spec.get_int("M"))
         for a_sub, _ in rb.chunks[:n_chunks]:
             self.device.to_device(a_sub)
         for a_sub, c_sub in rb.chunks[:n_chunks]:
             self.device.run(kernel, [a_sub, b_buf, c_sub])
         for _, c_sub in rb.chunks[:n_chunks]:
             self.device.from_device(c_sub)
-        n_out = rb.c.nbytes // 2 // rb.rows
-        return bf16_to_f32(rb.c.array(np.uint16, (rb.rows, n_out))[:rows])
+        return bf16_to_f32(rb.c.array(np.uint16, (rb.rows, c_stride))[:rows, :n_out])
+
+    def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
+        kernel, b_buf, spec = _bound(self._gemms, "gemm", key, self.backend)
+        m, k = spec.get_int("M"), spec.get_int("K")
+        lda = _gemm_strides(spec)[0]
+        if lda != k:
+            raise OpsError(f"gemm {key!r}: {spec.where()} has lda={lda} != K; use gemm_strided")
+        if a.ndim != 2 or a.shape[1] != k or a.shape[0] == 0:
+            raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {k}]")
+        rows = a.shape[0]
+        _check_rows(key, spec, rows)
+        rb = self._row_buffers(kernel, spec, rows)
+        a_host = rb.a.array(np.uint16, (rb.rows, k))
+        a_host[:rows] = f32_to_bf16(a)
+        a_host[rows : -(-rows // m) * m] = 0
+        return self._run_rows(kernel, b_buf, spec, rb, rows)
+
+    def gemm_strided(self, key: str, a: np.ndarray, rows: int) -> np.ndarray:
+        """GEMM `key` over `rows` rows of an A laid out at the record's row stride lda.
+
+        a: float32, flat or [n, lda]: the A buffer's contents from its start; GEMM row r reads
+        the K values a_flat[r·lda : r·lda + K] (rows overlap when lda < K, as the 4-phase
+        deconv's [xp[y] | xp[y+1]] pairs do). Elements past a's end are zero. The kernel runs
+        once per M-row chunk over sub-buffers at i·M·lda·2 / i·M·c_stride·2 bytes. Returns
+        float32 [rows, N']: C read at row stride c_stride and cut to N'.
+        """
+        kernel, b_buf, spec = _bound(self._gemms, "gemm", key, self.backend)
+        m, k = spec.get_int("M"), spec.get_int("K")
+        lda = _gemm_strides(spec)[0]
+        flat = np.asarray(a, np.float32).reshape(-1)
+        if rows <= 0:
+            raise OpsError(f"gemm_strided {key!r}: rows={rows}, wanted >= 1")
+        _check_rows(key, spec, rows)
+        elems = (-(-rows // m) * m - 1) * lda + k
+        if flat.size > elems:
+            raise OpsError(
+                f"gemm_strided {key!r}: A has {flat.size} elements; {rows} rows at lda={lda}, "
+                f"K={k} read at most {elems}"
+            )
+        rb = self._row_buffers(kernel, spec, rows)
+        a_host = rb.a.array(np.uint16)
+        a_host[: flat.size] = f32_to_bf16(flat)
+        a_host[flat.size : elems] = 0
+        return self._run_rows(kernel, b_buf, spec, rb, rows)
 
     def mha(
         self,

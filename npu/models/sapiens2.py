@@ -279,19 +279,32 @@ def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
-    """The 4-phase transposed-conv GEMM's A for x float32 [h0, w0, C].
+def deconv_pairs(x: np.ndarray) -> np.ndarray:
+    """The strided deconv GEMM's A buffer for x float32 [h0, w0, C] (spec §4).
 
-    Row r = sy·(w0+2) + sx holds [xp[sy, sx], xp[sy+1, sx], xp[sy, sx+1], xp[sy+1, sx+1]]
-    of x zero-padded by 1 (K = 4C, (dx, dy, c) order): float32 [(h0+1)(w0+2), 4C]. On the
-    device these rows overlap in one buffer of [xp[y] | xp[y+1]] pairs (lda = 2C).
+    Row y·(w0+2) + x is X2[y][x] = [xp[y][x] | xp[y+1][x]] of x zero-padded by 1, for
+    y in [0, h0], x in [0, w0+1], plus one zero row past the end: float32
+    [(h0+1)(w0+2) + 1, 2C]. GEMM row r reads 4C values from r·2C (lda = 2C, rows overlap).
     """
     h0, w0, c = x.shape
     rows = (h0 + 1) * (w0 + 2)
-    pairs = np.zeros((rows + 1, 2 * c), np.float32)  # X2 plus one zero row past the end
+    pairs = np.zeros((rows + 1, 2 * c), np.float32)
     x2 = pairs[:rows].reshape(h0 + 1, w0 + 2, 2, c)
     x2[1:, 1:-1, 0] = x  # xp[y]: padded row y holds x row y-1
     x2[:-1, 1:-1, 1] = x  # xp[y+1]
+    return pairs
+
+
+def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
+    """The 4-phase transposed-conv GEMM's A for x float32 [h0, w0, C], rows dense.
+
+    Row r = sy·(w0+2) + sx holds [xp[sy, sx], xp[sy+1, sx], xp[sy, sx+1], xp[sy+1, sx+1]]
+    of x zero-padded by 1 (K = 4C, (dx, dy, c) order): float32 [(h0+1)(w0+2), 4C], i.e.
+    deconv_pairs(x) read at row stride 2C.
+    """
+    h0, w0, c = x.shape
+    rows = (h0 + 1) * (w0 + 2)
+    pairs = deconv_pairs(x)
     a = np.empty((rows, 4 * c), np.float32)
     a[:, : 2 * c] = pairs[:-1]
     a[:, 2 * c :] = pairs[1:]
@@ -429,7 +442,11 @@ class Sapiens2Pose:
         x = self.features(crop).reshape(cfg.gh, cfg.gw, cfg.D)
         for j, c_out in enumerate(cfg.up):
             h0, w0 = x.shape[:2]
-            c = self.ops.gemm(f"d{j}", deconv_gemm_input(x))
+            key = f"d{j}"
+            if key in getattr(self.ops, "strided", ()):
+                c = self.ops.gemm_strided(key, deconv_pairs(x), (h0 + 1) * (w0 + 2))
+            else:
+                c = self.ops.gemm(key, deconv_gemm_input(x))
             bias = self.host.get(f"d{j}.bias")
             if bias is not None:
                 c = c + bias
@@ -639,6 +656,7 @@ def write_sim_bundle(
     version: int = 1,
     flip_pairs: str = "",
     refs: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    strided: bool = False,
 ) -> Path:
     """Write a cpu-backend model as a bundle the simulated NPU runs; returns its directory.
 
@@ -650,14 +668,25 @@ def write_sim_bundle(
     refs: validation cases {name: {rgb uint8 [h, w, 3], box [4], pixels [3, H, W], features
     [gh*gw, D], heatmaps [K, Hh, Wh], keypoints [K, 2], scores [K]}} written as spec §6's
     `ref <name> w= h=` records and ref.<name>.* tensors.
+    strided: write the head's records in taconite-sapiens2's strided form (spec §1.2, §4):
+    d<j> reads A at lda = 2C with K = 4C (zero-padded to K % 512; the padding rows of B are
+    zero) over rows = (h0+1)(w0+2); c<j> and pred write C at c_stride = N + 128 > N (so the
+    host's crop to C_out is exercised); all with rows, a_elems and c_elems.
     """
     from npu.bundle_writer import BundleWriter
-    from npu.sim import CT_MAX_K_FOR_N, pack_gemm_b, write_mha, write_xclbin
+    from npu.sim import (
+        CT_MAX_K_FOR_N,
+        pack_gemm_b,
+        strided_gemm_fields,
+        write_mha,
+        write_xclbin,
+    )
 
     cfg, gemms = model.config, model.weights
     if gemms is None:
         raise ModelError("write_sim_bundle needs a model loaded with its float32 weights")
     records = _gemm_record_keys(cfg)
+    strides = _head_strides(cfg) if strided else {}
     host = dict(model.host)
     with BundleWriter(path, version) as bw:
         for name, value in (
@@ -689,11 +718,16 @@ def write_sim_bundle(
                 written.add(rec)
                 insts = f"kernels/{rec}.bin"
                 bw.file(insts, np.arange(16, dtype=np.uint32).tobytes())
-                bw.record(
-                    "gemm", rec, ctx="gemm", insts=insts, M=256, K=kp, N=np_, tile_n=tile_n,
+                fields: dict[str, Any] = dict(
+                    ctx="gemm", insts=insts, M=256, K=kp, N=np_, tile_n=tile_n,
                     tile_k=512, ct_k=CT_MAX_K_FOR_N[tile_n], bias=b is not None,
                     epilogue=gw.epilogue, b_bytes=packed.nbytes,
                 )  # fmt: skip
+                if key in strides:
+                    lda, rows = strides[key]
+                    c_stride = None if key.startswith("d") else np_ + GEMM_N_ALIGN
+                    fields.update(strided_gemm_fields(kp, np_, 256, lda, c_stride, rows))
+                bw.record("gemm", rec, **fields)
         write_mha(bw, "mha", ctx="mha", heads=cfg.heads, d=cfg.hd, seq=cfg.tokens)
         for name, t in host.items():
             bw.tensor(name, np.asarray(t, np.float32).reshape(-1), "f32")
@@ -706,15 +740,43 @@ def write_sim_bundle(
     return Path(path)
 
 
+def _head_strides(cfg: Config) -> dict[str, tuple[int | None, int]]:
+    """Head op key -> (lda or None for K, GEMM rows) of the strided record form (spec §4)."""
+    out: dict[str, tuple[int | None, int]] = {}
+    c, h0, w0 = cfg.D, cfg.gh, cfg.gw
+    for j, c_out in enumerate(cfg.up):
+        out[f"d{j}"] = (2 * c, (h0 + 1) * (w0 + 2))
+        c, h0, w0 = c_out, 2 * h0, 2 * w0
+    for j in range(len(cfg.convs)):
+        out[f"c{j}"] = (None, h0 * w0)
+    out["pred"] = (None, h0 * w0)
+    return out
+
+
 class _PaddedGemms:
     """The op interface over a bundle's padded GEMMs: A is zero-padded to the record's K and
-    C cut to the model's N (the host side of the padding write_sim_bundle applies)."""
+    C cut to the model's N (the host side of the padding write_sim_bundle applies).
 
-    def __init__(self, ops: Any, valid_n: Mapping[str, int], k_pad: Mapping[str, int]) -> None:
+    strided: the deconv keys whose records read A at lda = 2C (spec §4); the forward calls
+    gemm_strided(key, deconv_pairs(x), rows) for them.
+    """
+
+    def __init__(
+        self,
+        ops: Any,
+        valid_n: Mapping[str, int],
+        k_pad: Mapping[str, int],
+        strided: frozenset[str] = frozenset(),
+    ) -> None:
         self.ops = ops
         self.backend = ops.backend
         self._n = dict(valid_n)
         self._k = dict(k_pad)
+        self.strided = strided
+
+    def gemm_strided(self, key: str, a: np.ndarray, rows: int) -> np.ndarray:
+        c = self.ops.gemm_strided(key, a, rows)
+        return c[:, : self._n[key]] if key in self._n else c
 
     def gemm(self, key: str, a: np.ndarray) -> np.ndarray:
         k = self._k.get(key, a.shape[1])
@@ -773,6 +835,7 @@ def from_bundle(path: str | Path, device: Any) -> Sapiens2Pose:
     records = {r.fields[0]: r for r in bundle.tagged("gemm") if r.fields}
     shapes = _valid_shapes(cfg)
     k_pad: dict[str, int] = {}
+    strided: set[str] = set()
     for key, rec in _gemm_record_keys(cfg).items():
         if rec not in records:
             raise BundleError(f"{where}: no gemm record {rec} (for {key})")
@@ -782,6 +845,14 @@ def from_bundle(path: str | Path, device: Any) -> Sapiens2Pose:
         kr, nr = spec.get_int("K"), spec.get_int("N") // (2 if swiglu else 1)
         if kr < k or nr < n:
             raise BundleError(f"{spec.where()}: gemm {rec} is K={kr} N'={nr}, {key} needs {k}x{n}")
+        lda = spec.get_int("lda", kr)
+        if lda != kr:
+            if not key.startswith("d") or lda != k // 2:
+                raise BundleError(
+                    f"{spec.where()}: gemm {rec} has lda={lda}; only the deconvs read A "
+                    f"strided, at lda = 2C = {k // 2}"
+                )
+            strided.add(key)
         k_pad[key] = kr
     host: dict[str, np.ndarray] = {}
     patches = cfg.gh * cfg.gw
@@ -807,5 +878,5 @@ def from_bundle(path: str | Path, device: Any) -> Sapiens2Pose:
         gemms={key: (rec, key) for key, rec in _gemm_record_keys(cfg).items()},
         mhas={"mha": "mha"},
     )
-    padded = _PaddedGemms(ops, {k: n for k, (_, n) in shapes.items()}, k_pad)
+    padded = _PaddedGemms(ops, {k: n for k, (_, n) in shapes.items()}, k_pad, frozenset(strided))
     return Sapiens2Pose(cfg, padded, host)

@@ -203,18 +203,69 @@ def sim(tmp_path):
     dev.close()
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_sim_bundle_matches_the_cpu_forward(tiny_sapiens2_dir, tmp_path, sim, version):
+@pytest.mark.parametrize(("version", "strided"), [(1, False), (2, False), (1, True), (2, True)])
+def test_sim_bundle_matches_the_cpu_forward(tiny_sapiens2_dir, tmp_path, sim, version, strided):
     _, path = tiny_sapiens2_dir
     cpu = from_pretrained(path)
-    write_sim_bundle(cpu, tmp_path / "b", version=version)
+    write_sim_bundle(cpu, tmp_path / "b", version=version, strided=strided)
     on_sim = from_bundle(tmp_path / "b", sim)
+    assert on_sim.ops.strided == ({"d0", "d1"} if strided else set())
     assert on_sim.backend == "sim" and on_sim.config == cpu.config
     if version == 2:
         assert "0.down.bias" in on_sim.host and "d1.bias" in on_sim.host
     crops = np.random.default_rng(3).normal(size=(1, 3, 64, 48)).astype(np.float32)
     # bf16 activations and bfp16 weights on the device: the issue's gate is cosine >= 0.999
     assert _cos(on_sim.heatmaps(crops), cpu.heatmaps(crops)) >= 0.999
+
+
+def _gemm_fields(b, key: str) -> dict[str, int]:
+    line = next(
+        x for x in (b / "manifest.txt").read_text().splitlines() if x.startswith(f"gemm {key} ")
+    )
+    return {k: int(v) for k, v in (f.split("=") for f in line.split()[2:]) if v.isdigit()}
+
+
+def test_strided_head_records_follow_the_spec(tiny_sapiens2_dir, tmp_path):
+    """Spec §1.2 / §4 fields: d<j> reads K = 4C at lda = 2C over (h0+1)(w0+2) rows; the 1x1
+    convs and pred write C at c_stride >= N; a_elems / c_elems are the views of `rows` rows."""
+    _, path = tiny_sapiens2_dir
+    cpu = from_pretrained(path)
+    b = write_sim_bundle(cpu, tmp_path / "b", strided=True)
+    cfg = cpu.config
+    c, h0, w0 = cfg.D, cfg.gh, cfg.gw
+    for j, c_out in enumerate(cfg.up):
+        f = _gemm_fields(b, f"d{j}")
+        rows = (h0 + 1) * (w0 + 2)
+        assert (f["lda"], f["rows"], f["c_stride"]) == (2 * c, rows, f["N"])
+        assert f["K"] >= 4 * c and f["K"] % 512 == 0 and f["N"] >= 4 * c_out
+        assert f["a_elems"] == (rows - 1) * 2 * c + f["K"]
+        assert f["c_elems"] == (rows - 1) * f["N"] + f["N"]
+        c, h0, w0 = c_out, 2 * h0, 2 * w0
+    for key in [f"c{j}" for j in range(len(cfg.convs))] + ["pred"]:
+        f = _gemm_fields(b, key)
+        assert f["lda"] == f["K"] and f["c_stride"] > f["N"] and f["rows"] == h0 * w0
+        assert f["c_elems"] == (h0 * w0 - 1) * f["c_stride"] + f["N"]
+    assert "lda" not in _gemm_fields(b, "patch")
+
+
+def _bad_lda(b):
+    text = (b / "manifest.txt").read_text()
+    lines = [
+        x.replace(" lda=128 ", " lda=96 ") if x.startswith("gemm d0 ") else x
+        for x in text.splitlines()
+    ]
+    (b / "manifest.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_strided_deconv_with_a_wrong_lda_is_refused(tiny_sapiens2_dir, tmp_path, sim):
+    from npu.bundle import BundleError
+
+    _, path = tiny_sapiens2_dir
+    b = write_sim_bundle(from_pretrained(path), tmp_path / "b", strided=True)
+    assert " lda=128 " in (b / "manifest.txt").read_text()  # d0: 2C with D = 64
+    _bad_lda(b)
+    with pytest.raises(BundleError, match=r"gemm d0 has lda=96.*2C = 128"):
+        from_bundle(b, sim)
 
 
 def _corrupt_param(b):
