@@ -213,8 +213,10 @@ class DeviceOps:
 
     gemm(key, a) rounds A to bf16, pads the rows to a multiple of the kernel's M, runs the
     kernel once per M-row chunk over sub-buffers of one A and one C buffer, and returns the
-    bf16 C as float32. mha(key, q, k, v) writes bf16 Q/K/V padded to the record's seq_pad and
-    returns the bf16 O as float32 [heads, S, d]. backend is the device's ("npu" or "sim").
+    bf16 C as float32 (read at the record's c_stride, cut to N'); gemm_strided(key, a, rows)
+    does the same for an A laid out at the record's row stride lda. mha(key, q, k, v)
+    writes bf16 Q/K/V padded to the record's seq_pad and returns the bf16 O as float32
+    [heads, S, d]. backend is the device's ("npu" or "sim").
     Ops bound to the same record (e.g. every layer's qkv) share one loaded kernel and one
     set of A / C buffers; each has its own B.
     """
