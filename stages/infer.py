@@ -80,6 +80,15 @@ class ModelOptions(StageOptions):
     cost_s: float | None = Field(None, gt=0)  # initial pass cost; default: measured warm-up
     share: float = Field(1.0, gt=0)  # weight in the device-time split between models
 
+    def source(self, base_dir: Path, where: str) -> ModelSource:
+        """Where this model's weights come from, its paths resolved against the config's dir."""
+        return ModelSource(
+            checkpoint=_resolve(base_dir, self.checkpoint),
+            bundle=_resolve(base_dir, self.bundle),
+            synthetic=self.synthetic,
+            where=where,
+        )
+
 
 class ClipOptions(ModelOptions):
     """[stages.clip]: the model keys plus the zero-shot labels and prompt template.
@@ -238,12 +247,7 @@ class Infer(Stage):
             rt = open_runtime(
                 name,
                 opts.backend,
-                ModelSource(
-                    checkpoint=_resolve(self.base_dir, mo.checkpoint),
-                    bundle=_resolve(self.base_dir, mo.bundle),
-                    synthetic=mo.synthetic,
-                    where=f"stage {self.name}: {name}",
-                ),
+                mo.source(self.base_dir, f"stage {self.name}: {name}"),
                 device=self.device,
                 max_wait_ms=mo.max_wait_ms,
                 labels=opts.clip.labels if clip else (),

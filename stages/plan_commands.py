@@ -90,7 +90,7 @@ def _infer_options(config):
 def measure_costs(config, options, models: list[str]) -> dict[str, ModelCost]:
     """Load each model as the stage would and time one pass after a warm-up pass."""
     from stages.infer import Infer, _resolve
-    from stages.runtimes import ModelSource, open_runtime
+    from stages.runtimes import open_runtime
 
     stage = Infer("plan", options, _PlanContext(config))
     device = stage._open_device()
@@ -103,12 +103,7 @@ def measure_costs(config, options, models: list[str]) -> dict[str, ModelCost]:
             rt = open_runtime(
                 name,
                 options.backend,
-                ModelSource(
-                    checkpoint=_resolve(config.base_dir, mo.checkpoint),
-                    bundle=_resolve(config.base_dir, mo.bundle),
-                    synthetic=mo.synthetic,
-                    where=f"{config.path}: {name}",
-                ),
+                mo.source(config.base_dir, f"{config.path}: {name}"),
                 device=device,
                 labels=options.clip.labels or ["a photo"],
                 template=options.clip.template,
