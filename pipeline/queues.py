@@ -16,7 +16,8 @@ reader threads); `close()` ends the queue: getters drain what is left, putters g
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -111,8 +112,7 @@ class BoundedQueue:
                 try:
                     await fut
                 except asyncio.CancelledError:
-                    if fut in self._putters:
-                        self._putters.remove(fut)
+                    self._forget_waiter(fut, self._putters, room=len(self._items) < self.size)
                     raise
         return self.put_nowait(item)
 
@@ -149,27 +149,63 @@ class BoundedQueue:
                 self.metrics.drop(self.stage, cam, "queue_full")
                 return
 
+    def _forget_waiter(
+        self, fut: asyncio.Future, waiters: deque[asyncio.Future], room: bool
+    ) -> None:
+        # A cancelled waiter may already have been woken (its future resolved, then the
+        # task cancelled before it ran): that wakeup stood for a free slot or a waiting
+        # item, so it passes to the next waiter or that one would sleep on it forever.
+        with contextlib.suppress(ValueError):
+            waiters.remove(fut)
+        if fut.done() and not fut.cancelled() and room and not self._closed:
+            _wake_one(waiters)
+
     def put_threadsafe(self, item: Any, give_up: Callable[[], bool] = lambda: False) -> bool:
         """put() from a thread that is not the loop's. For `block` it waits for room, checking
-        give_up() (and the queue closing) every 100 ms so a stopping producer never hangs."""
+        give_up() (and the queue closing) every 100 ms so a stopping producer never hangs, and
+        returns True iff the item was queued. The other policies hand the item to the loop
+        without waiting: True unless the queue or loop was already closed (should the queue
+        close before the loop runs the hand-over, the item is refused there)."""
         if self._closed:
             return False
         try:
             if self.policy is not Policy.BLOCK:
                 self._loop.call_soon_threadsafe(self.put_nowait, item)
                 return True
-            fut = asyncio.run_coroutine_threadsafe(self.put(item), self._loop)
+            return self._put_block_threadsafe(item, give_up)
         except RuntimeError:  # the loop is closed: the pipeline is gone
             return False
-        while True:
-            try:
-                return fut.result(timeout=0.1)
-            except concurrent.futures.TimeoutError:
-                if self._closed or give_up() or self._loop.is_closed():
-                    fut.cancel()
-                    return False
-            except concurrent.futures.CancelledError:
-                return False
+
+    def _put_block_threadsafe(self, item: Any, give_up: Callable[[], bool]) -> bool:
+        # The put runs as a task on the loop; giving up cancels that task on the loop, so the
+        # put either completed (the item is queued) or was cancelled (it is not), and the
+        # answer is read from the finished task, never guessed.
+        tasks: list[asyncio.Task[bool]] = []
+        finished = threading.Event()
+
+        def start() -> None:
+            task = self._loop.create_task(self.put(item))
+            task.add_done_callback(lambda _: finished.set())
+            tasks.append(task)
+
+        def taken() -> bool:
+            return (
+                bool(tasks) and tasks[0].done() and not tasks[0].cancelled() and tasks[0].result()
+            )
+
+        self._loop.call_soon_threadsafe(start)
+        cancelling = False
+        while not finished.wait(0.1):
+            if self._loop.is_closed() or (cancelling and not self._loop.is_running()):
+                return taken()  # the pipeline is gone: no loop will finish the put now
+            if not cancelling and (self._closed or give_up()):
+                try:
+                    # Runs after start(): the loop runs thread-safe callbacks in order.
+                    self._loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+                except RuntimeError:  # the loop closed meanwhile
+                    return taken()
+                cancelling = True
+        return taken()
 
     async def get(self) -> Any:
         """The next item that is not past its deadline; QueueClosed once closed and empty."""
@@ -182,8 +218,7 @@ class BoundedQueue:
                 try:
                     await fut
                 except asyncio.CancelledError:
-                    if fut in self._getters:
-                        self._getters.remove(fut)
+                    self._forget_waiter(fut, self._getters, room=bool(self._items))
                     raise
             item, put_at = self._items.popleft()
             _wake_one(self._putters)

@@ -169,3 +169,70 @@ def test_threadsafe_put_gives_up_promptly_when_the_producer_stops():
     assert not alive
     assert result["taken"] is False
     assert result["waited"] < 1.0
+
+
+def test_a_woken_putter_that_is_cancelled_passes_the_wakeup_to_the_next_putter():
+    async def main():
+        q = BoundedQueue("s", 1, "block", Metrics())
+        await q.put(Item("a", 0))
+        first = asyncio.create_task(q.put(Item("a", 1)))
+        second = asyncio.create_task(q.put(Item("a", 2)))
+        await asyncio.sleep(0)  # both wait for room
+        assert (await q.get()).seq == 0  # wakes the first putter...
+        first.cancel()  # ...which is cancelled before it runs
+        taken = await asyncio.wait_for(second, 2)
+        assert first.cancelled()
+        return taken, [item.seq for item, _ in q._items]
+
+    taken, waiting = asyncio.run(main())
+    assert taken is True
+    assert waiting == [2]
+
+
+def test_a_woken_getter_that_is_cancelled_passes_the_wakeup_to_the_next_getter():
+    async def main():
+        q = BoundedQueue("s", 1, "block", Metrics())
+        first = asyncio.create_task(q.get())
+        second = asyncio.create_task(q.get())
+        await asyncio.sleep(0)  # both wait for an item
+        assert await q.put(Item("a", 7))  # wakes the first getter...
+        first.cancel()  # ...which is cancelled before it runs
+        got = await asyncio.wait_for(second, 2)
+        assert first.cancelled()
+        return got
+
+    assert asyncio.run(main()).seq == 7
+
+
+def test_threadsafe_put_says_true_when_the_item_got_in_just_as_the_producer_gave_up():
+    async def main():
+        loop = asyncio.get_running_loop()
+        q = BoundedQueue("s", 1, "block", Metrics())
+        await q.put(Item("a", 0))
+
+        def give_up() -> bool:
+            # Make room and let the waiting put finish, then give up: too late to stop it.
+            assert asyncio.run_coroutine_threadsafe(q.get(), loop).result(2).seq == 0
+            deadline = time.monotonic() + 2
+            while not len(q) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return True
+
+        taken = await asyncio.to_thread(q.put_threadsafe, Item("a", 1), give_up)
+        return taken, [item.seq for item, _ in q._items]
+
+    taken, waiting = asyncio.run(main())
+    assert waiting == [1]  # the item was queued...
+    assert taken is True  # ...and the producer is told so
+
+
+def test_threadsafe_put_that_gives_up_leaves_nothing_queued_behind():
+    async def main():
+        q = BoundedQueue("s", 1, "block", Metrics())
+        await q.put(Item("a", 0))
+        taken = await asyncio.to_thread(q.put_threadsafe, Item("a", 1), lambda: True)
+        assert (await q.get()).seq == 0  # room now: a put left pending would slip in here
+        await asyncio.sleep(0.05)
+        return taken, len(q)
+
+    assert asyncio.run(main()) == (False, 0)
