@@ -8,9 +8,11 @@ per-camera fairness and a preference for models whose contexts are resident; sta
 dropped and counted. The host glue of the next batch (stages.runtimes: crops, preprocessing)
 runs in one worker thread while the current batch runs on the device in another (the only
 thread that touches the device, so XRT objects stay on one thread). Each real slot leaves as
-an `Inferred` (stages.jobs) naming backend, model and whether the weights are synthetic.
+an `Inferred` of its kind (stages.jobs: PoseInferred, FaceInferred, ClipInferred) naming
+backend, model and whether the weights are synthetic.
 
-A device error fails that batch's jobs (dropped `error`, counted per model and camera) and
+A device error, or a malformed pass report the scheduler refuses (wrong output count, bad
+device time), fails that batch's jobs (dropped `error`, counted per model and camera) and
 the stage goes on; running out of hardware contexts makes the device's LRU evict, not fail.
 Its scheduler and device numbers are registered as stage gauges (`<stage>` and
 `<stage>/<model>`) with pipeline.metrics, so they are on the `stats` topic and Prometheus.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +35,7 @@ from pydantic import Field
 from pipeline.config import Config
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
-from stages.jobs import ClipJob, FaceJob, Inferred, Job, PoseJob
+from stages.jobs import ClipJob, FaceJob, Job, PoseJob, inferred_type
 from stages.runtimes import (
     MODELS,
     ClipRuntime,
@@ -43,7 +46,7 @@ from stages.runtimes import (
     open_runtime,
     read_labels_file,
 )
-from stages.scheduler import Batch, BatchScheduler, ModelProfile
+from stages.scheduler import Batch, BatchScheduler, ModelProfile, SchedulerError
 from stages.scheduler import Job as SchedJob
 
 log = logging.getLogger(__name__)
@@ -456,8 +459,13 @@ class Infer(Stage):
         except Exception as exc:
             self._failed(batch, exc, 0.0)
             return
+        try:
+            returned = self.scheduler.complete(batch, ran.outputs, ran.device_s)
+        except SchedulerError as exc:  # a malformed report: that batch fails, not the stage
+            valid_s = ran.device_s if math.isfinite(ran.device_s) and ran.device_s >= 0 else 0.0
+            self._failed(batch, exc, valid_s)
+            return
         self.metrics.observe_work(f"{self.name}/{batch.model}", ran.device_s)
-        returned = self.scheduler.complete(batch, ran.outputs, ran.device_s)
         self._sync_drops()
         real = max(len(batch.jobs), 1)
         extra = rt.extra()
@@ -476,7 +484,7 @@ class Infer(Stage):
                 job.window = slot.window
             self.published[batch.model] += 1
             await out.send(
-                Inferred(
+                inferred_type(job)(
                     job=job,
                     output=slot.output,
                     backend=rt.backend,

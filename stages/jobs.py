@@ -90,3 +90,52 @@ class Inferred:
     synthetic: bool
     device_s: float = 0.0
     extra: dict = field(default_factory=dict)
+
+    # The job's frame identity, read the way pipeline.queues reads every item (camera,
+    # deadline_ns), so inboxes expire and account outputs like any other message.
+    @property
+    def camera(self) -> str:
+        return self.job.camera
+
+    @property
+    def seq(self) -> int:
+        return self.job.seq
+
+    @property
+    def capture_ts_ns(self) -> int:
+        return self.job.capture_ts_ns
+
+    @property
+    def deadline_ns(self) -> int:
+        return self.job.deadline_ns
+
+    def expired(self, at_ns: int | None = None) -> bool:
+        """True once the job is past its camera's staleness budget."""
+        return self.job.expired(at_ns)
+
+
+@dataclass(slots=True, kw_only=True)
+class PoseInferred(Inferred):
+    """Sapiens2 heatmaps of a PoseJob (-> Dark)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class FaceInferred(Inferred):
+    """An AdaFace embedding of a FaceJob (-> FaceMatch)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ClipInferred(Inferred):
+    """A CLIP image embedding of a ClipJob with its labels in extra (-> ClipLabels)."""
+
+
+def inferred_type(job: Job) -> type[Inferred]:
+    """The Inferred subclass for a job's kind, so the graph routes each output to the one
+    postprocess stage of that kind."""
+    if isinstance(job, PoseJob):
+        return PoseInferred
+    if isinstance(job, FaceJob):
+        return FaceInferred
+    if isinstance(job, ClipJob):
+        return ClipInferred
+    return Inferred

@@ -38,7 +38,15 @@ from pipeline.graph import MapStage, StageOptions
 from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
 from stages.detect import run_tracks
 from stages.gallery import Gallery, GalleryFile
-from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
+from stages.jobs import (
+    ClipInferred,
+    ClipJob,
+    FaceInferred,
+    FaceJob,
+    Inferred,
+    PoseInferred,
+    PoseJob,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +182,7 @@ def dark_keypoints(
 
 
 # ---- the post-processing stages: Inferred (stages.jobs) -> published results --------------
-# The infer stage sends every Inferred to each of these; each takes only its own job type.
+# The infer stage emits one Inferred subclass per kind; each stage's inbox takes only its own.
 
 
 class DarkOptions(StageOptions):
@@ -209,7 +217,7 @@ class Dark(MapStage):
     refresh is marked finished in the run's tracker, stages.detect.run_tracks)."""
 
     kind = "dark"
-    accepts = (Inferred,)
+    accepts = (PoseInferred,)
     Options = DarkOptions
 
     def process(self, item: Inferred) -> list[PoseResult]:
@@ -294,7 +302,7 @@ class FaceMatch(MapStage):
     previous gallery), with the box and alignment points."""
 
     kind = "face_match"
-    accepts = (Inferred,)
+    accepts = (FaceInferred,)
     Options = FaceMatchOptions
 
     def __init__(self, name, options, context) -> None:
@@ -396,7 +404,7 @@ class ClipLabels(MapStage):
     embeddings and logit scale the infer stage attached (Inferred.extra)."""
 
     kind = "clip_labels"
-    accepts = (Inferred,)
+    accepts = (ClipInferred,)
     Options = ClipLabelsOptions
 
     def process(self, item: Inferred) -> list[ClipResult]:

@@ -186,7 +186,9 @@ class Runtime:
 
     def prepare(self, jobs: Sequence[Job]) -> Prepared:
         """Host glue for up to batch_size jobs -> a full batch (padded with copies of the
-        first usable input). A job whose glue fails is marked failed, not the batch."""
+        first usable input). A job whose glue fails for any reason (an NpucamError, or e.g. a
+        cv2.error / ValueError from a degenerate input, wrapped in a JobInputError naming the
+        camera) is marked failed, not the batch."""
         if not 0 < len(jobs) <= self.batch_size:
             raise JobInputError(f"{self.name}: {len(jobs)} jobs for a batch of {self.batch_size}")
         rows: list[np.ndarray | None] = []
@@ -204,6 +206,15 @@ class Runtime:
                 item = self.prepare_one(job)
             except NpucamError as exc:
                 failed[i] = exc
+                rows.append(None)
+                windows.append(None)
+                continue
+            except Exception as exc:  # any host-glue failure (cv2.error...) fails this job only
+                # named by camera, the infer stage logs it (rate-limited) with the slot's error
+                failed[i] = JobInputError(
+                    f"{self.name}: camera {job.camera!r} #{job.seq}: host glue failed: "
+                    f"{type(exc).__name__}: {exc}"
+                )
                 rows.append(None)
                 windows.append(None)
                 continue

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from pipeline.graph import MapStage, StageOptions
 from stages.detect import crop_windows
-from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
+from stages.jobs import ClipJob, FaceJob, PoseJob, inferred_type
 
 LABELS = ("a person", "a bicycle", "a phone")
 
@@ -62,7 +62,7 @@ class FakeInfer(MapStage):
             output = text[(job.track_id or 0) % len(LABELS)].copy()
             extra = {"labels": list(LABELS), "text_embeds": text, "logit_scale": 100.0}
         return [
-            Inferred(
+            inferred_type(job)(
                 job=job,
                 output=output,
                 backend="fake",

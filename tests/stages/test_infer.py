@@ -23,8 +23,8 @@ from pipeline.config import parse_config
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
 from stages.infer import Infer, InferOptions
-from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
-from stages.runtimes import ClipRuntime, Runtime, RuntimeLoadError
+from stages.jobs import ClipJob, FaceInferred, FaceJob, Inferred, PoseJob
+from stages.runtimes import ClipRuntime, Ran, Runtime, RuntimeLoadError
 
 LABELS = ["a person", "a bicycle", "a car"]
 
@@ -254,6 +254,37 @@ def test_a_failing_pass_of_any_kind_fails_only_its_batch(tmp_path, cache, monkey
     out = run_stage(stage, source())
     assert sorted(item.job.seq for _, item in out.items) == [0, 2, 3]
     assert stage.errors["sapiens2"] == 1
+
+
+def test_a_malformed_pass_report_fails_only_its_batch(tmp_path, cache, monkeypatch):
+    # The scheduler refuses a report with the wrong number of outputs or a NaN device time;
+    # the stage fails that batch (`error`) and later batches still publish.
+    run = Runtime.run
+
+    def malformed(self, prepared):
+        ran = run(self, prepared)
+        if prepared.jobs[0].seq == 1:
+            return Ran(ran.outputs + ran.outputs[:1], ran.device_s)
+        if prepared.jobs[0].seq == 2:
+            return Ran(ran.outputs, float("nan"))
+        return ran
+
+    monkeypatch.setattr(Runtime, "run", malformed)
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    async def source():
+        await started(stage)
+        for i in range(5):
+            yield face("c0", i)
+            while not stage.scheduler.stats.models["adaface"].batches > i:
+                await asyncio.sleep(0.005)
+
+    out = run_stage(stage, source())
+    assert sorted(item.job.seq for _, item in out.items) == [0, 3, 4]
+    assert all(isinstance(item, FaceInferred) for _, item in out.items)
+    assert stage.errors["adaface"] == 2
+    assert stage.context.metrics.dropped(stage="infer/adaface", camera="c0", reason="error") == 2
+    assert "SchedulerError" in stage.stats()["runtimes"]["adaface"]["last_error"]
 
 
 def test_context_exhaustion_evicts_instead_of_failing(tmp_path, cache):

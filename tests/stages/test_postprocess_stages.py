@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +11,22 @@ import pytest
 
 from npu.models.clip_towers import logits_and_probs
 from pipeline.config import parse_config
-from pipeline.graph import Context
+from pipeline.graph import Context, Outbox
 from pipeline.messages import ClipResult, FaceResult, Frame, PoseResult, now_ns
 from pipeline.metrics import Metrics
+from pipeline.queues import BoundedQueue
 from pipeline.wire import decode, encode_result
 from stages.detect import CameraTracks, run_tracks
 from stages.gallery import GalleryFile
-from stages.jobs import ClipJob, FaceJob, Inferred, PoseJob
+from stages.jobs import (
+    ClipInferred,
+    ClipJob,
+    FaceInferred,
+    FaceJob,
+    Inferred,
+    PoseInferred,
+    PoseJob,
+)
 from stages.postprocess import (
     ClipLabels,
     ClipLabelsOptions,
@@ -51,7 +61,7 @@ def pose_item(heatmaps: np.ndarray, window, track_id: int = 4) -> Inferred:
         pose_age_s=0.5,
         window=np.asarray(window, np.float32),
     )
-    return Inferred(job=job, output=heatmaps, backend="sim", model="m", synthetic=True)
+    return PoseInferred(job=job, output=heatmaps, backend="sim", model="m", synthetic=True)
 
 
 # ---- Dark ---------------------------------------------------------------------------------
@@ -128,7 +138,7 @@ def face_item(embedding: np.ndarray) -> Inferred:
         track_id=2,
         landmark_source="yunet",
     )
-    return Inferred(job=job, output=embedding, backend="sim", model="adaface", synthetic=False)
+    return FaceInferred(job=job, output=embedding, backend="sim", model="adaface", synthetic=False)
 
 
 def unit(rng: np.random.Generator, d: int = 512) -> np.ndarray:
@@ -198,7 +208,7 @@ def clip_item(image_embed, text, labels, scale=100.0, track_id=None) -> Inferred
         track_id=track_id,
     )
     extra = {"labels": labels, "text_embeds": text, "logit_scale": scale}
-    return Inferred(job=job, output=image_embed, backend="cpu", model="clip", synthetic=True,
+    return ClipInferred(job=job, output=image_embed, backend="cpu", model="clip", synthetic=True,
                     extra=extra)  # fmt: skip
 
 
@@ -275,3 +285,48 @@ def test_face_match_warns_once_when_the_gallery_holds_another_models_embeddings(
         stage.process(face_item(unit(rng)))
     warnings = [r for r in caplog.records if "similarities across models" in r.message]
     assert len(warnings) == 1 and "'IR-101'" in warnings[0].message
+
+
+# ---- how the graph carries Inferred items to these stages ---------------------------------
+
+
+def test_a_stale_inferred_is_dropped_stale_under_its_camera_by_the_inbox():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("dark", 4, "drop_oldest", m)
+        item = pose_item(np.zeros((17, 8, 6), np.float32), [20, 30, 40, 60])
+        fresh = pose_item(np.zeros((17, 8, 6), np.float32), [20, 30, 40, 60], track_id=5)
+        item.job.deadline_ns = now_ns() - 1
+        await q.put(item)
+        await q.put(fresh)
+        q.close()
+        return m, [x async for x in q]
+
+    m, got = asyncio.run(main())
+    assert [x.job.track_id for x in got] == [5]
+    assert m.dropped("dark", "cam", "stale") == 1
+    assert m.dropped("dark", "", "stale") == 0
+
+
+def test_each_inferred_kind_reaches_exactly_its_own_postprocess_inbox():
+    async def main():
+        m = Metrics()
+        stages = {"dark": Dark, "face_match": FaceMatch, "clip_labels": ClipLabels}
+        queues = {name: BoundedQueue(name, 8, "drop_oldest", m) for name in stages}
+        out = Outbox("infer", [(n, cls.accepts, queues[n]) for n, cls in stages.items()], m)
+        text = np.eye(3, 16, dtype=np.float32)
+        await out.send(pose_item(np.zeros((17, 8, 6), np.float32), [20, 30, 40, 60]))
+        await out.send(face_item(np.ones(16, np.float32)))
+        await out.send(clip_item(text[0], text, ["a", "b", "c"]))
+        got = {}
+        for name, q in queues.items():
+            q.close()
+            got[name] = [type(x) async for x in q]
+        return got
+
+    got = asyncio.run(main())
+    assert got == {
+        "dark": [PoseInferred],
+        "face_match": [FaceInferred],
+        "clip_labels": [ClipInferred],
+    }

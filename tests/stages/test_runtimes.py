@@ -194,3 +194,23 @@ def test_real_checkpoints_and_bundles_load_on_their_backends(tmp_path, cache, de
         bundle = synthetic.bundle_path(name, cache)
         rt = open_runtime(name, "sim", ModelSource(bundle=str(bundle)), device=device, labels=["x"])
         assert rt.backend == "sim" and not rt.synthetic and rt.contexts
+
+
+def test_a_job_whose_glue_raises_any_error_fails_alone_naming_its_camera(sim_runtimes):
+    # A degenerate frame (grayscale, no channel axis) makes the CLIP glue raise a plain
+    # IndexError, not an NpucamError: only that job fails; the other three of the batch run.
+    rt = sim_runtimes["clip"]
+    bad = clip_job(1)
+    bad.camera = "gray-cam"
+    bad.image = bad.image[..., 1].copy()
+    jobs = [clip_job(0), bad, clip_job(2), clip_job(3)]
+    p = rt.prepare(jobs)
+    assert set(p.failed) == {1} and p.mask == (True, False, True, True)
+    assert isinstance(p.failed[1], JobInputError)
+    assert "'gray-cam' #1" in str(p.failed[1])
+    ran = rt.run(p)
+    assert [s.output is None for s in ran.outputs] == [False, True, False, False]
+    assert ran.outputs[1].error is p.failed[1]
+    for i in (0, 2, 3):
+        want = rt.model.pixels([jobs[i].image[10:90, 10:110, ::-1].copy()])[0]
+        np.testing.assert_array_equal(p.inputs[i], want)
