@@ -27,7 +27,8 @@ QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new")
 
 # Why a job was dropped: past its deadline; still in time but unable to finish before it
 # even on an optimistic cost (the device's backlog, or a pass longer than the time left);
-# its model's queue was full; its device run failed.
+# its model's queue was full or a later frame's job of its key superseded it; its device
+# run failed.
 DROP_REASONS: tuple[str, ...] = ("stale", "npu_busy", "queue_full", "error")
 
 NPU2_CONTEXT_SLOTS = 16
@@ -91,8 +92,12 @@ class Job:
     deadline_ns: capture_ts + the staleness budget; no result is returned after it.
     priority: lower runs first within a camera (e.g. the ns time a track's pose was last
         refreshed, so the oldest pose goes first); ties go to the earliest deadline.
-    key: optional identity (e.g. (camera, track_id)); submitting a job whose key is already
-        queued replaces that job's payload, deadline and priority (latest crop wins).
+    key: optional identity (e.g. (camera, track_id, source)); a job from a later frame
+        supersedes the queued jobs of its key (latest crop wins), jobs of one frame never
+        replace each other (two faces in one person box). Superseded jobs are dropped
+        `queue_full`, as a `latest` queue drops the item a newer one replaces.
+    capture_ts_ns: the capture time of the job's frame, which orders jobs of one key; None
+        (unknown): the newer submission supersedes.
     enqueue_ns: set by `submit`.
     """
 
@@ -102,6 +107,7 @@ class Job:
     deadline_ns: int
     priority: int = 0
     key: Hashable | None = None
+    capture_ts_ns: int | None = None
     enqueue_ns: int = 0
 
 
@@ -401,13 +407,31 @@ class BatchScheduler:
             return False
         queue = self._queues[job.model]
         if job.key is not None:
-            for queued in queue:
-                if queued.key == job.key:
-                    queued.payload = job.payload
-                    queued.deadline_ns = job.deadline_ns
-                    queued.priority = job.priority
-                    self.stats.models[job.model].replaced += 1
-                    return True
+            ts = job.capture_ts_ns
+            same = [queued for queued in queue if queued.key == job.key]
+            if ts is not None and any(
+                q.capture_ts_ns is not None and q.capture_ts_ns > ts for q in same
+            ):
+                self._replaced(job)  # a later frame of its key is queued already
+                return False
+            # Jobs of an earlier frame (or of an unknown one) are superseded; jobs of the same
+            # frame are distinct items and stay.
+            superseded = [
+                q for q in same if ts is None or q.capture_ts_ns is None or q.capture_ts_ns < ts
+            ]
+            if superseded:
+                # The first keeps its place and enqueue time (a track refreshed every frame
+                # still reaches max_wait); the others leave the queue.
+                first = superseded[0]
+                for queued in superseded:
+                    self._replaced(queued)
+                    if queued is not first:
+                        queue.remove(queued)
+                first.payload = job.payload
+                first.deadline_ns = job.deadline_ns
+                first.priority = job.priority
+                first.capture_ts_ns = job.capture_ts_ns
+                return True
         if len(queue) >= profile.queue_size:
             if profile.queue_policy == "reject_new":
                 self._drop(job, "queue_full")
@@ -420,6 +444,12 @@ class BatchScheduler:
         job.enqueue_ns = now
         queue.append(job)
         return True
+
+    def _replaced(self, job: Job) -> None:
+        # Its result will never come: counted per camera like every drop (queue_full, as a
+        # `latest` queue counts the item a newer one replaces), and as `replaced`.
+        self.stats.models[job.model].replaced += 1
+        self._drop(job, "queue_full")
 
     def _drop_oldest_of_largest_camera(self, queue: list[Job]) -> None:
         # drop_oldest takes from the camera holding most of the queue, so a flooding camera

@@ -254,6 +254,51 @@ def test_key_replaces_queued_payload_latest_crop_wins():
     batch = sched.next_batch()
     assert [(j.payload, j.deadline_ns, j.enqueue_ns) for j in batch.jobs] == [("new", 6 * S, 0)]
     assert sched.stats.models["clip"].replaced == 1
+    # the replaced crop's result never comes: a drop, per camera, like every other
+    assert sched.stats.drops == {("clip", "cam0", "queue_full"): 1}
+
+
+def test_faces_of_one_frame_never_replace_each_other():
+    # Two faces in one person box (track 7), then a pose-derived face of the same track:
+    # the stage keys faces by (model, camera, track, landmark source) and passes the frame's
+    # capture time, so none of the three may merge into another.
+    clock = SimClock()
+    sched = BatchScheduler(profiles(max_wait_ms=0.0), clock=clock)
+    frame_ns = 10 * MS
+    for payload, source in (("face-a", "yunet"), ("face-b", "yunet"), ("pose-face", "sapiens2")):
+        key = ("adaface", "cam0", 7, source)
+        assert sched.submit(job("adaface", "cam0", payload, 5 * S, key=key, capture_ts_ns=frame_ns))
+    assert sched.pending("adaface") == 3
+    ran = []
+    while (batch := sched.next_batch()) is not None:
+        ran += [j.payload for j, _ in sched.complete(batch, [None], 0.3)]
+        clock.t += 300 * MS
+    assert sorted(ran) == ["face-a", "face-b", "pose-face"]
+    assert sched.stats.drops.total() == 0
+    assert sched.stats.models["adaface"].replaced == 0
+
+
+def test_a_later_frame_supersedes_every_queued_face_of_its_key_and_counts_them_dropped():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(max_wait_ms=1000.0), clock=clock)
+    key = ("adaface", "cam0", 7, "yunet")
+    for payload in ("a1", "b1"):  # two faces of frame 1
+        sched.submit(job("adaface", "cam0", payload, 5 * S, key=key, capture_ts_ns=1 * MS))
+    clock.t = 40 * MS
+    for payload in ("a2", "b2"):  # the same two faces in frame 2
+        sched.submit(job("adaface", "cam0", payload, 6 * S, key=key, capture_ts_ns=34 * MS))
+    assert sched.pending("adaface") == 2
+    # a face of frame 1 arriving late is itself superseded by the queued frame-2 faces
+    assert not sched.submit(job("adaface", "cam0", "a1-late", 5 * S, key=key, capture_ts_ns=MS))
+    assert sched.stats.drops == {("adaface", "cam0", "queue_full"): 3}
+    assert sched.stats.models["adaface"].replaced == 3
+    clock.t = 1 * S
+    first = sched.next_batch()
+    # the superseding face kept the place and enqueue time of the one it replaced
+    assert [(j.payload, j.enqueue_ns, j.deadline_ns) for j in first.jobs] == [("a2", 0, 6 * S)]
+    sched.complete(first, [None], 0.3)
+    clock.t += 300 * MS
+    assert [j.payload for j in sched.next_batch().jobs] == ["b2"]
 
 
 # -- staleness and queue bounds ------------------------------------------------------------
