@@ -6,6 +6,11 @@ so a slow subscriber costs messages, never latency. PUB drops past the high-wate
 silently (ZeroMQ gives no signal; zeromq/libzmq#4394); a PUSH send that would block raises
 zmq.Again and is counted as a `queue_full` drop of that camera.
 
+XPUB, unlike PUB, hands every subscribe/unsubscribe to the application, and libzmq holds
+them in an unbounded queue until read: publish reads them while it waits for subscribers and
+then drains them every SUBSCRIPTION_DRAIN_S for as long as it runs, so subscribers that come
+and go cost no memory.
+
 With `[security]` (or a stage's `security` table) both sockets run CURVE through
 pipeline.security: a binding socket admits only the allow-listed client keys, a connecting
 one only talks to the pinned server key (docs/security.md).
@@ -14,6 +19,7 @@ one only talks to the pinned server key (docs/security.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Literal
@@ -33,6 +39,7 @@ from stages.frame_wire import encode_frame
 
 log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
+SUBSCRIPTION_DRAIN_S = 0.1
 
 
 class PublishError(NpucamError):
@@ -67,6 +74,7 @@ class Publish(Stage):
         self.bound = asyncio.Event()
         self.guard: security.SocketSecurity | None = None
         self._stats_seq = 0
+        self.subscription_messages = 0  # subscribe/unsubscribe notifications read from XPUB
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
@@ -93,15 +101,17 @@ class Publish(Stage):
         self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.bound.set()
         log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
-        # A NOBLOCK send never waits, so it goes through a plain (synchronous) view of the
-        # socket: no Future per message.
-        send = zmq.Socket.shadow(sock.underlying).send_multipart
+        # A NOBLOCK send or recv never waits, so it goes through a plain (synchronous) view of
+        # the socket: no Future per message.
+        plain = zmq.Socket.shadow(sock.underlying)
+        send = plain.send_multipart
         interval = self.context.config.metrics.stats_interval_s
-        ticker = None
+        tasks: list[asyncio.Task] = []
         if self.options.stats and interval > 0:
-            ticker = asyncio.create_task(self._publish_stats_every(sock, interval))
+            tasks.append(asyncio.create_task(self._publish_stats_every(sock, interval)))
         try:
             await self._await_subscribers(sock, inbox)
+            tasks.append(asyncio.create_task(self._drain_subscriptions(plain)))
             async for item in inbox:
                 start = time.perf_counter()
                 try:
@@ -117,8 +127,8 @@ class Publish(Stage):
                 else:
                     self.metrics.did(self.name, camera_of(item), time.perf_counter() - start)
         finally:
-            if ticker is not None:
-                ticker.cancel()
+            for task in tasks:
+                task.cancel()
             if self.options.stats:
                 await self._send_stats(sock)  # the final numbers, after the drain
             sock.close(self.options.linger_ms)
@@ -130,9 +140,21 @@ class Publish(Stage):
         while seen < wanted and not inbox.closed:
             if await sock.poll(100, zmq.POLLIN):  # 100 ms: notice the pipeline stopping
                 event = await sock.recv()
+                self.subscription_messages += 1
                 seen += event[:1] == b"\x01"
         if wanted:
             log.info("publish %s: %d subscriber(s) joined", self.name, seen)
+
+    async def _drain_subscriptions(self, plain: zmq.Socket) -> None:
+        """Read and discard XPUB's subscription notifications every SUBSCRIPTION_DRAIN_S, off
+        the send path (a timer, not the socket's fd: the synchronous sends share that fd's
+        edge-triggered wakeups, which an fd watch here could miss)."""
+        while True:
+            await asyncio.sleep(SUBSCRIPTION_DRAIN_S)
+            with contextlib.suppress(zmq.Again):
+                while True:
+                    plain.recv(NOBLOCK)
+                    self.subscription_messages += 1
 
     async def _frame_messages(self, item: Frame) -> list[list]:
         messages = []

@@ -1,15 +1,18 @@
 """Publish end to end: file cameras -> ZeroMQ PUB -> an in-test SUB, the stats and preview
-topics, and frames PUSHed to a `zmq:` camera of a second pipeline."""
+topics, subscription notifications read while subscribers come and go, and frames PUSHed
+to a `zmq:` camera of a second pipeline."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import sys
+import time
 from pathlib import Path
 
 import cv2
 import numpy as np
+import zmq
 from engine_stages import receive, start, subscriber
 
 from pipeline import wire
@@ -189,3 +192,54 @@ def test_the_protocol_docs_subscriber_example_reads_what_publish_sends(write_con
     assert code == 0
     for line in lines:
         assert re.fullmatch(r"det/card \d+ 96x64 0 boxes lag \d+\.\d ms\n", line), line
+
+
+def test_subscription_notifications_are_read_while_subscribers_come_and_go(write_config):
+    """With wait_for_subscribers = 0 each subscribe and unsubscribe that libzmq queues on the
+    XPUB is read (else they pile up for the life of the process): one subscriber at a time,
+    so every connect queues one subscribe and every disconnect one unsubscribe."""
+    path = write_config(
+        """
+        [metrics]
+        stats_interval_s = 0
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=32&height=24&fps=10"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        """
+    )
+    cycles = 10
+
+    async def read_count_reaches(publish, n: int, timeout_s: float = 5.0) -> bool:
+        end = time.monotonic() + timeout_s
+        while publish.subscription_messages < n and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        return publish.subscription_messages == n
+
+    async def main():
+        pipeline, task = await start(path, duration=30)
+        publish = pipeline.stages["publish"]
+        await asyncio.wait_for(publish.bound.wait(), 5)
+        ctx = zmq.Context()
+        reached = []
+        try:
+            for i in range(cycles):
+                sub = ctx.socket(zmq.SUB)
+                sub.setsockopt(zmq.LINGER, 0)
+                sub.setsockopt(zmq.SUBSCRIBE, b"det/")
+                sub.connect(publish.endpoint)
+                reached.append(await read_count_reaches(publish, 2 * i + 1))
+                sub.close()
+                reached.append(await read_count_reaches(publish, 2 * i + 2))
+        finally:
+            ctx.term()
+            pipeline.stop()
+        return await task, reached, publish.subscription_messages
+
+    code, reached, read = asyncio.run(main())
+    assert code == 0
+    assert read == 2 * cycles and all(reached), reached
