@@ -17,6 +17,7 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Literal
 
 from pipeline.errors import NpucamError
@@ -767,11 +768,20 @@ class BatchScheduler:
 
     # -- results --------------------------------------------------------------------------
 
-    def complete(self, batch: Batch, outputs: Sequence[Any], device_s: float) -> list[tuple]:
+    def complete(
+        self,
+        batch: Batch,
+        outputs: Sequence[Any],
+        device_s: float,
+        finish_ns: int | None = None,
+    ) -> list[tuple]:
         """Report a finished batch: one output per slot and its measured device time (s,
         context loads included). Returns [(job, output)] for the real jobs still within their
         deadline; padded slots are discarded and late results are counted as `stale` drops.
-        A malformed report raises and leaves the batch in flight (report it with `fail`)."""
+        finish_ns: when the device finished the pass, on the scheduler's clock (None: now);
+        the next batch in flight started then (or when it was dispatched, if later), however
+        late this report is handled. A malformed report raises and leaves the batch in
+        flight (report it with `fail`)."""
         self._check_order(batch)
         if len(outputs) != batch.size:
             raise SchedulerError(
@@ -782,7 +792,12 @@ class BatchScheduler:
             raise SchedulerError(
                 f"model {batch.model!r}: batch {batch.seq} device time {device_s!r} is invalid"
             )
-        self._retire(batch)
+        if finish_ns is not None and not _is_int(finish_ns):
+            raise SchedulerError(
+                f"model {batch.model!r}: batch {batch.seq} finish_ns {finish_ns!r} is not an "
+                "int (ns on the scheduler's clock)"
+            )
+        self._retire(batch, finish_ns)
         self.stats.busy_s += device_s
         measured = max(device_s - batch.switch_s, 0.0)
         cost = self._cost[batch.model]
@@ -801,9 +816,10 @@ class BatchScheduler:
             self.stats.models[job.model].results += 1
         return out
 
-    def fail(self, batch: Batch, device_s: float = 0.0) -> None:
-        """Report a batch whose device run failed: its jobs are dropped with reason `error`."""
-        self._retire(batch)
+    def fail(self, batch: Batch, device_s: float = 0.0, finish_ns: int | None = None) -> None:
+        """Report a batch whose device run failed: its jobs are dropped with reason `error`.
+        finish_ns: when the device gave up on it, as in `complete` (None, or not an int: now)."""
+        self._retire(batch, finish_ns if _is_int(finish_ns) else None)
         self.stats.busy_s += max(device_s, 0.0)
         for job in batch.jobs:
             self._drop(job, "error")
@@ -816,13 +832,26 @@ class BatchScheduler:
                 f"(expected batch {expected})"
             )
 
-    def _retire(self, batch: Batch) -> None:
+    def _retire(self, batch: Batch, finish_ns: int | None) -> None:
+        """Take the head batch out of flight. The next one starts on the device when this
+        one ends (the device thread runs it without waiting for the event loop), and not
+        before its dispatch (its host glue starts then). A report handled late must not
+        shift that start: the device was busy with the next batch meanwhile."""
         self._check_order(batch)
         self._in_flight.pop(0)
-        self._head_start_ns = self.clock()  # the next batch in flight starts now
+        now = self.clock()
+        # a pass ends after it started and no later than its report (a clock step, a skew)
+        end = now if finish_ns is None else min(max(int(finish_ns), self._head_start_ns), now)
+        if self._in_flight:
+            end = max(end, self._in_flight[0].dispatch_ns)
+        self._head_start_ns = end
 
     def _drop(self, job: Job, reason: str) -> None:
         self.stats.drops[(job.model, job.camera, reason)] += 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def _ms_to_ns(ms: float) -> int:
@@ -896,11 +925,11 @@ def simulate(
             return report
         clock.t = max(clock.t, min(times))
         if running is not None and running[1] <= clock.t:
-            batch = running[0]
+            batch, end_ns = running
             outputs = run_batch(batch) if run_batch else batch.slot_payloads()
-            elapsed_s = (running[1] - report.batches[-1][0]) / _NS
+            elapsed_s = (end_ns - report.batches[-1][0]) / _NS
             running = None
-            returned = scheduler.complete(batch, outputs, elapsed_s)
+            returned = scheduler.complete(batch, outputs, elapsed_s, finish_ns=end_ns)
             report.results += [(clock.t, job, output) for job, output in returned]
             if on_complete is not None:
                 on_complete(batch, returned)

@@ -590,6 +590,77 @@ def test_next_batch_is_planned_while_one_runs_and_bounded_by_max_in_flight():
     assert third is not None and third.est_start_ns == prepared.est_finish_ns
 
 
+def _two_boxes_in_flight(sched, clock):
+    """Dispatch two pose batches back to back at t=0: the device runs the first and then,
+    without waiting for the event loop, the second."""
+    sched.submit(job("sapiens2", "cam0", "box1", 60 * S))
+    first = sched.next_batch()
+    sched.submit(job("sapiens2", "cam0", "box2", 60 * S))
+    second = sched.next_batch()
+    assert second.est_start_ns == first.est_finish_ns
+    return first, second
+
+
+def test_a_late_handled_completion_does_not_shift_when_the_next_batch_started():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=2, prepare_ahead_s=None)
+    first, second = _two_boxes_in_flight(sched, clock)
+    device_end = first.est_finish_ns  # the pass took exactly its estimate
+    clock.t = device_end + 1 * S  # a busy event loop handles its completion 1 s late
+    sched.complete(first, ["pose"], (device_end - first.dispatch_ns) / S, finish_ns=device_end)
+    sched.submit(job("sapiens2", "cam1", "box3", 60 * S))
+    third = sched.next_batch()
+    # `second` started when `first` ended on the device, not when the loop noticed
+    assert third.est_start_ns == second.est_finish_ns
+    assert third.est_start_ns == device_end + round((second.switch_s + second.cost_s) * S)
+
+
+def test_a_late_handled_completion_causes_no_spurious_npu_busy_drop():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=2, prepare_ahead_s=None)
+    first, second = _two_boxes_in_flight(sched, clock)
+    # a face that fits after `second` on the device's real timeline (0.3 s + context loads),
+    # and would not if `second` had started when the loop handled `first`'s completion
+    deadline = second.est_finish_ns + 700 * MS
+    sched.submit(job("adaface", "cam1", "face", deadline))
+    clock.t = first.est_finish_ns + 1 * S
+    sched.complete(first, ["pose"], 2.4, finish_ns=first.est_finish_ns)
+    assert sched.next_batch() is None  # not safe while `second` runs: it waits
+    assert sched.stats.drops.total() == 0
+    clock.t = second.est_finish_ns
+    sched.complete(second, ["pose"], 2.4, finish_ns=clock.t)
+    face = sched.next_batch()
+    assert [j.payload for j in face.jobs] == ["face"]
+    clock.t += round((face.switch_s + 0.3) * S)
+    assert [j.payload for j, _ in sched.complete(face, ["emb"], face.switch_s + 0.3)] == ["face"]
+    assert clock.t <= deadline
+    assert sched.stats.drops.total() == 0
+
+
+def test_finish_time_is_bounded_by_the_next_dispatch_and_the_report():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=2, prepare_ahead_s=None)
+    sched.submit(job("sapiens2", "cam0", "box1", 60 * S))
+    first = sched.next_batch()
+    clock.t = 3 * S  # the next batch is handed out (its glue starts) after `first` ended
+    sched.submit(job("sapiens2", "cam0", "box2", 60 * S))
+    second = sched.next_batch()
+    clock.t = 4 * S
+    with pytest.raises(SchedulerError, match=r"batch 1 finish_ns 2\.4"):
+        sched.complete(first, ["pose"], 2.4, finish_ns=2.4)  # seconds, not ns: refused
+    assert sched.in_flight == (first, second)  # a refused report leaves the batch in flight
+    sched.complete(first, ["pose"], 2.4, finish_ns=first.est_finish_ns)
+    sched.submit(job("sapiens2", "cam1", "box3", 60 * S))
+    third = sched.next_batch()
+    # `second` could not start before its dispatch at 3 s
+    assert third.est_start_ns == 3 * S + round(second.cost_s * S)
+    clock.t = 6 * S
+    # a device timestamp after the report (a clock step) counts as the report's time
+    sched.fail(second, 2.4, finish_ns=60 * S)
+    sched.submit(job("sapiens2", "cam1", "box4", 60 * S))
+    assert sched.next_batch().est_start_ns == 6 * S + round(third.cost_s * S)
+
+
 def test_metrics_snapshot_reports_busy_fill_waits_loads_and_drops():
     clock = SimClock()
     sched = BatchScheduler(profiles(max_wait_ms=100.0), clock=clock)
