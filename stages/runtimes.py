@@ -334,6 +334,7 @@ class AdaFaceRuntime(Runtime):
 
 LABELS_CHECK_S = 1.0  # the labels file is stat'ed at most this often
 LABEL_SETS_CACHED = 8  # text embeddings kept for this many most recent label sets
+LABELS_RETRY_MAX_S = 60.0  # longest wait before re-encoding a label set that keeps failing
 
 
 class ClipRuntime(Runtime):
@@ -346,7 +347,9 @@ class ClipRuntime(Runtime):
     (mtime, size, inode) changed, reads and checks it; the next `run` (device thread)
     encodes the new set if it is not cached and swaps it in. A bad, empty or vanished file
     keeps the labels in effect, logs the error (file and line) and counts it in
-    `label_errors`."""
+    `label_errors`. So does an encoding that fails (a device error or any other exception):
+    the new set stays queued and is retried LABELS_CHECK_S later, the wait doubling with
+    each failure of the same set up to LABELS_RETRY_MAX_S."""
 
     name = "clip"
     job_type = ClipJob
@@ -375,13 +378,18 @@ class ClipRuntime(Runtime):
         self._pending_lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._next_check = 0.0
+        # device thread: the queued set whose encoding failed, its failures, next attempt
+        self._failed: tuple[tuple[str, ...], int, float] | None = None
 
     # -- the label set ---------------------------------------------------------------------
 
-    def _label_error(self, message: str) -> None:
+    def _label_error(self, message: str, exc: Exception | None = None) -> None:
+        """Count and log a label-set failure; an unexpected exception (not an NpucamError)
+        is logged with its traceback."""
         self.label_errors += 1
         self.last_label_error = message
-        log.error("%s; keeping the %d labels in effect", message, len(self.labels))
+        trace = exc if exc is not None and not isinstance(exc, NpucamError) else None
+        log.error("%s; keeping the %d labels in effect", message, len(self.labels), exc_info=trace)
 
     def _read_labels_file(self) -> tuple[str, ...]:
         """The labels file's labels, each checked to have letters (LabelsFileError)."""
@@ -457,17 +465,40 @@ class ClipRuntime(Runtime):
             self._pending = labels
         return True
 
-    def apply_pending_labels(self) -> float:
-        """Device thread: swap in a label set the host glue queued; its device seconds."""
+    def apply_pending_labels(self, now: float | None = None) -> float:
+        """Device thread: swap in a label set the host glue queued; its device seconds.
+
+        The set leaves the queue only once it is in effect (or replaced by a newer one): an
+        encoding that raises keeps the labels in effect and the set queued, counts and logs
+        the failure, and the set is retried LABELS_CHECK_S later, doubling with each failure
+        of the same set up to LABELS_RETRY_MAX_S."""
         with self._pending_lock:
-            labels, self._pending = self._pending, None
-        if labels is None or (self._in_effect is not None and labels == self._in_effect[0]):
+            labels = self._pending
+        if labels is None:
             return 0.0
+        if self._in_effect is not None and labels == self._in_effect[0]:
+            self._dequeue(labels)
+            return 0.0
+        now = time.monotonic() if now is None else now
+        failures = 0
+        if self._failed is not None and self._failed[0] == labels:
+            _, failures, retry_at = self._failed
+            if now < retry_at:
+                return 0.0
         try:
             device_s = self._use(labels)
-        except NpucamError as exc:
-            self._label_error(f"{self.labels_file}: encoding the new labels failed: {exc}")
+        except Exception as exc:  # a device error or any other: the set is retried, not lost
+            failures += 1
+            wait_s = min(LABELS_CHECK_S * 2 ** (failures - 1), LABELS_RETRY_MAX_S)
+            self._failed = (labels, failures, now + wait_s)
+            self._label_error(
+                f"{self.labels_file}: encoding the {len(labels)} new labels failed "
+                f"({failures} time(s)): {type(exc).__name__}: {exc}; retrying in {wait_s:g} s",
+                exc,
+            )
             return 0.0
+        self._failed = None
+        self._dequeue(labels)
         log.info(
             "%s: %d labels now in effect (%.3f s to encode): %s",
             self.labels_file,
@@ -476,6 +507,12 @@ class ClipRuntime(Runtime):
             ", ".join(labels),
         )
         return device_s
+
+    def _dequeue(self, labels: tuple[str, ...]) -> None:
+        """Clear the queued set if it is still `labels` (the glue may have queued a newer)."""
+        with self._pending_lock:
+            if self._pending == labels:
+                self._pending = None
 
     def prepare(self, jobs: Sequence[Job]) -> Prepared:
         self.poll_labels_file()

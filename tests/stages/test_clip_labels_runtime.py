@@ -272,3 +272,137 @@ def test_read_labels_file(tmp_path):
     path.write_bytes(b"")
     with pytest.raises(LabelsFileError, match=r"l\.txt: no labels"):
         read_labels_file(path)
+
+
+class FailingEncoder:
+    """Stands in for model.label_embeddings: raises each of `errors` in turn, then encodes."""
+
+    def __init__(self, encode, errors: list[BaseException]) -> None:
+        self.encode = encode
+        self.errors = list(errors)
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, labels, template=None):
+        self.calls.append(tuple(labels))
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.encode(labels, template)
+
+
+def test_a_failed_label_encoding_keeps_the_labels_in_effect_and_is_retried(
+    tmp_path, cache, monkeypatch, caplog
+):
+    # A device error, then any other exception, while encoding a new set: the set in effect
+    # stays (labels and embeddings together), the new set stays queued, each failure is
+    # counted and logged naming the file, and retries wait LABELS_CHECK_S, then twice that.
+    from npu.device import DeviceError
+
+    path = tmp_path / "labels.txt"
+    tick = [1_700_000_000_000_000_000]
+    write(path, labels_text(SET_A), tick)
+    device = SimDevice(registry_dir=tmp_path / "hwctx")
+    try:
+        rt = open_runtime(
+            "clip", "sim", ModelSource(synthetic=True), device=device, labels=(),
+            labels_file=path, synthetic_cache=cache,
+        )  # fmt: skip
+        embeds_a = rt.text_embeds
+        errors = [DeviceError("kernel finished in state 8"), RuntimeError("text tower broke")]
+        encoder = FailingEncoder(rt.model.label_embeddings, errors)
+        monkeypatch.setattr(rt.model, "label_embeddings", encoder)
+        write(path, labels_text(SET_B), tick)
+        assert rt.poll_labels_file(now=rt._next_check)
+        t0 = 100.0
+        step = runtimes.LABELS_CHECK_S
+        with caplog.at_level(logging.ERROR, logger="stages.runtimes"):
+            assert rt.apply_pending_labels(now=t0) == 0.0  # DeviceError
+            assert rt.labels == SET_A and rt.extra()["labels"] == SET_A
+            assert rt.extra()["text_embeds"] is embeds_a
+            assert rt.label_errors == 1 and "DeviceError: kernel finished" in rt.last_label_error
+            rt.apply_pending_labels(now=t0 + 0.9 * step)  # before the retry: not attempted
+            assert len(encoder.calls) == 1
+            rt.apply_pending_labels(now=t0 + step)  # RuntimeError: not an NpucamError
+            assert len(encoder.calls) == 2 and rt.labels == SET_A and rt.label_errors == 2
+            assert "RuntimeError: text tower broke" in rt.last_label_error
+            rt.apply_pending_labels(now=t0 + 2.9 * step)  # the wait doubled: not attempted
+            assert len(encoder.calls) == 2
+            assert rt.apply_pending_labels(now=t0 + 3 * step) >= 0.0
+        assert encoder.calls == [tuple(SET_B)] * 3
+        assert rt.labels == SET_B and rt.extra()["labels"] == SET_B
+        assert rt.extra()["text_embeds"].shape == (len(SET_B), 64)
+        assert rt.label_errors == 2 and rt.label_sets_loaded == 2
+        messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(messages) == 2 and all(m.startswith(f"{path}: encoding") for m in messages)
+        assert "keeping the 3 labels in effect" in messages[0]
+        rt.apply_pending_labels(now=t0 + 10 * step)  # nothing queued any more
+        assert len(encoder.calls) == 3
+        rt.close()
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, asyncio.CancelledError, SystemExit])
+def test_label_encoding_does_not_swallow_interrupts(tmp_path, cache, monkeypatch, error):
+    path = tmp_path / "labels.txt"
+    tick = [1_700_000_000_000_000_000]
+    write(path, labels_text(SET_A), tick)
+    device = SimDevice(registry_dir=tmp_path / "hwctx")
+    try:
+        rt = open_runtime(
+            "clip", "sim", ModelSource(synthetic=True), device=device, labels=(),
+            labels_file=path, synthetic_cache=cache,
+        )  # fmt: skip
+        encoder = FailingEncoder(rt.model.label_embeddings, [error()])
+        monkeypatch.setattr(rt.model, "label_embeddings", encoder)
+        write(path, labels_text(SET_B), tick)
+        assert rt.poll_labels_file(now=rt._next_check)
+        with pytest.raises(error):
+            rt.apply_pending_labels()
+        assert rt.labels == SET_A and rt.label_errors == 0
+        rt.apply_pending_labels()  # still queued: the next pass encodes it
+        assert rt.labels == SET_B and len(encoder.calls) == 2
+        rt.close()
+    finally:
+        device.close()
+
+
+def test_a_failed_label_encoding_mid_run_fails_no_image_job(tmp_path, cache, monkeypatch):
+    # In the stage: image batches keep publishing with the labels in effect while the new
+    # set fails to encode, and the new set arrives once an encoding succeeds.
+    monkeypatch.setattr(runtimes, "LABELS_CHECK_S", 0.05)
+    path = tmp_path / "labels.txt"
+    tick = [1_700_000_000_000_000_000]
+    write(path, labels_text(SET_A), tick)
+    stage = make_stage(tmp_path, cache, {"labels_file": "labels.txt"})
+    out = Recorder()
+    encoders: list[FailingEncoder] = []
+
+    async def source():
+        while stage.scheduler is None:
+            await asyncio.sleep(0.01)
+        rt = stage.runtimes["clip"]
+        errors = [RuntimeError("text tower broke"), RuntimeError("text tower broke")]
+        encoders.append(FailingEncoder(rt.model.label_embeddings, errors))
+        rt.model.label_embeddings = encoders[0]
+        write(path, labels_text(SET_B), tick)
+        await asyncio.sleep(0.1)  # past LABELS_CHECK_S: the next glue reads the new file
+        seq = 0
+        while not out.items or out.items[-1].extra["labels"] != SET_B:
+            assert seq < 200, "the new label set never came into effect"
+            for _ in range(4):
+                yield clip_job(seq)
+                seq += 1
+            while len(out.items) + stage.errors["clip"] < seq:
+                await asyncio.sleep(0.01)
+            assert stage.errors["clip"] == 0, stage.last_error  # no image job failed
+            await asyncio.sleep(0.05)
+
+    asyncio.run(asyncio.wait_for(stage.run(source(), out), timeout=60))
+    rt = stage.runtimes["clip"]
+    assert stage.errors["clip"] == 0
+    assert [item.job.seq for item in out.items] == list(range(len(out.items)))
+    switched = next(i for i, item in enumerate(out.items) if item.extra["labels"] == SET_B)
+    assert switched >= 4  # the first batch after the change kept SET_A
+    assert all(item.extra["labels"] == SET_A for item in out.items[:switched])
+    assert all(item.extra["labels"] == SET_B for item in out.items[switched:])
+    assert rt.label_errors == 2 and encoders[0].calls == [tuple(SET_B)] * 3
