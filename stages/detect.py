@@ -328,6 +328,10 @@ class BoxMessageError(NpucamError):
     """An external detector's box message that does not follow the documented format."""
 
 
+class BoxReceiverError(NpucamError):
+    """A box receiver that cannot connect to its endpoint."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExternalBoxes:
     """One decoded box message: camera, boxes float32 [N, 4] (x, y, w, h) in frame pixels,
@@ -438,7 +442,14 @@ class BoxReceiver:
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self._guard.connect(self._sock, endpoint)
+        try:
+            self._guard.connect(self._sock, endpoint)
+        except zmq.ZMQError as exc:
+            self._release()
+            raise BoxReceiverError(f"{socket_name}: cannot connect to {endpoint}: {exc}") from None
+        except BaseException:
+            self._release()
+            raise
         self._thread = threading.Thread(target=self._loop, name="detect-boxes", daemon=True)
         self._thread.start()
 
@@ -450,9 +461,12 @@ class BoxReceiver:
                 parts = self._sock.recv_multipart()
                 self.handle(parts[-1])
         finally:
-            self._sock.close(0)
-            self._guard.close()
-            self._ctx.term()
+            self._release()
+
+    def _release(self) -> None:
+        self._sock.close(0)
+        self._guard.close()
+        self._ctx.term()
 
     def handle(self, raw: bytes) -> ExternalBoxes | None:
         """Decode one message and keep it as its camera's latest; None if malformed."""
@@ -484,6 +498,8 @@ class BoxReceiver:
         return got[1]
 
     def close(self) -> None:
+        """Stop the thread, which closes the socket and terminates the context (blocking: up
+        to its 100 ms poll, at most 2 s)."""
         self._stop.set()
         self._thread.join(timeout=2.0)
 
@@ -610,9 +626,18 @@ class Detect(Stage):
         return problems
 
     def load(self) -> None:
-        """Build the detectors (in the thread that will run them) and the box receiver."""
+        """Build the detectors (in the thread that will run them) and the box receiver; a
+        failure closes the receiver if it had started."""
         if self._loaded:
             return
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        self._loaded = True
+
+    def _build(self) -> None:
         from stages.detectors.blazeface import BlazeFace
         from stages.detectors.blazepose import BlazePosePerson
         from stages.detectors.onnx_person import OnnxPersonDetector
@@ -657,9 +682,9 @@ class Detect(Stage):
         elif o.face == "yunet":
             kwargs = {} if o.face_min_score is None else {"score_threshold": o.face_min_score}
             self.face_detector = YuNet(path(o.face_model), **kwargs)
-        self._loaded = True
 
     def close(self) -> None:
+        """Stop the box receiver (blocking; see BoxReceiver.close)."""
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
@@ -867,25 +892,31 @@ class Detect(Stage):
         assert inbox is not None
         loop = asyncio.get_running_loop()
         wanted = self.options.cameras
-        with ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}") as worker:
+        worker = ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}")
+        try:
             await loop.run_in_executor(worker, self.load)
-            try:
-                async for frame in inbox:
-                    if wanted is not None and frame.camera not in wanted:
-                        await out.send(frame)
-                        continue
-                    start = time.perf_counter()
-                    try:
-                        items = await loop.run_in_executor(worker, self.process, frame)
-                    except Exception:
-                        self.item_failed(frame)
-                        continue
-                    finally:
-                        self.metrics.observe_work(self.name, time.perf_counter() - start)
-                    for item in items:
-                        await out.send(item)
-            finally:
-                self.close()
+            async for frame in inbox:
+                if wanted is not None and frame.camera not in wanted:
+                    await out.send(frame)
+                    continue
+                start = time.perf_counter()
+                try:
+                    items = await loop.run_in_executor(worker, self.process, frame)
+                except Exception:
+                    self.item_failed(frame)
+                    continue
+                finally:
+                    self.metrics.observe_work(self.name, time.perf_counter() - start)
+                for item in items:
+                    await out.send(item)
+        finally:
+            # close() joins the receiver's thread, so it runs on the worker, never the loop;
+            # queued there it also comes after a load or frame still running (on cancel), so
+            # no receiver that load starts outlives it. Shielded: a second cancel must not
+            # unqueue it.
+            closed = loop.run_in_executor(worker, self.close)
+            worker.shutdown(wait=False)
+            await asyncio.shield(closed)
 
 
 def _job_fields(frame: Frame) -> dict:

@@ -1,10 +1,14 @@
 """The detect stage: persons and faces on real images with track ids, the pose jobs that
 refresh the oldest pose first, rate-limited CLIP jobs, and person boxes from an external
-detector over ZeroMQ (malformed messages counted and skipped)."""
+detector over ZeroMQ (malformed messages counted and skipped; the receiver's thread and
+context closed when load fails and, off the event loop, when the stage is cancelled)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -16,18 +20,22 @@ from skimage import data
 
 from pipeline.assets import asset_path
 from pipeline.config import ConfigError, parse_config
-from pipeline.graph import Context, check_stages
+from pipeline.graph import Context, Outbox, check_stages
 from pipeline.messages import Detections, Frame, now_ns
 from pipeline.metrics import Metrics
+from pipeline.queues import BoundedQueue
+from stages import detect as detect_module
 from stages.align import blazeface_alignment_points
 from stages.detect import (
     BoxMessageError,
     BoxReceiver,
+    BoxReceiverError,
     Detect,
     DetectOptions,
     decode_box_message,
 )
 from stages.detectors.blazeface import BlazeFace
+from stages.detectors.litert import DetectorError
 from stages.jobs import ClipJob, FaceJob, PoseJob
 
 NS = 1_000_000_000
@@ -264,6 +272,119 @@ def test_stale_external_boxes_are_not_used(tmp_path):
         assert det.boxes.shape == (0, 4)
     finally:
         stage.close()
+
+
+async def run_stage(stage: Detect) -> None:
+    """stage.run with an empty inbox (no producer yet) and an outbox to nowhere."""
+    inbox = BoundedQueue(stage.name, 4, "block", stage.metrics)
+    await stage.run(inbox, Outbox(stage.name, [], stage.metrics))
+
+
+class RecordedReceiver(BoxReceiver):
+    """A BoxReceiver that keeps every instance built and every one released, for the tests."""
+
+    built: list[BoxReceiver] = []
+    released: list[BoxReceiver] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        RecordedReceiver.built.append(self)
+        super().__init__(*args, **kwargs)
+
+    def _release(self) -> None:
+        RecordedReceiver.released.append(self)
+        super()._release()
+
+
+@pytest.fixture
+def recorded_receivers(monkeypatch):
+    monkeypatch.setattr(RecordedReceiver, "built", [])
+    monkeypatch.setattr(RecordedReceiver, "released", [])
+    monkeypatch.setattr(detect_module, "BoxReceiver", RecordedReceiver)
+    return RecordedReceiver
+
+
+@pytest.mark.parametrize("via", ["run", "load"])  # the stage, or a lazy load in process()
+def test_a_load_failure_after_the_box_receiver_started_closes_it(tmp_path, recorded_receivers, via):
+    (tmp_path / "bad.tflite").write_bytes(b"not a model")
+    stage = make_stage(
+        tmp_path,
+        person="zmq",
+        boxes_endpoint="tcp://127.0.0.1:1",
+        face="blazeface",
+        face_model="bad.tflite",
+    )
+    with pytest.raises(DetectorError, match="bad.tflite"):
+        if via == "run":
+            asyncio.run(run_stage(stage))
+        else:
+            stage.load()
+    [receiver] = recorded_receivers.built  # built before the face detector failed
+    assert not receiver._thread.is_alive()
+    assert receiver._ctx.closed
+    assert stage.receiver is None
+
+
+def test_a_box_receiver_that_cannot_connect_is_a_clear_error_and_closes_its_context(
+    recorded_receivers,
+):
+    with pytest.raises(BoxReceiverError, match="detect boxes: cannot connect to nowhere:5"):
+        recorded_receivers("nowhere:5", ["cam"])
+    [receiver] = recorded_receivers.released
+    assert receiver._ctx.closed
+
+
+def test_cancelling_the_stage_closes_the_box_receiver_off_the_event_loop(
+    tmp_path, free_port, monkeypatch
+):
+    """The receiver's thread is held inside a message until a ticker on the event loop has
+    ticked 5 times: closing it on the loop would stall the ticker (and, here, never end)."""
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    inside, release = threading.Event(), threading.Event()
+
+    def held(receiver, raw):
+        inside.set()
+        release.wait(10)
+
+    monkeypatch.setattr(BoxReceiver, "handle", held)
+    stage = make_stage(tmp_path, person="zmq", boxes_endpoint=endpoint, face="none")
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+            if ticks == 5:
+                release.set()
+
+    async def main():
+        task = asyncio.create_task(run_stage(stage))
+        end = time.monotonic() + 10
+        while not inside.is_set() and time.monotonic() < end:  # PUB/SUB joins late
+            pub.send(b"{}")
+            await asyncio.sleep(0.02)
+        assert inside.is_set()
+        receiver = stage.receiver
+        ticking = asyncio.create_task(ticker())
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        ticking.cancel()
+        return receiver, task.cancelled()
+
+    try:
+        receiver, cancelled = asyncio.run(main())
+    finally:
+        release.set()
+        pub.close()
+        ctx.term()
+    assert cancelled and ticks >= 5
+    assert not receiver._thread.is_alive() and receiver._ctx.closed
+    assert stage.receiver is None
 
 
 def test_config_check_names_the_missing_keys(tmp_path):
