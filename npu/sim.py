@@ -275,10 +275,10 @@ class SimGemm:
         m, k, n = spec.get_int("M"), spec.get_int("K"), spec.get_int("N")
         self.m, self.k, self.n = m, k, n
         self.tiles = gemm_tiles(spec, k)
-        tile_n = self.tiles[0]
+        tile_n, tile_k = self.tiles[:2]
         for ok, what in (
             (m > 0 and m % 256 == 0, f"M={m} is not a multiple of 256"),
-            (k > 0 and k % 512 == 0, f"K={k} is not a multiple of 512"),
+            (k > 0 and k % tile_k == 0, f"K={k} is not a multiple of tile_k={tile_k}"),
             (n > 0 and n % tile_n == 0, f"N={n} is not a multiple of tile_n={tile_n}"),
         ):
             if not ok:
@@ -716,4 +716,5 @@ def write_mha(
 
 
 # Kernel kinds defined in their own modules register themselves on import.
+import npu.sim_clip  # noqa: E402, F401  (clip_mha, addln)
 import npu.sim_conv  # noqa: E402, F401  (adaface_conv)

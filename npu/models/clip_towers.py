@@ -1,12 +1,14 @@
-"""CLIP's two towers as HF CLIPModel's get_image_features / get_text_features, over npu.ops.
+"""CLIP's two towers as HF CLIPModel's get_image_features / get_text_features.
 
-The forwards follow taconite-clip's layout (spec b.5-b.7) so a device backend can run them:
-host glue (patch embedding, LayerNorms without affine, residual adds, pooling, projections)
-in float32 numpy, and every projection a `gemm` by key with LN1 / LN2 affines folded into the
-qkv / fc1 weights, attention an `mha` per image (vision) or per prompt (text, causal). Images
-run in groups of 4 and prompts in groups of 8 (the bundle's pass sizes); a partial group is
-padded and its padded slots are dropped. Weights load from an HF checkpoint (config.json +
-*.safetensors, read with safetensors' numpy API).
+The forwards follow taconite-clip's layout (spec b.5-b.7): host glue in float32 numpy (patch
+embedding, ln_pre, token + position embeddings, pooling, ln_post / ln_final, projections)
+around a `TowerLayers` backend that runs one tower's transformer layers over a pass's rows.
+`OpsLayers` is that backend over npu.ops (the cpu backend: every projection a `gemm` by key
+with LN1 / LN2 affines folded into the qkv / fc1 weights, attention an `mha` per image or per
+prompt); npu.models.clip_bundle replays a bundle's kernels on a device. Images run in groups
+of 4 and prompts in groups of 8 (the bundle's pass sizes); a partial group is padded and its
+padded slots are dropped. Weights load from an HF checkpoint (config.json + *.safetensors,
+read with safetensors' numpy API).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from safetensors import safe_open
@@ -36,7 +39,9 @@ class EncodeInputError(NpucamError):
 
 @dataclass(frozen=True)
 class TowerConfig:
-    """One transformer tower: layers of width `dim`, `heads` heads, MLP width `mlp`."""
+    """One transformer tower: layers of width `dim`, `heads` heads, MLP width `mlp`.
+
+    heads is 0 for a bundle's towers: the MHA kernel holds it and the host never needs it."""
 
     layers: int
     dim: int
@@ -309,8 +314,35 @@ def logits_and_probs(
     return logits.astype(np.float32), (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
+class TowerLayers(Protocol):
+    """Runs one tower's transformer layers over one pass's rows."""
+
+    backend: str
+
+    def run(self, tower: str, x: np.ndarray) -> np.ndarray:
+        """tower "v" or "t"; x: float32 [rows, dim] (a pass's slots at their strides, padding
+        rows zero) -> float32 [rows, dim], the residual stream after the last layer."""
+        ...
+
+
+class OpsLayers:
+    """run_tower over an npu.ops backend; attention per (start, length) region of each tower."""
+
+    def __init__(
+        self, ops: Ops, cfg: ClipConfig, regions: dict[str, list[tuple[int, int]]]
+    ) -> None:
+        self.ops = ops
+        self.backend = ops.backend
+        self._towers = {"v": (cfg.vision, False), "t": (cfg.text, True)}
+        self._regions = regions
+
+    def run(self, tower: str, x: np.ndarray) -> np.ndarray:
+        cfg, causal = self._towers[tower]
+        return run_tower(self.ops, tower, cfg, x, self._regions[tower], causal)
+
+
 class ClipTowers:
-    """Both towers bound to an ops backend.
+    """Both towers: host glue around a TowerLayers backend.
 
     v_stride / t_stride: row pitch of an image's tokens / a prompt's tokens in a pass (the
     bundle's 264 and t_seq_pad; on cpu the token counts). v_batch / t_batch: images / prompts
@@ -321,7 +353,7 @@ class ClipTowers:
         self,
         cfg: ClipConfig,
         host: HostWeights,
-        ops: Ops,
+        layers: TowerLayers,
         *,
         v_stride: int | None = None,
         t_stride: int | None = None,
@@ -330,7 +362,7 @@ class ClipTowers:
     ) -> None:
         self.cfg = cfg
         self.host = host
-        self.ops = ops
+        self.layers = layers
         self.v_stride = v_stride or cfg.v_tokens
         self.t_stride = t_stride or cfg.context
         self.v_batch = v_batch
@@ -343,9 +375,19 @@ class ClipTowers:
         if v_batch < 1 or t_batch < 1:
             raise CheckpointError(f"batch sizes {v_batch}/{t_batch} must be >= 1")
 
+    @classmethod
+    def on_ops(cls, cfg: ClipConfig, host: HostWeights, ops: Ops) -> ClipTowers:
+        """Towers over an npu.ops backend (cpu): rows at the token counts, attention per
+        image over its tokens and per prompt over its context, causal."""
+        regions = {
+            "v": [(im * cfg.v_tokens, cfg.v_tokens) for im in range(V_BATCH)],
+            "t": [(p * cfg.context, cfg.context) for p in range(T_BATCH)],
+        }
+        return cls(cfg, host, OpsLayers(ops, cfg, regions))
+
     @property
     def backend(self) -> str:
-        return self.ops.backend
+        return self.layers.backend
 
     def _patch_rows(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [n, 3, S, S] -> [n·grid², 3·p·p] patches, columns (channel, ky, kx)."""
@@ -364,8 +406,7 @@ class ClipTowers:
             rows = slice(im * stride, im * stride + tokens)
             x[rows] = np.concatenate([host.v_cls[None], emb[im]]) + host.v_pos
             x[rows] = layer_norm(x[rows], cfg.vision.eps, host.v_ln_pre)
-        regions = [(im * stride, tokens) for im in range(nb)]
-        x = run_tower(self.ops, "v", cfg.vision, x, regions, causal=False)
+        x = self.layers.run("v", x)
         cls = layer_norm(x[0 : nb * stride : stride], cfg.vision.eps, host.v_ln_post)
         return cls @ host.v_proj.T
 
@@ -408,8 +449,7 @@ class ClipTowers:
         x = np.zeros((nb * stride, cfg.text.dim), dtype=np.float32)
         for p in range(nb):
             x[p * stride : p * stride + ctx] = host.t_tok_emb[ids[p]] + host.t_pos
-        regions = [(p * stride, ctx) for p in range(nb)]
-        x = run_tower(self.ops, "t", cfg.text, x, regions, causal=True)
+        x = self.layers.run("t", x)
         rows = np.arange(nb) * stride + self._pool_index(ids)
         pooled = layer_norm(x[rows], cfg.text.eps, host.t_ln_final)
         return pooled @ host.t_proj.T

@@ -29,7 +29,7 @@ import numpy as np
 from pipeline.errors import NpucamError
 
 MODELS = ("sapiens2", "adaface", "clip")
-VERSION = 1  # bump when a synthetic model changes, so cached bundles are rebuilt
+VERSION = 2  # bump when a synthetic model changes, so cached bundles are rebuilt
 SEEDS = {"sapiens2": 20, "adaface": 21, "clip": 22}
 MODEL_NAMES = {
     "sapiens2": "sapiens2-synthetic",
