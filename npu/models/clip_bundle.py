@@ -198,10 +198,6 @@ class BundleLayers:
     def run(self, tower: str, x: np.ndarray) -> np.ndarray:
         return self.towers[tower].run(x)
 
-    def close(self) -> None:
-        for t in self.towers.values():
-            t.close()
-
 
 def _open_device(device: Any) -> Any:
     if device == "sim":
