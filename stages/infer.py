@@ -11,6 +11,14 @@ thread that touches the device, so XRT objects stay on one thread). Each real sl
 an `Inferred` of its kind (stages.jobs: PoseInferred, FaceInferred, ClipInferred) naming
 backend, model and whether the weights are synthetic.
 
+At shutdown (the inbox closed, the stage failed or was cancelled) batches not yet on the
+device are cancelled, and the models and the device are closed on the device thread after
+the pass in progress; the stage waits for that at most CLOSE_TIMEOUT_S. A device call still
+running then is logged (model, cameras and frames of its batch) and left behind: the device
+thread is a daemon, so it cannot keep the process from exiting. A failure to close is logged
+naming the model or device and backend, counted (`close_errors`), and raised as
+DeviceCloseError unless another exception is already ending the stage.
+
 A device error, or a malformed pass report the scheduler refuses (wrong output count, bad
 device time), fails that batch's jobs (dropped `error`, counted per model and camera) and
 the stage goes on; running out of hardware contexts makes the device's LRU evict, not fail.
@@ -25,14 +33,19 @@ import asyncio
 import functools
 import logging
 import math
+import queue
+import threading
+import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
 from pipeline.config import Config
+from pipeline.errors import NpucamError
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from stages.jobs import ClipJob, FaceJob, Job, PoseJob, inferred_type
@@ -53,11 +66,85 @@ log = logging.getLogger(__name__)
 
 MODEL_OF: dict[type, str] = {PoseJob: "sapiens2", FaceJob: "adaface", ClipJob: "clip"}
 ERROR_LOG_LINES = 5
+# shutdown waits this long for the pass in progress and the closes (the pipeline gives a
+# cancelled stage 2 s before it abandons it, and this wait should be the one that reports)
+CLOSE_TIMEOUT_S = 1.5
+
+T = TypeVar("T")
+
+
+class DeviceCloseError(NpucamError):
+    """The models or the device could not be closed at shutdown, or the device thread was
+    still busy when the shutdown stopped waiting for it."""
+
+
+class DeviceThread:
+    """The one thread that touches the device: calls run one at a time, in submission order.
+
+    A daemon thread, unlike a ThreadPoolExecutor's workers (which the interpreter joins at
+    exit), so a device call that never returns cannot keep the process from exiting.
+    `running` is (what, time.monotonic() at its start) of the call in progress, or None."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.running: tuple[str, float] | None = None
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, what: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Queue fn(*args) behind the calls already queued; `what` names it in logs."""
+        fut: Future[T] = Future()
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError(f"{self.name}: {what} submitted after shutdown")
+            self._calls.put((fut, what, fn, args))
+        return fut
+
+    def shutdown(self) -> None:
+        """Accept no more calls; the thread ends once the queued ones have run."""
+        with self._lock:
+            self._stopped = True
+            self._calls.put(None)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end; True if it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            self._call(*call)
+            del call  # an idle thread holds no batch
+
+    def _call(self, fut: Future, what: str, fn: Callable[..., Any], args: tuple) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        self.running = (what, time.monotonic())
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # the caller sees it through the future
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+        finally:
+            self.running = None
 
 
 def _run_prepared(rt: Runtime, glue: Future) -> Ran:
     """On the device thread: wait for a batch's host glue, then run it."""
     return rt.run(glue.result())
+
+
+def _batch_name(batch: Batch) -> str:
+    """A batch for the logs: its model, seq and jobs by camera and frame."""
+    jobs = ", ".join(f"{j.camera} #{j.payload.seq}" for j in batch.jobs)
+    return f"{batch.model} batch {batch.seq} ({jobs})"
 
 
 SECOND_WARM_UP_S = 5.0  # a first pass shorter than this is followed by the measured one
@@ -159,8 +246,11 @@ class Infer(Stage):
         self.last_error: dict[str, str] = {}
         self.published: Counter = Counter()  # model -> results sent on
         self._mirrored: Counter = Counter()
-        self._device_pool: ThreadPoolExecutor | None = None
+        self.close_errors = 0  # models / device that failed to close, or a device thread hung
+        self._device_thread: DeviceThread | None = None
         self._prep_pool: ThreadPoolExecutor | None = None
+        # dispatched batches: the device thread's future and the loop's wrapper of it
+        self._in_flight: deque[tuple[Batch, Future, asyncio.Future]] = deque()
         self._wake = asyncio.Event()
         self._feeding = True
 
@@ -287,24 +377,35 @@ class Infer(Stage):
             )
         return profiles
 
-    def _close(self) -> None:
+    def _close(self) -> list[tuple[str, Exception]]:
+        """Device thread: close every model's device resources, then the device, each even
+        if another failed; the failures as (what, exception), each logged as it happens."""
+        backend = self.options.backend
+        failures = []
         for rt in self.runtimes.values():
             try:
                 rt.close()
-            except Exception:
-                log.exception("stage %s: closing %s failed", self.name, rt.name)
+            except Exception as exc:
+                log.exception("stage %s: closing %s on %s failed", self.name, rt.name, backend)
+                failures.append((f"{rt.name} on {backend}", exc))
         if self.device is not None:
-            self.device.close()
+            try:
+                self.device.close()
+            except Exception as exc:
+                log.exception("stage %s: closing the %s device failed", self.name, backend)
+                failures.append((f"the {backend} device", exc))
+        return failures
 
     # -- the run ------------------------------------------------------------------------
 
     async def run(self, inbox: Any, out: Any) -> None:
-        loop = asyncio.get_running_loop()
-        self._device_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-device")
+        self._device_thread = DeviceThread(f"{self.name}-device")
         self._prep_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-prepare")
         feeder: asyncio.Task | None = None
+        failure: BaseException | None = None
         try:
-            profiles = await loop.run_in_executor(self._device_pool, self._open)
+            opened = self._device_thread.submit("loading the models", self._open)
+            profiles = await asyncio.wrap_future(opened)
             from npu.device import ctx_cache_cap
 
             self.scheduler = BatchScheduler(
@@ -320,14 +421,71 @@ class Infer(Stage):
             feeder = asyncio.create_task(self._feed(inbox))
             await self._serve(out, feeder)
             await feeder  # re-raises a feeder failure
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if feeder is not None and not feeder.done():
                 feeder.cancel()
-            self._device_pool.submit(self._close)  # after any run still on the device thread
-            self._device_pool.shutdown(wait=False, cancel_futures=False)
-            self._prep_pool.shutdown(wait=False, cancel_futures=True)
-            if self.scheduler is not None:
-                self._log_summary()
+            try:
+                await self._shut_down(failure)
+            finally:
+                if self.scheduler is not None:
+                    self._log_summary()
+
+    async def _shut_down(self, failure: BaseException | None) -> None:
+        """Cancel the batches not yet on the device, then close the models and the device on
+        the device thread after the pass in progress, waiting at most CLOSE_TIMEOUT_S.
+        Failures are logged and counted, and raised (DeviceCloseError) only when no other
+        exception (`failure`) is ending the stage; a second cancel stops the wait."""
+        device, prep = self._device_thread, self._prep_pool
+        assert device is not None and prep is not None
+        unrun = [batch for batch, ran, _ in self._in_flight if ran.cancel()]
+        if unrun:
+            log.warning(
+                "stage %s: stopping: %d dispatched batch(es) not run: %s",
+                self.name,
+                len(unrun),
+                "; ".join(_batch_name(b) for b in unrun),
+            )
+        prep.shutdown(wait=False, cancel_futures=True)
+        closed = device.submit("closing the models and the device", self._close)
+        device.shutdown()
+        waited = asyncio.wrap_future(closed)
+        try:
+            done, _ = await asyncio.wait({waited}, timeout=CLOSE_TIMEOUT_S)
+        except asyncio.CancelledError:
+            self._device_hung("cancelled again while waiting")
+            if failure is None:
+                raise
+            return  # the exception already ending the stage goes on
+        if not done:
+            problem = self._device_hung(f"waited {CLOSE_TIMEOUT_S:g} s")
+            if failure is None:
+                raise DeviceCloseError(f"stage {self.name}: {problem}")
+            return
+        failures = waited.result()
+        self.close_errors += len(failures)
+        if failures and failure is None:
+            what = "; ".join(f"{w}: {type(e).__name__}: {e}" for w, e in failures)
+            raise DeviceCloseError(f"stage {self.name}: closing failed: {what}") from failures[0][1]
+
+    def _device_hung(self, how: str) -> str:
+        """Log and count a device thread still busy at shutdown; the message."""
+        assert self._device_thread is not None
+        self.close_errors += 1
+        running = self._device_thread.running
+        doing = (
+            "about to close"
+            if running is None
+            else f"{running[0]}, running for {time.monotonic() - running[1]:.1f} s"
+        )
+        message = (
+            f"the {self.options.backend} device thread did not finish ({how}): still {doing}; "
+            "left running, models and device not closed"
+        )
+        log.error("stage %s: %s", self.name, message)
+        return message
 
     async def _feed(self, inbox: Any) -> None:
         assert self.scheduler is not None
@@ -399,8 +557,8 @@ class Infer(Stage):
         """
         sched = self.scheduler
         assert sched is not None and self._prep_pool is not None
-        assert self._device_pool is not None
-        in_flight: deque[tuple[Batch, asyncio.Future]] = deque()
+        assert self._device_thread is not None
+        in_flight = self._in_flight
         while True:
             while (batch := sched.next_batch()) is not None:
                 rt = self.runtimes[batch.model]
@@ -408,11 +566,11 @@ class Infer(Stage):
                     wait_s = (batch.dispatch_ns - job.enqueue_ns) / 1e9
                     self.metrics.observe_queue_wait(f"{self.name}/{batch.model}", wait_s)
                 glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
-                ran = self._device_pool.submit(_run_prepared, rt, glue)
-                in_flight.append((batch, asyncio.wrap_future(ran)))
+                ran = self._device_thread.submit(_batch_name(batch), _run_prepared, rt, glue)
+                in_flight.append((batch, ran, asyncio.wrap_future(ran)))
             self._sync_drops()
-            if in_flight and in_flight[0][1].done():
-                batch, fut = in_flight.popleft()
+            if in_flight and in_flight[0][2].done():
+                batch, _, fut = in_flight.popleft()
                 await self._finish(batch, fut, out)
                 continue  # the scheduler now sees the device free: dispatch first
             if not in_flight and not self._feeding and sched.pending() == 0:
@@ -423,7 +581,7 @@ class Infer(Stage):
             waker = asyncio.ensure_future(self._wake.wait())
             waits: set[asyncio.Future] = {waker}
             if in_flight:
-                waits.add(in_flight[0][1])
+                waits.add(in_flight[0][2])
             wake_ns = sched.wake_ns()
             timeout = None if wake_ns is None else max((wake_ns - now_ns()) / 1e9, 0.0) + 1e-4
             try:
@@ -503,6 +661,7 @@ class Infer(Stage):
         assert self.scheduler is not None
         snap = self.scheduler.stats.snapshot(now_ns())
         snap["backend"] = self.options.backend
+        snap["close_errors"] = self.close_errors
         snap["runtimes"] = {
             name: {
                 "model": rt.model_id,
@@ -525,8 +684,9 @@ class Infer(Stage):
 
     def device_gauges(self) -> dict[str, float]:
         """The stage's device-wide gauges (the `<stage>` entry of pipeline.metrics): busy
-        fraction and seconds, context loads / evictions as the scheduler models them, and the
-        device's own context counters when there is a device. Read from any thread."""
+        fraction and seconds, context loads / evictions as the scheduler models them, closes
+        that failed at shutdown, and the device's own context counters when there is a device.
+        Read from any thread."""
         assert self.scheduler is not None
         st = self.scheduler.stats
         gauges: dict[str, float] = {
@@ -536,6 +696,7 @@ class Infer(Stage):
             "context_evictions": st.context_evictions,
             "queued": self.scheduler.pending(),
             "in_flight": len(self.scheduler.in_flight),
+            "close_errors": self.close_errors,
         }
         if self.device is not None:
             dev = self.device.stats

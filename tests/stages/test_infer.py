@@ -9,7 +9,13 @@ Runtime.run call (the device thread's passes), against the wall time of the run.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 import types
 from collections import Counter
@@ -22,7 +28,8 @@ from npu.sim import ContextRegistry
 from pipeline.config import parse_config
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
-from stages.infer import Infer, InferOptions
+from stages import infer
+from stages.infer import DeviceCloseError, Infer, InferOptions
 from stages.jobs import ClipJob, FaceInferred, FaceJob, Inferred, PoseJob
 from stages.runtimes import ClipRuntime, Ran, Runtime, RuntimeLoadError
 
@@ -529,3 +536,183 @@ def test_stage_gauges_reach_the_stats_snapshot_and_prometheus(tmp_path, cache):
     for m in per_model:
         for name in ("padding_waste_seconds", "queue_wait_mean_seconds", "fill_ratio"):
             assert f'npucam_stage_{name}{{stage="infer/{m}"}}' in samples, (m, name)
+
+
+# -- shutdown ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage_fails", [False, True])
+def test_a_device_close_error_is_logged_counted_and_not_lost(tmp_path, cache, caplog, stage_fails):
+    # device.close() raising at the end of a run: logged naming the backend and counted; raised
+    # as DeviceCloseError when the run ended well, while a failure already ending the stage is
+    # the one that propagates (not masked by the close error)
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    async def source():
+        await started(stage)
+        device = stage.device
+        close = device.close
+
+        def failing_close():
+            close()
+            raise DeviceError("xrt: hw_context teardown failed")
+
+        device.close = failing_close
+        yield face("c0", 0)
+        while not stage.published["adaface"]:
+            await asyncio.sleep(0.01)
+        if stage_fails:
+            raise ValueError("the camera feed broke")
+
+    expected = ValueError if stage_fails else DeviceCloseError
+    with caplog.at_level(logging.ERROR, logger="stages.infer"), pytest.raises(expected) as info:
+        run_stage(stage, source())
+    if stage_fails:
+        assert str(info.value) == "the camera feed broke"
+    else:
+        assert "the sim device: DeviceError: xrt: hw_context teardown failed" in str(info.value)
+        assert isinstance(info.value.__cause__, DeviceError)
+    assert stage.close_errors == 1 and stage.stats()["close_errors"] == 1
+    assert stage.device.closed
+    logged = [r for r in caplog.records if "closing the sim device failed" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info[0] is DeviceError
+
+
+def test_a_hung_close_at_the_end_of_a_run_is_bounded_and_raised(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(infer, "CLOSE_TIMEOUT_S", 0.2)
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+    release = threading.Event()
+
+    async def source():
+        await started(stage)
+        close = stage.device.close
+
+        def hanging_close():
+            release.wait(10)
+            close()
+
+        stage.device.close = hanging_close
+        yield face("c0", 0)
+
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(DeviceCloseError, match="still closing the models and the device"):
+            run_stage(stage, source())
+        assert time.perf_counter() - t0 < 5  # not the 10 s the close hangs
+        assert stage.close_errors == 1 and not stage.device.closed
+    finally:
+        release.set()
+    assert stage._device_thread.join(5) and stage.device.closed  # the close finished later
+
+
+def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
+    tmp_path, cache, monkeypatch, caplog
+):
+    # the pipeline cancels a stage that did not drain while a device pass hangs (the simulated
+    # kernel waits 1 s for its watchdog): the stage ends within CLOSE_TIMEOUT_S, names the
+    # batch still on the device, and the batches queued behind it never run; once the hung pass
+    # ends, the device thread closes the models and the device and exits
+    monkeypatch.setattr(infer, "CLOSE_TIMEOUT_S", 0.2)
+    ran: list[int] = []
+    run = Runtime.run
+
+    def recording(self, prepared):
+        ran.append(prepared.jobs[0].seq)
+        return run(self, prepared)
+
+    monkeypatch.setattr(Runtime, "run", recording)
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    async def source():
+        await started(stage)
+        stage.device.faults.watchdog_s = 1.0
+        stage.device.faults.hang_kernels = set(stage.device.sim.kernels)
+        for i in range(4):
+            yield face("c0", i)
+        await asyncio.sleep(60)  # the inbox stays open: only the cancel ends the stage
+
+    async def main() -> float:
+        task = asyncio.create_task(stage.run(source(), Recorder()))
+        while ran != [0] or len(stage._in_flight) < 2:  # one pass hangs, one queued behind it
+            await asyncio.sleep(0.005)
+        t0 = time.perf_counter()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.perf_counter() - t0
+
+    with caplog.at_level(logging.WARNING, logger="stages.infer"):
+        ended_s = asyncio.run(asyncio.wait_for(main(), timeout=30))
+    assert ended_s < 0.2 + 0.5, ended_s
+    messages = [r.getMessage() for r in caplog.records]
+    hung = [m for m in messages if "did not finish" in m]
+    assert len(hung) == 1 and re.search(r"still adaface batch \d+ \(c0 #0\), running for", hung[0])
+    unrun = [m for m in messages if "not run" in m]
+    assert len(unrun) == 1 and re.search(
+        r"1 dispatched batch\(es\) not run: adaface batch \d+ \(c0 #1\)", unrun[0]
+    ), messages
+    assert stage.close_errors == 1
+    assert stage._device_thread.join(10)  # the watchdog ended the pass, then the closes ran
+    assert stage.device.closed and ran == [0]  # nothing queued ran after the cancel
+
+
+HUNG_AT_EXIT = """
+import asyncio, sys, types
+from pipeline.messages import now_ns
+from pipeline.metrics import Metrics
+from stages.infer import Infer, InferOptions
+from stages.jobs import FaceJob
+import numpy as np
+
+tmp, cache = sys.argv[1], sys.argv[2]
+options = InferOptions.model_validate({
+    "backend": "sim", "synthetic_cache": cache,
+    "sim": {"registry_dir": tmp + "/hwctx", "sleep": True},
+    "adaface": {"enabled": True, "synthetic": True},
+})
+context = types.SimpleNamespace(config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics())
+stage = Infer("infer", options, context)
+
+class Out:
+    async def send(self, item):
+        pass
+
+async def source():
+    while stage.scheduler is None:
+        await asyncio.sleep(0.01)
+    stage.device.faults.watchdog_s = 3600.0  # a device call that never returns
+    stage.device.faults.hang_kernels = set(stage.device.sim.kernels)
+    t = now_ns()
+    yield FaceJob(camera="c0", seq=0, capture_ts_ns=t, deadline_ns=t + 60 * 10**9,
+                  box_xywh=np.zeros(4, np.float32), score=0.9,
+                  landmarks=np.zeros((5, 2), np.float32),
+                  aligned=np.zeros((112, 112, 3), np.uint8))
+    await asyncio.sleep(3600)
+
+async def main():
+    task = asyncio.create_task(stage.run(source(), Out()))
+    while stage._device_thread is None or "adaface batch" not in str(stage._device_thread.running):
+        await asyncio.sleep(0.01)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        print("stage ended", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_the_process_exits_while_a_device_pass_hangs(tmp_path, cache):
+    # the device thread is a daemon: a pass that never returns cannot keep the interpreter from
+    # exiting (a ThreadPoolExecutor worker is joined at exit, forever)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(HUNG_AT_EXIT), str(tmp_path), str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "stage ended"
+    assert re.search(r"did not finish .*: still adaface batch \d+ \(c0 #0\)", proc.stderr)
