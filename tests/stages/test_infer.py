@@ -609,7 +609,7 @@ def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
     tmp_path, cache, monkeypatch, caplog
 ):
     # the pipeline cancels a stage that did not drain while a device pass hangs (the simulated
-    # kernel waits 1 s for its watchdog): the stage ends within CLOSE_TIMEOUT_S, names the
+    # kernel waits 3 s for its watchdog): the stage ends within CLOSE_TIMEOUT_S, names the
     # batch still on the device, and the batches queued behind it never run; once the hung pass
     # ends, the device thread closes the models and the device and exits
     monkeypatch.setattr(infer, "CLOSE_TIMEOUT_S", 0.2)
@@ -625,7 +625,7 @@ def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
 
     async def source():
         await started(stage)
-        stage.device.faults.watchdog_s = 1.0
+        stage.device.faults.watchdog_s = 3.0
         stage.device.faults.hang_kernels = set(stage.device.sim.kernels)
         for i in range(4):
             yield face("c0", i)
@@ -643,7 +643,7 @@ def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
 
     with caplog.at_level(logging.WARNING, logger="stages.infer"):
         ended_s = asyncio.run(asyncio.wait_for(main(), timeout=30))
-    assert ended_s < 0.2 + 0.5, ended_s
+    assert ended_s < 0.2 + 1.0, ended_s  # not the 3 s the pass hangs
     messages = [r.getMessage() for r in caplog.records]
     hung = [m for m in messages if "did not finish" in m]
     assert len(hung) == 1 and re.search(r"still adaface batch \d+ \(c0 #0\), running for", hung[0])
