@@ -136,9 +136,12 @@ class DeviceThread:
             self.running = None
 
 
-def _run_prepared(rt: Runtime, glue: Future) -> Ran:
-    """On the device thread: wait for a batch's host glue, then run it."""
-    return rt.run(glue.result())
+def _run_prepared(rt: Runtime, glue: Future) -> tuple[Ran, int]:
+    """On the device thread: wait for a batch's host glue, run it, and stamp when the device
+    finished (the scheduler's head-of-line clock starts the next batch there, not when the
+    event loop gets round to the completion)."""
+    ran = rt.run(glue.result())
+    return ran, now_ns()
 
 
 def _batch_name(batch: Batch) -> str:
@@ -522,6 +525,8 @@ class Infer(Stage):
         track = getattr(item, "track_id", None)
         if track is not None:
             key = (model, item.camera, track)
+            if isinstance(item, FaceJob):  # a detector face and a pose-derived one both run
+                key += (item.landmark_source,)
         ok = self.scheduler.submit(
             SchedJob(
                 model=model,
@@ -530,6 +535,7 @@ class Infer(Stage):
                 deadline_ns=item.deadline_ns,
                 priority=priority,
                 key=key,
+                capture_ts_ns=item.capture_ts_ns,
             )
         )
         self._sync_drops()
@@ -589,9 +595,11 @@ class Infer(Stage):
             finally:
                 waker.cancel()
 
-    def _failed(self, batch: Batch, exc: BaseException, device_s: float) -> None:
+    def _failed(
+        self, batch: Batch, exc: BaseException, device_s: float, finish_ns: int | None = None
+    ) -> None:
         assert self.scheduler is not None
-        self.scheduler.fail(batch, device_s)
+        self.scheduler.fail(batch, device_s, finish_ns=finish_ns)
         self._sync_drops()
         self._record_error(batch.model, len(batch.jobs), exc, batch.jobs[0].camera)
 
@@ -613,15 +621,17 @@ class Infer(Stage):
         assert self.scheduler is not None
         rt = self.runtimes[batch.model]
         try:
-            ran = fut.result()
+            ran, finish_ns = fut.result()
         except Exception as exc:
             self._failed(batch, exc, 0.0)
             return
         try:
-            returned = self.scheduler.complete(batch, ran.outputs, ran.device_s)
+            returned = self.scheduler.complete(
+                batch, ran.outputs, ran.device_s, finish_ns=finish_ns
+            )
         except SchedulerError as exc:  # a malformed report: that batch fails, not the stage
             valid_s = ran.device_s if math.isfinite(ran.device_s) and ran.device_s >= 0 else 0.0
-            self._failed(batch, exc, valid_s)
+            self._failed(batch, exc, valid_s, finish_ns)
             return
         self.metrics.observe_work(f"{self.name}/{batch.model}", ran.device_s)
         self._sync_drops()

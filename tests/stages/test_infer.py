@@ -716,3 +716,28 @@ def test_the_process_exits_while_a_device_pass_hangs(tmp_path, cache):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "stage ended"
     assert re.search(r"did not finish .*: still adaface batch \d+ \(c0 #0\)", proc.stderr)
+
+
+def test_faces_of_one_track_in_one_frame_are_never_merged(tmp_path, cache):
+    # two faces in one person box and a pose-derived face of the same track, all in frame 0,
+    # then frame 1's detector face: it may supersede frame 0's detector faces still queued
+    # (each counted as a queue_full drop for the camera), never the pose-derived one
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    def tracked(seq: int, source: str) -> FaceJob:
+        job = face("c0", seq)
+        job.track_id, job.landmark_source = 7, source
+        return job
+
+    async def source():
+        await started(stage)
+        yield tracked(0, "yunet")
+        yield tracked(0, "yunet")
+        yield tracked(0, "sapiens2")
+        yield tracked(1, "yunet")
+
+    out = run_stage(stage, source())
+    got = sorted((item.job.seq, item.job.landmark_source) for _, item in out.items)
+    assert (0, "sapiens2") in got and (1, "yunet") in got
+    replaced = stage.scheduler.stats.drops.get(("adaface", "c0", "queue_full"), 0)
+    assert got.count((0, "yunet")) + replaced == 2
