@@ -135,15 +135,20 @@ class DeviceTimer:
 
 
 def bundle_contexts(path: Path) -> tuple[str, ...]:
-    """The hardware-context keys of a bundle's kernels: every xclbin record's path + kernel."""
+    """The hardware-context keys of a bundle's kernels: every xclbin record's path + kernel,
+    and every kernel record naming its xclbin directly (`xclbin=` + `name=`, as CLIP's ops)."""
     from npu.bundle import Bundle
     from npu.device import context_key
 
     bundle = Bundle.open(path)
     try:
-        return tuple(
-            sorted(context_key(x.path, x.kernel) for x in bundle.manifest.xclbins.values())
-        )
+        keys = {context_key(x.path, x.kernel) for x in bundle.manifest.xclbins.values()}
+        keys |= {
+            context_key(r.path("xclbin"), r.value("name") if r.has("name") else "MLIR_AIE")
+            for r in bundle.records
+            if r.has("xclbin")
+        }
+        return tuple(sorted(keys))
     finally:
         bundle.close()
 
