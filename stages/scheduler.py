@@ -86,7 +86,7 @@ class ModelProfile:
             raise SchedulerError(f"{where}: field 'contexts' must be a tuple of distinct keys")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Job:
     """One unit of work for one model.
 

@@ -301,6 +301,23 @@ def test_a_later_frame_supersedes_every_queued_face_of_its_key_and_counts_them_d
     assert [j.payload for j in sched.next_batch().jobs] == ["b2"]
 
 
+def test_superseding_jobs_with_array_payloads_removes_them_by_identity():
+    # jobs are entities: removing a superseded one must not compare payloads (numpy arrays
+    # have no truth value, which killed the NPU stage in a soak run)
+    import numpy as np
+
+    clock = SimClock()
+    sched = BatchScheduler(profiles(max_wait_ms=1000.0), clock=clock)
+    key = ("adaface", "cam0", 7, "yunet")
+    other = ("adaface", "cam0", 8, "yunet")
+    sched.submit(job("adaface", "cam0", np.zeros(3), 5 * S, key=other, capture_ts_ns=MS))
+    for _ in range(2):
+        sched.submit(job("adaface", "cam0", np.zeros(3), 5 * S, key=key, capture_ts_ns=MS))
+    clock.t = 40 * MS
+    assert sched.submit(job("adaface", "cam0", np.ones(3), 6 * S, key=key, capture_ts_ns=34 * MS))
+    assert sched.pending("adaface") == 2
+
+
 # -- staleness and queue bounds ------------------------------------------------------------
 
 
