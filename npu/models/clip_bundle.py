@@ -308,8 +308,6 @@ def load_bundle(path: str | Path, device: Any = "sim") -> ClipModel:
     except BaseException:
         for tower in towers.values():
             tower.close()
-        if isinstance(device, str):  # opened here: nothing else will close it
-            dev.close()
         raise
     layers = BundleLayers(dev, towers)
 

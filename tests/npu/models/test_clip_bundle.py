@@ -273,3 +273,18 @@ def test_quick_gelu_checkpoints_cannot_become_sim_bundles(tiny_clip_quick_gelu_d
 
     with pytest.raises(CheckpointError, match="quick_gelu"):
         write_sim_bundle(tiny_clip_quick_gelu_dir, tmp_path / "b")
+
+
+def test_a_failed_load_releases_the_contexts_it_took(sim_bundle, tmp_path, monkeypatch):
+    from npu.sim import ContextRegistry
+
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    broken = tmp_path / "broken"
+    shutil.copytree(sim_bundle, broken)
+    manifest = broken / "manifest.txt"
+    manifest.write_text(
+        manifest.read_text().replace("param v_mha_rows 320", "param v_mha_rows 600")
+    )
+    with pytest.raises(BundleError, match="an MHA dispatch reaches row 1392"):
+        load_bundle(broken, "sim")
+    assert ContextRegistry(tmp_path / "hwctx").held() == []
