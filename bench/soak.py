@@ -10,9 +10,7 @@ A subscriber thread reads every published message, as a healthy client would.
 
 RSS keeps rising for the first ~100 s on the sim path (glibc malloc arenas filling as the
 worker threads allocate; Python and numpy memory, traced with tracemalloc, stays flat), so the
-default warm-up is min(300 s, run / 4). Like `npucam run`, the soak caps glibc's arenas
-(pipeline/memory.py): uncapped, a worker the pool starts after the warm-up brings its own
-arena and a one-time RSS step.
+default warm-up is min(300 s, run / 4).
 
 Every --sample-s seconds it records RSS (VmRSS), open file descriptors (/proc/self/fd),
 asyncio tasks, threads and executor workers. After --warmup-s, the first window of samples
