@@ -51,7 +51,6 @@ from pipeline import wire
 from pipeline.assets import asset_path
 from pipeline.config import load_config
 from pipeline.graph import Pipeline
-from pipeline.memory import cap_malloc_arenas
 
 CAMERAS = {
     "bikes": "sample:bikes.mp4",
@@ -279,7 +278,6 @@ def soak(
         if url.startswith("sample:"):
             asset_path(url.partition(":")[2])  # AssetError says to run `make setup`
     warmup_s = min(300.0, seconds / 4) if warmup_s is None else warmup_s
-    cap_malloc_arenas()  # as `npucam run` does, before any worker thread starts
     result = SoakResult(path=path, seconds=seconds, warmup_s=warmup_s)
     threads_before = {t.ident for t in threading.enumerate()}
     with tempfile.TemporaryDirectory(prefix="npucam-soak-") as tmp:

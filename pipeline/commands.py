@@ -77,9 +77,6 @@ def register(subparsers) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.graph import Pipeline, load
-    from pipeline.memory import cap_malloc_arenas
-
-    cap_malloc_arenas()  # before the stages' threads start (pipeline/memory.py)
 
     config, _ = load(args.config)
     pipeline = Pipeline(config)
