@@ -18,7 +18,6 @@ import logging
 import os
 import tempfile
 import threading
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +40,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "npucam-face-gallery"
 VERSION = 1
+ZIP_MAGIC = b"PK\x03\x04"  # every .npz np.savez writes is a zip archive
 
 
 class GalleryError(NpucamError):
@@ -184,6 +184,8 @@ def encode_gallery(g: Gallery) -> bytes:
 
 def decode_gallery(data: bytes, where: str) -> Gallery:
     """Parse .npz bytes (no pickles); GalleryError naming `where` and the field at fault."""
+    if not data.startswith(ZIP_MAGIC):
+        raise GalleryError(f"{where}: not a readable face gallery (.npz): no zip header")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             missing = {"names", "embeddings", "meta"} - set(z.files)
@@ -192,8 +194,10 @@ def decode_gallery(data: bytes, where: str) -> Gallery:
             names, emb, meta_raw = z["names"], z["embeddings"], z["meta"]
     except GalleryError:
         raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-        raise GalleryError(f"{where}: not a readable face gallery (.npz): {exc}") from exc
+    except Exception as exc:  # numpy's .npy header parser raises many types on damaged bytes
+        raise GalleryError(
+            f"{where}: not a readable face gallery (.npz): {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         meta = json.loads(meta_raw.tobytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
