@@ -1,8 +1,8 @@
 """CLIP host work against HF in the same process: tokenizer and image preprocessing throughput.
 
-1. Tokenizer: npu.models.clip.Tokenizer.encode vs transformers 5.23.0 CLIPTokenizer (in v5 the
-   only CLIPTokenizer, a Python class over the Rust `tokenizers` backend), both on the same
-   vocab.json / merges.txt (built from open_clip's bpe_simple_vocab_16e6.txt.gz), on label
+1. Tokenizer: npu.models.clip.tokenizer.Tokenizer.encode vs transformers 5.23.0 CLIPTokenizer
+   (in v5 the only CLIPTokenizer, a Python class over the Rust `tokenizers` backend), both on
+   the same vocab.json / merges.txt (built from open_clip's bpe_simple_vocab_16e6.txt.gz), on label
    prompts and mixed texts, one call per text (as a label set or a request is encoded) and,
    for information, HF's batched call. Cold = first pass over the corpus (empty word caches),
    warm = a second pass.
@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "npu" / "
 from conftest_clip import write_vocab  # noqa: E402
 from timing import best_of
 
-from npu.models.clip import Tokenizer, preprocess  # noqa: E402
+from npu.models.clip.preprocess import preprocess
+from npu.models.clip.tokenizer import Tokenizer
 
 LABELS = [
     "person", "person wearing a hard hat", "person holding a phone", "person riding a bicycle",

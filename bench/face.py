@@ -104,7 +104,8 @@ def bench_embed(repeat: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from npu.models.adaface import AdaFaceCpu, lower_iresnet
+    from npu.models.adaface.checkpoint import lower_iresnet
+    from npu.models.adaface.model import AdaFaceCpu
 
     here = os.path.dirname(os.path.abspath(__file__))
     import importlib.util
@@ -139,9 +140,9 @@ def bench_embed_sim(model, x: np.ndarray, t_cpu: float, repeat: int) -> None:
     """The same IR-18 as a sim bundle, replayed by the step interpreter on SimDevice."""
     import tempfile
 
-    from npu.models.adaface import cosine
-    from npu.models.adaface_export import export_bundle
-    from npu.models.adaface_steps import AdafaceBundle
+    from npu.models.adaface.export import export_bundle
+    from npu.models.adaface.npu import AdafaceBundle
+    from npu.models.adaface.post import cosine
     from npu.sim import SimDevice
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,7 +49,8 @@ def run_sim(cpu_model, tmp: str) -> None:
     """One forward of the cpu model's weights as a sim bundle; prints the time split."""
     import numpy as np
 
-    from npu.models.sapiens2 import from_bundle, write_sim_bundle
+    from npu.models.sapiens2.export import write_sim_bundle
+    from npu.models.sapiens2.npu import from_bundle
     from npu.sim import SimDevice
 
     write_sim_bundle(cpu_model, f"{tmp}/bundle")
@@ -87,7 +88,7 @@ def main() -> None:
     import torch
     from transformers import Sapiens2Config, Sapiens2ForPoseEstimation
 
-    from npu.models.sapiens2 import from_pretrained
+    from npu.models.sapiens2.checkpoint import from_pretrained
 
     torch.set_num_threads(args.threads)
 

@@ -1,9 +1,9 @@
 """Sapiens2 host pre/post-processing against HF's implementations, in one run, on one core.
 
-  1. crop: stages.detect.crop_persons vs HF's crop_and_resize + the processor's fused
-     normalisation (torch grid_sample), 1024x768 crops from a 1920x1080 frame; one box set
-     that grows its region (bicubic) and one that shrinks it (bilinear).
-  2. DARK: stages.postprocess.dark_keypoints vs HF's post_process_pose_estimation on
+  1. crop: npu.models.sapiens2.preprocess.crop_persons vs HF's crop_and_resize + the
+     processor's fused normalisation (torch grid_sample), 1024x768 crops from a 1920x1080
+     frame; one box set that grows its region (bicubic) and one that shrinks it (bilinear).
+  2. DARK: npu.models.sapiens2.post.dark_keypoints vs HF's post_process_pose_estimation on
      308x256x192 peaked heatmaps (Gaussian peaks + noise), 1 and 4 persons.
 
 Both sides run single-threaded (OMP_NUM_THREADS=1, torch.set_num_threads(1)); times are the
@@ -30,8 +30,9 @@ from transformers.models.sapiens2.image_processing_sapiens2 import (
     crop_and_resize,
 )
 
-from stages.detect import IMAGENET_MEAN, IMAGENET_STD, crop_persons, crop_windows
-from stages.postprocess import dark_keypoints
+from npu.models.sapiens2.config import IMAGENET_MEAN, IMAGENET_STD
+from npu.models.sapiens2.post import dark_keypoints
+from npu.models.sapiens2.preprocess import crop_persons, crop_windows
 
 torch.set_num_threads(1)
 

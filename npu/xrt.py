@@ -121,7 +121,7 @@ _device_lock = threading.Lock()
 _device: XrtDevice | None = None
 
 
-def open_device(device_node: str = DEVICE_NODE) -> XrtDevice:
+def xrt_device(device_node: str = DEVICE_NODE) -> XrtDevice:
     """The process's one XRT device (opened on first call; each pyxrt.device reopens the node)."""
     global _device
     with _device_lock:
@@ -132,7 +132,7 @@ def open_device(device_node: str = DEVICE_NODE) -> XrtDevice:
 
 
 class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
-    """The NPU through pyxrt. Use open_device(); one thread at a time (an internal lock)."""
+    """The NPU through pyxrt. Use xrt_device(); one thread at a time (an internal lock)."""
 
     backend = "npu"
     label = "xrt"

@@ -1,8 +1,9 @@
 """The `npucam` command line: one subcommand group per concern, each in its own module.
 
-This is the composition root: it imports command modules lazily by name, so `pipeline`
-itself stays free of model code. A command module exposes `register(subparsers)`, which adds
-its parsers with `set_defaults(func=...)`; func(args) returns the process exit code.
+This is the composition root: the command modules are the `npucam.commands` entry points
+(pyproject.toml), imported when the parser is built, so `pipeline` names no stage or model.
+A command module exposes `register(subparsers)`, which adds its parsers with
+`set_defaults(func=...)`; func(args) returns the process exit code.
 """
 
 from __future__ import annotations
@@ -11,19 +12,16 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
 from pipeline.errors import NpucamError
 
-# Add a module here once it exists; each registers one or more top-level subcommands.
-COMMAND_MODULES: tuple[str, ...] = (
-    "pipeline.commands",
-    "npu.bundle_commands",
-    "npu.device_commands",
-    "stages.face_commands",
-    "stages.clip_commands",
-    "stages.pose_commands",
-    "stages.plan_commands",
-)
+COMMAND_GROUP = "npucam.commands"  # entry points: name = "module" (pyproject.toml)
+
+
+def command_modules() -> list[str]:
+    """The modules of the npucam.commands entry points, in their declared order."""
+    return [ep.value for ep in entry_points(group=COMMAND_GROUP)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in command_modules():
         importlib.import_module(name).register(sub)
     return parser
 

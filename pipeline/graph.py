@@ -4,9 +4,10 @@ stage dies.
 
 How a stage plugs in
 --------------------
-A stage is a small class (subclass of Stage) registered by kind name in STAGE_KINDS as
-"module:Class" and imported only when a config uses it, so pipeline/ never imports model
-code. A config may also name any class directly: `kind = "mypkg.mystage:MyStage"`.
+A stage is a small class (subclass of Stage) registered by kind name as an `npucam.stages`
+entry point ("module:Class", pyproject.toml) and imported only when a config uses it, so
+pipeline/ names no stage and never imports model code. A config may also name any class
+directly: `kind = "mypkg.mystage:MyStage"`.
 
     class Align(MapStage):
         kind = "align"
@@ -41,12 +42,15 @@ same way and exits 1.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 import signal
+import threading
 import time
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -56,19 +60,16 @@ from pipeline.metrics import Metrics, start_prometheus
 from pipeline.queues import BoundedQueue, camera_of
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-# kind -> "module:Class"; add a line when a stage module lands.
-STAGE_KINDS: dict[str, str] = {
-    "capture": "stages.capture:Capture",
-    "publish": "stages.publish:Publish",
-    "zmq_push": "stages.publish:FramePush",
-    "infer": "stages.infer:Infer",
-    "detect": "stages.detect:Detect",
-    "align": "stages.align:Align",
-    "dark": "stages.postprocess:Dark",
-    "face_match": "stages.postprocess:FaceMatch",
-    "clip_labels": "stages.postprocess:ClipLabels",
-}
+STAGE_GROUP = "npucam.stages"  # entry points: kind = "module:Class" (pyproject.toml)
+
+
+@functools.cache
+def stage_kinds() -> dict[str, str]:
+    """Stage kind -> "module:Class", from the npucam.stages entry points of every installed
+    distribution (npucam's own in its pyproject.toml), so the engine names no stage."""
+    return {ep.name: ep.value for ep in entry_points(group=STAGE_GROUP)}
 
 
 ERROR_TRACEBACKS = 5
@@ -81,11 +82,23 @@ class StageOptions(BaseModel):
 
 
 class Context:
-    """What a stage may use beyond its options: the whole config and the run's metrics."""
+    """What a stage may use beyond its options: the whole config, the run's metrics, and
+    the objects stages of one run share (`shared`)."""
 
     def __init__(self, config: Config, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
+        self._shared: dict[str, Any] = {}
+        self._shared_lock = threading.Lock()
+
+    def shared(self, key: str, factory: Callable[[], T]) -> T:
+        """The run's one object under `key`, made by factory() on first use: how stages of
+        one run share state (e.g. stages.tracks.TrackRegistry) without a module global. Any
+        thread."""
+        with self._shared_lock:
+            if key not in self._shared:
+                self._shared[key] = factory()
+            return self._shared[key]
 
 
 class Stage:
@@ -209,12 +222,13 @@ class Outbox:
 
 
 def stage_class(kind: str) -> type[Stage]:
-    """Import the class of a stage kind (a STAGE_KINDS name or "module:Class")."""
-    target = STAGE_KINDS.get(kind, kind)
+    """Import the class of a stage kind (a registered kind name or "module:Class")."""
+    kinds = stage_kinds()
+    target = kinds.get(kind, kind)
     module_name, sep, cls_name = target.partition(":")
     if not sep:
         raise LookupError(
-            f"unknown stage kind {kind!r} (known: {', '.join(STAGE_KINDS)}; or give module:Class)"
+            f"unknown stage kind {kind!r} (known: {', '.join(kinds)}; or give module:Class)"
         )
     try:
         module = importlib.import_module(module_name)
@@ -425,7 +439,7 @@ class Pipeline:
 
 
 __all__ = [
-    "STAGE_KINDS",
+    "STAGE_GROUP",
     "ConfigError",
     "Context",
     "MapStage",
@@ -436,4 +450,5 @@ __all__ = [
     "check_stages",
     "load",
     "stage_class",
+    "stage_kinds",
 ]

@@ -41,15 +41,6 @@ ARCFACE_TEMPLATE = np.array(
 # The 4-point template of BlazeFace's fit: eyes, nose, and the midpoint of the mouth corners.
 ARCFACE_TEMPLATE_4PT = np.vstack([ARCFACE_TEMPLATE[:3], ARCFACE_TEMPLATE[3:].mean(axis=0)])
 
-# Channel order each embedder's input expects (spec c.4). cvlface models (and the taconite
-# bundles, as documented) take RGB; the original AdaFace .ckpt checkpoints take BGR.
-EMBEDDER_COLOUR_ORDER: dict[str, ColourOrder] = {
-    "cvlface": "rgb",
-    "taconite-adaface": "rgb",
-    "adaface-ckpt": "bgr",
-    "insightface-arcface": "rgb",
-}
-
 
 class AlignError(NpucamError):
     """Landmarks or image that cannot be aligned (wrong shape, non-finite, degenerate)."""
@@ -164,26 +155,6 @@ def blazeface_alignment_points(keypoints: np.ndarray) -> np.ndarray:
     if kp.shape != (6, 2):
         raise AlignError(f"BlazeFace keypoints must be [6, 2], got shape {kp.shape}")
     return kp[:4].copy()
-
-
-def convert_colour(crop: np.ndarray, have: ColourOrder, want: ColourOrder) -> np.ndarray:
-    """Reorder the channels of crop: uint8 [H, W, 3] from `have` to `want` ("rgb"/"bgr")."""
-    for order in (have, want):
-        if order not in ("rgb", "bgr"):
-            raise AlignError(f"colour order must be 'rgb' or 'bgr', got {order!r}")
-    return crop if have == want else np.ascontiguousarray(crop[..., ::-1])
-
-
-def embedder_input(crop: np.ndarray, have: ColourOrder, want: ColourOrder = "rgb") -> np.ndarray:
-    """An aligned crop -> the AdaFace/cvlface input ((x/255) - 0.5)/0.5, CHW (spec a.4).
-
-    crop: uint8 [H, W, 3] with channels in `have` order; want: the order the embedder
-    expects (see EMBEDDER_COLOUR_ORDER). Returns float32 [3, H, W] in [-1, 1].
-    """
-    _check_image(crop)
-    x = convert_colour(crop, have, want).astype(np.float32)
-    x = (x / np.float32(255.0) - np.float32(0.5)) / np.float32(0.5)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
 # ---- the align stage ----------------------------------------------------------------------

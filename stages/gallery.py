@@ -25,15 +25,10 @@ from typing import Protocol
 import cv2
 import numpy as np
 
+from npu.models.adaface.preprocess import embedder_input
 from pipeline.errors import NpucamError
 from pipeline.files import file_stamp
-from stages.align import (
-    ColourOrder,
-    align_face,
-    align_face_4pt,
-    blazeface_alignment_points,
-    embedder_input,
-)
+from stages.align import ColourOrder, align_face, align_face_4pt, blazeface_alignment_points
 from stages.detectors.detections import Detections
 
 log = logging.getLogger(__name__)
@@ -337,7 +332,7 @@ class FaceDetector(Protocol):
 
 
 class FaceEmbedder(Protocol):
-    """AdaFace on any backend (npu.models.adaface.AdaFaceCpu, adaface_steps.AdafaceBundle)."""
+    """AdaFace on any backend (npu.models.adaface.model.AdaFaceCpu, adaface_steps.AdafaceBundle)."""
 
     def embed(self, chw: np.ndarray) -> np.ndarray: ...
     def embed_dim(self) -> int: ...

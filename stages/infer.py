@@ -42,29 +42,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, create_model
 
+from npu import models
+from npu.device import open_device
+from npu.models import ModelLoadError
 from pipeline.config import Config
 from pipeline.errors import NpucamError
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
-from stages.jobs import ClipJob, FaceJob, Job, PoseJob, inferred_type
-from stages.runtimes import (
-    MODELS,
-    ClipRuntime,
-    LabelsFileError,
-    ModelSource,
-    Ran,
-    Runtime,
-    open_runtime,
-    read_labels_file,
-)
+from stages.jobs import Job
+from stages.runtimes import ModelOptions, Ran, Runtime, open_runtime, resolve, runtime_class
 from stages.scheduler import Batch, BatchScheduler, ModelProfile, SchedulerError
 from stages.scheduler import Job as SchedJob
 
 log = logging.getLogger(__name__)
 
-MODEL_OF: dict[type, str] = {PoseJob: "sapiens2", FaceJob: "adaface", ClipJob: "clip"}
 ERROR_LOG_LINES = 5
 # shutdown waits this long for the pass in progress and the closes (the pipeline gives a
 # cancelled stage 2 s before it abandons it, and this wait should be the one that reports)
@@ -160,41 +153,6 @@ def _measured_cost(rt: Runtime) -> float:
     return rt.warm_up() if first < SECOND_WARM_UP_S else first
 
 
-class ModelOptions(StageOptions):
-    """One model's keys: [stages.sapiens2], [stages.adaface] (a table in the infer stage)."""
-
-    enabled: bool = False
-    checkpoint: str | None = Field(None, min_length=1)  # backend cpu: HF / cvlface directory
-    bundle: str | None = Field(None, min_length=1)  # backends sim, npu: bundle directory
-    synthetic: bool = False  # no checkpoint / bundle: use the synthetic model (else fail)
-    max_wait_ms: float = Field(0.0, ge=0)  # a partial batch closes after its oldest waited this
-    queue_size: int = Field(16, ge=1, le=100_000)
-    queue_policy: Literal["drop_oldest", "reject_new"] = "drop_oldest"
-    cost_s: float | None = Field(None, gt=0)  # initial pass cost; default: measured warm-up
-    share: float = Field(1.0, gt=0)  # weight in the device-time split between models
-
-    def source(self, base_dir: Path, where: str) -> ModelSource:
-        """Where this model's weights come from, its paths resolved against the config's dir."""
-        return ModelSource(
-            checkpoint=_resolve(base_dir, self.checkpoint),
-            bundle=_resolve(base_dir, self.bundle),
-            synthetic=self.synthetic,
-            where=where,
-        )
-
-
-class ClipOptions(ModelOptions):
-    """[stages.clip]: the model keys plus the zero-shot labels and prompt template.
-
-    labels_file (relative to the config file): one label per line, re-read when it changes
-    while the stage runs; once readable it wins over `labels` (stages.runtimes.ClipRuntime)."""
-
-    max_wait_ms: float = Field(150.0, ge=0)
-    labels: list[str] = []
-    labels_file: str | None = Field(None, min_length=1)
-    template: str | None = None  # default: the bundle's prompt_template, "a photo of a {}"
-
-
 class SimOptions(StageOptions):
     """[stages.sim]: the simulated device (backend sim). Rates are npu.sim.CostModel's."""
 
@@ -211,32 +169,75 @@ class SimOptions(StageOptions):
 
 
 class InferOptions(StageOptions):
+    """An infer stage's keys, and one table per registered model ([stages.sapiens2],
+    [stages.clip]...), each typed by its runtime's Options (stages.runtimes). Validating
+    through InferOptions builds the class for the models registered now (infer_options)."""
+
     backend: Literal["cpu", "sim", "npu"]
-    sapiens2: ModelOptions = ModelOptions()
-    adaface: ModelOptions = ModelOptions()
-    clip: ClipOptions = ClipOptions()
     sim: SimOptions = SimOptions()
     context_slots: int | None = Field(None, ge=1)  # modelled LRU; default TACONITE_CTX_CACHE/16
     prepare_ahead_ms: float = Field(200.0, ge=0)  # hand out the next batch this early
     synthetic_cache: str | None = Field(None, min_length=1)  # default <asset cache>/synthetic
 
+    @classmethod
+    def model_validate(cls, obj: Any, **kw: Any) -> InferOptions:
+        if cls is InferOptions:
+            return infer_options().model_validate(obj, **kw)
+        return super().model_validate(obj, **kw)
 
-def _model_options(options: InferOptions, name: str) -> ModelOptions:
-    return getattr(options, name)
+    def model(self, name: str) -> ModelOptions:
+        """The table of model `name`."""
+        return getattr(self, name)
+
+    def enabled(self) -> list[str]:
+        """The enabled models, in registry order."""
+        return [m for m in models.names() if self.model(m).enabled]
 
 
-def _resolve(base: Path, raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    p = Path(raw).expanduser()
-    return str(p if p.is_absolute() else base / p)
+@functools.cache
+def _options_for(names: tuple[str, ...]) -> type[InferOptions]:
+    tables: dict[str, Any] = {}
+    for name in names:
+        options = runtime_class(name).Options
+        tables[name] = (options, options())
+    return create_model("InferOptions", __base__=InferOptions, **tables)
+
+
+def infer_options() -> type[InferOptions]:
+    """InferOptions with a table for every model registered now."""
+    return _options_for(models.names())
+
+
+def open_stage_device(options: InferOptions, base_dir: Path) -> Any:
+    """The device of an infer stage's backend (npu.device.open_device); sim built from its
+    [stages.sim] table (paths relative to base_dir)."""
+    if options.backend != "sim":
+        return open_device(options.backend)
+    from npu.sim import CostModel
+
+    s = options.sim
+    cost = CostModel(
+        flops_per_s=(("gemm", s.gemm_flops_per_s), ("mha", s.mha_flops_per_s)),
+        default_flops_per_s=s.default_flops_per_s,
+        bytes_per_s=s.bytes_per_s,
+        dispatch_s=s.dispatch_s,
+        ctx_create_s=s.ctx_create_s,
+        ctx_switch_s=s.ctx_switch_s,
+    )
+    return open_device(
+        "sim",
+        cost=cost,
+        sleep=s.sleep,
+        registry_dir=resolve(base_dir, s.registry_dir),
+        hwctx_limit=s.hwctx_limit,
+    )
 
 
 class Infer(Stage):
     """The NPU stage (see the module docstring)."""
 
     kind = "infer"
-    accepts = (PoseJob, FaceJob, ClipJob)
+    accepts = (Job,)  # each enabled model takes its runtime's job_type
     Options = InferOptions
 
     def __init__(self, name: str, options: InferOptions, context: Any) -> None:
@@ -256,102 +257,73 @@ class Infer(Stage):
         self._in_flight: deque[tuple[Batch, Future, asyncio.Future]] = deque()
         self._wake = asyncio.Event()
         self._feeding = True
+        self._model_of: dict[type, str] = {}  # job type -> the enabled model that takes it
 
     # -- configuration -----------------------------------------------------------------
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
-        """Every enabled model's path for the backend exists, or synthetic is allowed."""
+        """Every enabled model's path for the backend exists, or synthetic is allowed; and
+        each runtime's own checks of its table (Runtime.check_options)."""
         try:
             options = InferOptions.model_validate(config.stages[index].options)
         except Exception:
             return []  # check_stages reported the validation errors
         problems = []
-        enabled = [m for m in MODELS if _model_options(options, m).enabled]
+        enabled = options.enabled()
         if not enabled:
             problems.append(
                 f"stages[{index}]: no model enabled (set enabled = true in one of "
-                + ", ".join(f"[stages.{m}]" for m in MODELS)
+                + ", ".join(f"[stages.{m}]" for m in models.names())
                 + ")"
             )
         key = "checkpoint" if options.backend == "cpu" else "bundle"
         for m in enabled:
-            mo = _model_options(options, m)
+            mo = options.model(m)
             raw = getattr(mo, key)
-            path = _resolve(config.base_dir, raw)
-            if path is not None and Path(path).exists():
-                continue
-            if mo.synthetic and options.backend != "npu":
-                continue
-            what = "is not set" if raw is None else f"{path} does not exist"
-            fix = (
-                "synthetic models run on cpu and sim only"
-                if mo.synthetic
-                else "or set synthetic = true"
-            )
-            problems.append(f"stages[{index}].{m}.{key}: {what} (backend {options.backend}; {fix})")
-        clip = options.clip
-        if clip.enabled and not clip.labels:
-            if clip.labels_file is None:
-                problems.append(
-                    f"stages[{index}].clip.labels: CLIP needs at least one label "
-                    "(in labels or in a labels_file)"
+            path = resolve(config.base_dir, raw)
+            missing = path is None or not Path(path).exists()
+            if missing and not (mo.synthetic and options.backend != "npu"):
+                what = "is not set" if raw is None else f"{path} does not exist"
+                fix = (
+                    "synthetic models run on cpu and sim only"
+                    if mo.synthetic
+                    else "or set synthetic = true"
                 )
-            else:
-                try:
-                    read_labels_file(_resolve(config.base_dir, clip.labels_file))
-                except LabelsFileError as exc:
-                    problems.append(
-                        f"stages[{index}].clip.labels_file: {exc} (and labels is empty)"
-                    )
+                problems.append(
+                    f"stages[{index}].{m}.{key}: {what} (backend {options.backend}; {fix})"
+                )
+            problems.extend(
+                runtime_class(m).check_options(mo, config.base_dir, f"stages[{index}].{m}")
+            )
         return problems
 
     # -- startup (device thread) --------------------------------------------------------
 
-    def _open_device(self) -> Any:
-        backend = self.options.backend
-        if backend == "cpu":
-            return None
-        if backend == "npu":
-            from npu.xrt import open_device
-
-            return open_device()
-        from npu.sim import CostModel, SimDevice
-
-        s = self.options.sim
-        cost = CostModel(
-            flops_per_s=(("gemm", s.gemm_flops_per_s), ("mha", s.mha_flops_per_s)),
-            default_flops_per_s=s.default_flops_per_s,
-            bytes_per_s=s.bytes_per_s,
-            dispatch_s=s.dispatch_s,
-            ctx_create_s=s.ctx_create_s,
-            ctx_switch_s=s.ctx_switch_s,
-        )
-        registry = _resolve(self.base_dir, s.registry_dir)
-        return SimDevice(cost, sleep=s.sleep, registry_dir=registry, hwctx_limit=s.hwctx_limit)
-
     def _open(self) -> list[ModelProfile]:
         """Open the device, load every enabled model, measure a warm-up pass of each."""
         opts = self.options
-        self.device = self._open_device()
+        self.device = open_stage_device(opts, self.base_dir)
         profiles = []
-        for name in MODELS:
-            mo = _model_options(opts, name)
-            if not mo.enabled:
-                continue
-            clip = name == "clip"
+        for name in opts.enabled():
+            mo = opts.model(name)
             rt = open_runtime(
                 name,
                 opts.backend,
                 mo.source(self.base_dir, f"stage {self.name}: {name}"),
                 device=self.device,
-                max_wait_ms=mo.max_wait_ms,
-                labels=opts.clip.labels if clip else (),
-                template=opts.clip.template if clip else None,
-                labels_file=_resolve(self.base_dir, opts.clip.labels_file) if clip else None,
-                synthetic_cache=_resolve(self.base_dir, opts.synthetic_cache),
+                options=mo,
+                base_dir=self.base_dir,
+                synthetic_cache=resolve(self.base_dir, opts.synthetic_cache),
             )
             self.runtimes[name] = rt
+            job_type = rt.job_type
+            if job_type in self._model_of:
+                raise ModelLoadError(
+                    f"stage {self.name}: {name} and {self._model_of[job_type]} both take "
+                    f"{job_type.__name__}; enable one of them"
+                )
+            self._model_of[job_type] = name
             cost = mo.cost_s if mo.cost_s is not None else max(_measured_cost(rt), 1e-4)
             log.info(
                 "stage %s: %s on %s: model %s%s, export batch %d, %d contexts, "
@@ -502,39 +474,27 @@ class Infer(Stage):
     def submit(self, item: Job) -> bool:
         """Queue one job for its model; False if dropped at once (counted)."""
         assert self.scheduler is not None
-        model = MODEL_OF.get(type(item))
-        if model is None or model not in self.runtimes:
-            self.metrics.drop(f"{self.name}/{model or 'unknown'}", item.camera, "error")
-            self.errors[model or "unknown"] += 1
-            if self.errors[model or "unknown"] <= ERROR_LOG_LINES:
+        model = self._model_of.get(type(item))
+        if model is None:
+            self.metrics.drop(f"{self.name}/unknown", item.camera, "error")
+            self.errors["unknown"] += 1
+            if self.errors["unknown"] <= ERROR_LOG_LINES:
                 log.error(
-                    "stage %s: camera %s: %s but model %s is not enabled; dropped",
+                    "stage %s: camera %s: %s but no enabled model takes it; dropped",
                     self.name,
                     item.camera,
                     type(item).__name__,
-                    model,
                 )
             return False
-        priority = 0
-        key = None
-        if isinstance(item, PoseJob):
-            # the oldest pose first: never-posed tracks, then by when the last pose was taken
-            priority = (
-                -1 if item.pose_age_s is None else item.capture_ts_ns - round(item.pose_age_s * 1e9)
-            )
-        track = getattr(item, "track_id", None)
-        if track is not None:
-            key = (model, item.camera, track)
-            if isinstance(item, FaceJob):  # a detector face and a pose-derived one both run
-                key += (item.landmark_source,)
+        rt = self.runtimes[model]
         ok = self.scheduler.submit(
             SchedJob(
                 model=model,
                 camera=item.camera,
                 payload=item,
                 deadline_ns=item.deadline_ns,
-                priority=priority,
-                key=key,
+                priority=rt.priority(item),
+                key=rt.schedule_key(item),
                 capture_ts_ns=item.capture_ts_ns,
             )
         )
@@ -648,11 +608,10 @@ class Infer(Stage):
             if job.expired():
                 self.metrics.drop(f"{self.name}/{batch.model}", job.camera, "stale")
                 continue
-            if isinstance(job, PoseJob):
-                job.window = slot.window
+            rt.finish(job, slot)
             self.published[batch.model] += 1
             await out.send(
-                inferred_type(job)(
+                rt.inferred_type(
                     job=job,
                     output=slot.output,
                     backend=rt.backend,
@@ -736,10 +695,8 @@ class Infer(Stage):
             "errors": self.errors[model],
         }
         rt = self.runtimes.get(model)
-        if isinstance(rt, ClipRuntime):
-            gauges["labels"] = len(rt.labels)
-            gauges["label_sets_loaded"] = rt.label_sets_loaded
-            gauges["label_file_errors"] = rt.label_errors
+        if rt is not None:
+            gauges.update(rt.gauges())
         return gauges
 
     def _log_summary(self) -> None:

@@ -38,7 +38,7 @@ class PoseJob(Job):
 
     image: the source frame, uint8 BGR [H, W, 3]; box_xywh: float32 [4]; pose_age_s: seconds
     since this track's previous pose (None for a new track). The infer stage fills window,
-    float32 [4] (cx, cy, w, h) of the sampled region (stages.detect.crop_persons).
+    float32 [4] (cx, cy, w, h) of the sampled region (npu.models.sapiens2.preprocess.crop_persons).
     """
 
     track_id: int

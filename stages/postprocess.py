@@ -31,12 +31,13 @@ import logging
 import numpy as np
 from pydantic import Field
 
-from npu.models.keypoints308 import NAMES as KEYPOINT_NAMES
-from npu.models.keypoints308 import face_points
+from npu.models.clip.post import ZeroShotError, label_probabilities
+from npu.models.sapiens2.keypoints import NAMES as KEYPOINT_NAMES
+from npu.models.sapiens2.keypoints import face_points
+from npu.models.sapiens2.post import BLUR_KERNEL, dark_keypoints
 from pipeline.errors import NpucamError
 from pipeline.graph import MapStage, StageOptions
 from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
-from stages.detect import run_tracks
 from stages.gallery import Gallery, GalleryFile
 from stages.jobs import (
     ClipInferred,
@@ -47,138 +48,13 @@ from stages.jobs import (
     PoseInferred,
     PoseJob,
 )
+from stages.tracks import TrackRegistry
 
 logger = logging.getLogger(__name__)
-
-BLUR_KERNEL = 11
-LOG_CLIP = (1e-3, 50.0)
-F32_EPS = float(np.finfo(np.float32).eps)
 
 
 class PostprocessError(NpucamError):
     """Heatmaps or windows that cannot be decoded."""
-
-
-def gaussian_taps(kernel: int = BLUR_KERNEL) -> np.ndarray:
-    """Normalised 1-D Gaussian taps, float64 [kernel], sigma from OpenCV's rule for sigma=0."""
-    if kernel % 2 == 0 or kernel <= 1:
-        raise PostprocessError(f"blur kernel must be an odd integer > 1, got {kernel}")
-    sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
-    t = np.arange(kernel, dtype=np.float64) - (kernel - 1) / 2
-    taps = np.exp(-0.5 * (t / sigma) ** 2)
-    return taps / taps.sum()
-
-
-def _blur_full(maps: np.ndarray, taps: np.ndarray) -> np.ndarray:
-    """Zero-bordered separable blur of whole maps: float [M, H, W] -> float64 [M, H, W]."""
-    r = len(taps) // 2
-    m, h, w = maps.shape
-    padded = np.zeros((m, h + 2 * r, w + 2 * r), dtype=np.float64)
-    padded[:, r : r + h, r : r + w] = maps
-    rows = sum(taps[i] * padded[:, :, i : i + w] for i in range(len(taps)))
-    return sum(taps[i] * rows[:, i : i + h, :] for i in range(len(taps)))
-
-
-def _blur_at(
-    flat: np.ndarray, h: int, w: int, ys: np.ndarray, xs: np.ndarray, taps: np.ndarray
-) -> np.ndarray:
-    """Blurred values at given points, each from its zero-padded window.
-
-    flat: float32 [M, H*W]; ys: int [M, P], xs: int [M, Q] -> float64 [M, P, Q], the blur at
-    every (ys[:, p], xs[:, q]).
-    """
-    r = len(taps) // 2
-    offs = np.arange(-r, r + 1)
-    yy = ys[:, :, None] + offs  # [M, P, T]
-    xx = xs[:, :, None] + offs  # [M, Q, T]
-    y_ok = (yy >= 0) & (yy < h)
-    x_ok = (xx >= 0) & (xx < w)
-    idx = (
-        np.clip(yy, 0, h - 1)[:, :, :, None, None] * w + np.clip(xx, 0, w - 1)[:, None, None, :, :]
-    )  # [M, P, T, Q, T]
-    vals = np.take_along_axis(flat, idx.reshape(len(flat), -1), axis=1).reshape(idx.shape)
-    vals = vals.astype(np.float64) * (y_ok[:, :, :, None, None] & x_ok[:, None, None, :, :])
-    return np.einsum("mptqs,t,s->mpq", vals, taps, taps, optimize=True)
-
-
-def _check_windows(windows: np.ndarray, n: int) -> np.ndarray:
-    win = np.asarray(windows, dtype=np.float64)
-    if win.shape != (n, 4):
-        raise PostprocessError(f"windows must be [{n}, 4] (cx, cy, w, h), got shape {win.shape}")
-    if not np.all(np.isfinite(win)) or np.any(win[:, 2:] <= 0):
-        bad = int(np.flatnonzero(~np.all(np.isfinite(win), axis=1) | np.any(win[:, 2:] <= 0, 1))[0])
-        raise PostprocessError(f"windows[{bad}] = {win[bad].tolist()} is not a valid window")
-    return win
-
-
-def dark_keypoints(
-    heatmaps: np.ndarray, windows: np.ndarray, kernel: int = BLUR_KERNEL
-) -> np.ndarray:
-    """Decode heatmaps to keypoints in image pixels.
-
-    heatmaps: float32 [N, K, H, W]; windows: float [N, 4] as (cx, cy, w, h) of each crop's
-    sampled region (from stages.detect.crop_persons).
-    Returns float32 [N, K, 3] as (x, y, score), score = the heatmap maximum.
-    """
-    hm = np.asarray(heatmaps)
-    if hm.ndim != 4 or min(hm.shape) == 0 or min(hm.shape[2:]) < 2:
-        raise PostprocessError(
-            f"heatmaps must be a non-empty [N, K, H, W] array with H, W >= 2, got {hm.shape}"
-        )
-    if hm.dtype != np.float32:
-        raise PostprocessError(f"heatmaps must be float32, got dtype {hm.dtype}")
-    n, k, h, w = hm.shape
-    win = _check_windows(windows, n)
-    taps = gaussian_taps(kernel)
-
-    flat = hm.reshape(n * k, h * w)
-    idx = np.argmax(flat, axis=1)  # first maximum, as torch.argmax
-    score = np.take_along_axis(flat, idx[:, None], axis=1)[:, 0]
-    if not np.all(np.isfinite(score)):
-        bad = int(np.flatnonzero(~np.isfinite(score))[0])
-        raise PostprocessError(f"heatmaps[{bad // k}, {bad % k}] contains NaN or inf")
-    x = (idx % w).astype(np.int64)
-    y = (idx // w).astype(np.int64)
-    pos = score > 0
-
-    # replicate padding of the log map = clamping the neighbour coordinates
-    nx = np.clip(x[:, None] + np.arange(-1, 2), 0, w - 1)
-    ny = np.clip(y[:, None] + np.arange(-1, 2), 0, h - 1)
-    blur = _blur_at(flat, h, w, ny, nx, taps)  # [M, 3(y), 3(x)]
-
-    lo, hi = LOG_CLIP
-    exact = pos & ((blur.min(axis=(1, 2)) < lo) | (score > hi))
-    if np.any(exact):
-        # the clip may engage: the rescale factor is needed, from the whole blurred map
-        rows = np.flatnonzero(exact)
-        full = _blur_full(flat[rows].reshape(-1, h, w), taps)
-        top = full.reshape(len(rows), -1).max(axis=1)
-        scale = np.where(top > 0, score[rows] / np.where(top > 0, top, 1.0), 1.0)
-        blur[rows] = np.clip(blur[rows] * scale[:, None, None], lo, hi)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log = np.log(np.where(pos[:, None, None], blur, 1.0))
-
-    gx = 0.5 * (log[:, 1, 2] - log[:, 1, 0])
-    gy = 0.5 * (log[:, 2, 1] - log[:, 0, 1])
-    hxx = log[:, 1, 2] - 2 * log[:, 1, 1] + log[:, 1, 0] + F32_EPS
-    hyy = log[:, 2, 1] - 2 * log[:, 1, 1] + log[:, 0, 1] + F32_EPS
-    hxy = 0.5 * (
-        log[:, 2, 2] - log[:, 1, 2] - log[:, 2, 1] + 2 * log[:, 1, 1]
-        - log[:, 1, 0] - log[:, 0, 1] + log[:, 0, 0]
-    )  # fmt: skip
-    det = hxx * hyy - hxy * hxy
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dx = (hyy * gx - hxy * gy) / det
-        dy = (-hxy * gx + hxx * gy) / det
-    kx = np.where(pos, x - dx, -1.0).reshape(n, k)
-    ky = np.where(pos, y - dy, -1.0).reshape(n, k)
-
-    cx, cy, ww, wh = (win[:, i, None] for i in range(4))
-    out = np.empty((n, k, 3), dtype=np.float32)
-    out[:, :, 0] = kx / (w - 1) * ww + cx - 0.5 * ww
-    out[:, :, 1] = ky / (h - 1) * wh + cy - 0.5 * wh
-    out[:, :, 2] = score.reshape(n, k)
-    return out
 
 
 # ---- the post-processing stages: Inferred (stages.jobs) -> published results --------------
@@ -214,7 +90,7 @@ def _result_fields(item: Inferred) -> dict:
 class Dark(MapStage):
     """Inferred pose heatmaps -> PoseResult: DARK keypoints in frame pixels through the crop
     window the infer stage recorded, with the track id and the pose's age (the track's pose
-    refresh is marked finished in the run's tracker, stages.detect.run_tracks)."""
+    refresh is marked finished in the run's tracker, stages.tracks.TrackRegistry)."""
 
     kind = "dark"
     accepts = (PoseInferred,)
@@ -237,7 +113,7 @@ class Dark(MapStage):
         )[0]
         at = now_ns()
         tag = None
-        tracks = run_tracks(self.context).get(job.camera)
+        tracks = TrackRegistry.of(self.context).get(job.camera)
         if tracks is not None:
             tag = tracks.finish_pose(job.track_id, job.capture_ts_ns, at)
             face = self._face_job(job, keypoints) if self.options.face_points else None
@@ -377,28 +253,6 @@ class ClipLabelsOptions(StageOptions):
     pass
 
 
-def label_probabilities(
-    image_embed: np.ndarray, text_embeds: np.ndarray, logit_scale: float
-) -> np.ndarray:
-    """CLIP zero-shot (spec b.8): softmax over labels of logit_scale · cos(image, text).
-
-    image_embed: float [D]; text_embeds: float [L, D]; logit_scale: the exp'd scale (100 for
-    the released models). Returns float32 [L], summing to 1.
-    """
-    img = np.asarray(image_embed, np.float64).reshape(-1)
-    txt = np.asarray(text_embeds, np.float64)
-    if txt.ndim != 2 or txt.shape[1] != img.shape[0] or txt.shape[0] == 0:
-        raise PostprocessError(
-            f"text embeddings must be [L >= 1, {img.shape[0]}], got shape {txt.shape}"
-        )
-    img_n, txt_n = np.linalg.norm(img), np.linalg.norm(txt, axis=1)
-    if img_n == 0 or np.any(txt_n == 0) or not np.isfinite(img).all():
-        raise PostprocessError("CLIP embeddings must be finite and non-zero")
-    logits = float(logit_scale) * (txt @ img) / (txt_n * img_n)
-    e = np.exp(logits - logits.max())
-    return (e / e.sum()).astype(np.float32)
-
-
 class ClipLabels(MapStage):
     """Inferred CLIP image embeddings -> ClipResult: label probabilities from the text
     embeddings and logit scale the infer stage attached (Inferred.extra)."""
@@ -416,9 +270,12 @@ class ClipLabels(MapStage):
         if missing:
             raise PostprocessError(f"{where}: CLIP output lacks {', '.join(missing)}")
         labels = tuple(item.extra["labels"])
-        probs = label_probabilities(
-            item.output, item.extra["text_embeds"], item.extra["logit_scale"]
-        )
+        try:
+            probs = label_probabilities(
+                item.output, item.extra["text_embeds"], item.extra["logit_scale"]
+            )
+        except ZeroShotError as exc:
+            raise PostprocessError(f"{where}: {exc}") from exc
         if len(labels) != len(probs):
             raise PostprocessError(
                 f"{where}: {len(labels)} labels but {len(probs)} text embeddings"

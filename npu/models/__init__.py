@@ -1,1 +1,189 @@
-"""Model forwards (Sapiens2-Pose, AdaFace, CLIP) over the op interface of npu.ops."""
+"""The registry of models npucam runs, and the one way to load one: `load(name, source,
+backend, device)`.
+
+Each model is a package, npu.models.<name>, laid out like its taconite crate (config,
+preprocess, model, checkpoint, npu, export, post, check, synthetic); its `__init__` holds a
+`MODEL` ModelSpec that names its loaders and declares what the pipeline needs to know of it.
+A model outside this package registers its own spec with `register` (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import NpucamError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("cpu", "sim", "npu")
+BUILTIN = ("npu.models.sapiens2", "npu.models.adaface", "npu.models.clip")
+
+
+class ModelLoadError(NpucamError):
+    """A model that cannot be loaded as asked: unknown name, missing path, wrong backend."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the pipeline knows of one model.
+
+    name: its config table ([stages.<name>] in an infer stage) and registry key.
+    kind: the result kind its outputs become (pose, face, clip: the message kinds).
+    runtime: "module:Class" of the stages.runtimes.Runtime that plugs it into the infer stage
+      (named, not imported: npu imports nothing of stages).
+    from_checkpoint(path) -> model on the cpu backend; from_bundle(path, device) -> model on
+      a device; model_id(model, path) -> the id results carry.
+    synthetic: module path of its synthetic-weight stand-in (npu.models.synthetic reads it),
+      or None when it has none.
+    export_batch(model, bundle_dir) -> items per device pass (bundle_dir None on cpu);
+      default_batch: the same for the released bundles, when no model is loaded (planning).
+    npu2_pass_s: the device time of one pass of the REAL model on NPU2, as taconite publishes
+      it (docs/device.md), for planning; None when unknown.
+    """
+
+    name: str
+    kind: str
+    runtime: str
+    from_checkpoint: Callable[[Path], Any]
+    from_bundle: Callable[[Path, Any], Any]
+    synthetic: str | None = None
+    model_id: Callable[[Any, Path], str] = field(default=lambda model, path: path.name)
+    export_batch: Callable[[Any, Path | None], int] = field(default=lambda model, path: 1)
+    default_batch: int = 1
+    npu2_pass_s: float | None = None
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    for package in BUILTIN:
+        spec = importlib.import_module(package).MODEL
+        _REGISTRY.setdefault(spec.name, spec)
+
+
+def register(spec: ModelSpec) -> None:
+    """Add a model; a name already registered is an error (no silent replacement)."""
+    _load_builtins()
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
+        raise ModelLoadError(f"model {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def unregister(name: str) -> None:
+    """Remove a model registered with `register` (tests that add one clean up with this)."""
+    _load_builtins()
+    _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered model, built-ins first."""
+    _load_builtins()
+    return tuple(_REGISTRY)
+
+
+def spec(name: str, where: str = "") -> ModelSpec:
+    """The spec of model `name`; ModelLoadError naming `where` (a config key) if unknown."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise ModelLoadError(f"{where or name}: unknown model (known: {', '.join(_REGISTRY)})")
+    return _REGISTRY[name]
+
+
+def bundle_batch(bundle_dir: Path | None) -> int:
+    """Items per device pass of a bundle that may declare `param batch N`: N, else one (and
+    one on cpu, where bundle_dir is None)."""
+    if bundle_dir is None or not (bundle_dir / "manifest.txt").is_file():
+        return 1
+    from npu.bundle import Bundle
+
+    bundle = Bundle.open(bundle_dir)
+    try:
+        return bundle.param("batch", int) if bundle.has_param("batch") else 1
+    finally:
+        bundle.close()
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: `checkpoint` (cpu) or `bundle` (sim, npu), else synthetic
+    weights if `synthetic` allows it. `where` names the config key of this model."""
+
+    checkpoint: str | None = None
+    bundle: str | None = None
+    synthetic: bool = False
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded model: the model object, the id its results carry, whether its weights are
+    synthetic, and the bundle it runs from (None on cpu)."""
+
+    spec: ModelSpec
+    model: Any
+    model_id: str
+    synthetic: bool
+    bundle_dir: Path | None
+
+
+def load(
+    name: str,
+    source: ModelSource,
+    backend: str,
+    device: Any = None,
+    synthetic_cache: str | Path | None = None,
+) -> Loaded:
+    """Load model `name` on `backend` from `source`; device is the open device for sim / npu
+    (npu.device.open_device), None for cpu. Without a path that exists, the synthetic model
+    when `source.synthetic` allows it (sim and cpu only; logged as a warning); otherwise a
+    ModelLoadError naming the config key and what to set."""
+    model_spec = spec(name, source.where)
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    key = "checkpoint" if backend == "cpu" else "bundle"
+    raw = source.checkpoint if backend == "cpu" else source.bundle
+    where = f"{source.where}.{key}" if source.where else key
+    path = Path(raw) if raw else None
+    if path is not None and path.exists():
+        if backend == "cpu":
+            model = model_spec.from_checkpoint(path)
+        else:
+            model = model_spec.from_bundle(path, device)
+        bundle_dir = None if backend == "cpu" else path
+        return Loaded(model_spec, model, model_spec.model_id(model, path), False, bundle_dir)
+    if not source.synthetic:
+        missing = "is not set" if path is None else f"= {path} does not exist"
+        raise ModelLoadError(
+            f"{where} {missing} (backend {backend} needs "
+            f"{'an HF checkpoint directory' if backend == 'cpu' else 'a bundle directory'}; "
+            "or set synthetic = true for the small synthetic-weight model)"
+        )
+    from npu.models import synthetic
+
+    if backend == "npu":
+        raise ModelLoadError(
+            f"{where}: {'no path set' if path is None else f'{path} does not exist'}, and "
+            "synthetic models have no hardware bundle (use backend sim or cpu, or give the "
+            "bundle path)"
+        )
+    reason = "not set" if path is None else f"{path} does not exist"
+    log.warning(
+        "%s: %s; using the SYNTHETIC %s (random weights, outputs are meaningless)",
+        where,
+        reason,
+        name,
+    )
+    model = synthetic.load(name, backend, device, cache=synthetic_cache)
+    bundle_dir = None if backend == "cpu" else synthetic.bundle_path(name, synthetic_cache)
+    return Loaded(model_spec, model, synthetic.model_id(name), True, bundle_dir)

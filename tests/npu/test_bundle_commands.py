@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import pipeline.cli
-from npu.bundle_commands import check_bundle
 from npu.bundle_writer import BundleWriter
+from npu.commands.bundle import check_bundle
 from pipeline.cli import main
 
 
@@ -17,7 +17,7 @@ from pipeline.cli import main
 def only_bundle_commands(monkeypatch):
     """The real entry point (parsing, error to exit code) with only this command group, so
     other groups' import problems cannot fail these tests."""
-    monkeypatch.setattr(pipeline.cli, "COMMAND_MODULES", ("npu.bundle_commands",))
+    monkeypatch.setattr(pipeline.cli, "command_modules", lambda: ["npu.commands.bundle"])
 
 
 def write_bundle(root, *, insts_missing=False, ctx="ctx0"):

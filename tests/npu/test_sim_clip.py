@@ -18,7 +18,7 @@ from npu.bf16 import bf16_to_f32, f32_to_bf16
 from npu.bundle import Bundle
 from npu.bundle_writer import BundleWriter
 from npu.device import DeviceError, kernel_spec
-from npu.models.clip_export import BIAS_CARRIER, _mlp_weights, gemm_tiling
+from npu.models.clip.export import BIAS_CARRIER, _mlp_weights, gemm_tiling
 from npu.ops import GemmWeights, gelu
 from npu.sim import SimDevice, pack_gemm_b, write_xclbin
 from npu.sim_clip import write_addln, write_clip_mha

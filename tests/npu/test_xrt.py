@@ -297,13 +297,13 @@ def test_no_timing_line_without_env(dev, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_open_device_returns_one_device_per_process(monkeypatch, node):
+def test_xrt_device_returns_one_device_per_process(monkeypatch, node):
     fake.reset()
     monkeypatch.setitem(sys.modules, "pyxrt", fake)
-    d1 = xrt.open_device(node)
-    assert xrt.open_device(node) is d1
+    d1 = xrt.xrt_device(node)
+    assert xrt.xrt_device(node) is d1
     d1.close()
-    d2 = xrt.open_device(node)
+    d2 = xrt.xrt_device(node)
     assert d2 is not d1 and len(fake.of("device")) == 2
     d2.close()
 
@@ -311,7 +311,7 @@ def test_open_device_returns_one_device_per_process(monkeypatch, node):
 def test_device_command_names_each_missing_backend_and_why(monkeypatch, tmp_path, node, capsys):
     import argparse
 
-    from npu.device_commands import backends, register
+    from npu.commands.device import backends, register
 
     monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
     monkeypatch.setitem(sys.modules, "pyxrt", None)

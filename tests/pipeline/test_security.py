@@ -22,7 +22,7 @@ from npu.bundle import confine
 from pipeline import security
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.graph import STAGE_KINDS, stage_class
+from pipeline.graph import stage_class, stage_kinds
 from pipeline.metrics import Metrics, start_prometheus
 from pipeline.security import SecurityError, SocketSecurity
 
@@ -289,7 +289,7 @@ def test_is_loopback(endpoint, loopback):
 
 def test_every_default_endpoint_is_loopback():
     checked = 0
-    for kind in STAGE_KINDS:
+    for kind in stage_kinds():
         for name, field in stage_class(kind).Options.model_fields.items():
             if isinstance(field.default, str) and "://" in field.default:
                 assert security.is_loopback(field.default), (kind, name, field.default)

@@ -445,7 +445,7 @@ BOX_JSON = st.recursive(
 
 
 def decode_only_box_error(raw: bytes) -> None:
-    from stages.detect import BoxMessageError, decode_box_message
+    from stages.box_receiver import BoxMessageError, decode_box_message
 
     try:
         got = decode_box_message(raw, ["cam", "other"])
@@ -475,7 +475,7 @@ def test_box_message_arbitrary_bytes_raise_only_box_message_error(raw):
 def test_box_message_well_formed_ones_decode_to_their_boxes(boxes, data):
     boxes = [[x, y, abs(w) + 1, abs(h) + 1] for x, y, w, h in boxes]
     scores = data.draw(st.lists(st.floats(0, 1), min_size=len(boxes), max_size=len(boxes)))
-    from stages.detect import decode_box_message
+    from stages.box_receiver import decode_box_message
 
     raw = json.dumps({"camera": "cam", "boxes": boxes, "scores": scores}).encode()
     got = decode_box_message(raw)
@@ -495,14 +495,14 @@ def test_box_message_hostile_input_raises_only_box_message_error(name):
 
 
 def test_box_message_values_beyond_float32_are_refused():
-    from stages.detect import BoxMessageError, decode_box_message
+    from stages.box_receiver import BoxMessageError, decode_box_message
 
     with pytest.raises(BoxMessageError):
         decode_box_message(b'{"camera": "cam", "boxes": [[1, 2, 1e39, 4]]}')
 
 
 def test_box_receiver_keeps_serving_after_a_hostile_message(free_port):
-    from stages.detect import BoxReceiver
+    from stages.box_receiver import BoxReceiver
 
     endpoint = f"tcp://127.0.0.1:{free_port}"
     ctx = zmq.Context()

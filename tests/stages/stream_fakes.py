@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
+from npu.models.sapiens2.preprocess import crop_windows
 from pipeline.graph import MapStage, StageOptions
-from stages.detect import crop_windows
 from stages.jobs import ClipJob, FaceJob, PoseJob, inferred_type
 
 LABELS = ("a person", "a bicycle", "a phone")

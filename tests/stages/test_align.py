@@ -19,8 +19,6 @@ from stages.align import (
     align_face,
     align_face_4pt,
     blazeface_alignment_points,
-    convert_colour,
-    embedder_input,
     umeyama_similarity,
 )
 
@@ -129,15 +127,3 @@ def test_face_at_the_border_gets_zero_fill_not_an_error() -> None:
     lmk = ARCFACE_TEMPLATE * 0.8 - np.array([30.0, 0.0])  # left half of the face off-image
     crop, _ = align_face(image, lmk)
     assert (crop[:, :10] == 0).all() and (crop[:, -10:] == 200).all()
-
-
-def test_embedder_input_normalises_and_orders_channels() -> None:
-    crop = np.zeros((112, 112, 3), np.uint8)
-    crop[..., 0] = 255  # blue in a BGR crop
-    x = embedder_input(crop, have="bgr", want="rgb")
-    assert x.shape == (3, 112, 112) and x.dtype == np.float32
-    np.testing.assert_allclose(x[2], 1.0)
-    np.testing.assert_allclose(x[0], -1.0)
-    np.testing.assert_array_equal(convert_colour(crop, "bgr", "bgr"), crop)
-    with pytest.raises(AlignError, match="colour order"):
-        convert_colour(crop, "bgr", "hsv")  # type: ignore[arg-type]

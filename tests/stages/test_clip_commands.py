@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "npu" / "models"))
 from conftest_clip import tiny_clip_dir  # noqa: E402, F401 (fixture)
 
-from npu.models.clip import ClipModel  # noqa: E402
+from npu.models.clip.checkpoint import from_pretrained as load_clip
 from pipeline import cli  # noqa: E402
 
 LABELS = ["cat", "person wearing a hard hat", "bicycle"]
@@ -50,7 +50,7 @@ def test_classify_json_matches_the_model_api(tiny_clip_dir, image_files, capsys)
     assert code == 0
     doc = json.loads(out)
     assert doc["backend"] == "cpu" and doc["labels"] == LABELS
-    model = ClipModel.from_pretrained(tiny_clip_dir)
+    model = load_clip(tiny_clip_dir)
     rgb = [cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB) for p in image_files]
     expected = model.classify(rgb, LABELS)
     for i, entry in enumerate(doc["results"]):
@@ -97,7 +97,7 @@ def test_classify_errors_name_the_input(tiny_clip_dir, image_files, tmp_path, ca
 
 @pytest.fixture(scope="module")
 def bundle_dir(tiny_clip_dir, image_files, tmp_path_factory):  # noqa: F811
-    from npu.models.clip import write_sim_bundle
+    from npu.models.clip.export import write_sim_bundle
 
     rgb = [cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB) for p in image_files]
     return write_sim_bundle(

@@ -17,21 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npu.models.clip_towers import ClipTowers
+from npu.models import ModelLoadError, ModelSource
+from npu.models.clip.model import ClipTowers
 from npu.sim import SimDevice
 from pipeline.config import parse_config
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
-from stages import runtimes
 from stages.infer import Infer, InferOptions
 from stages.jobs import ClipJob, Inferred
-from stages.runtimes import (
-    LabelsFileError,
-    ModelSource,
-    RuntimeLoadError,
-    open_runtime,
-    read_labels_file,
-)
+from stages.runtimes import clip as runtimes
+from stages.runtimes import open_runtime
+from stages.runtimes.clip import ClipOptions, LabelsFileError, read_labels_file
 
 CONFIG_LABELS = ["a person", "a bicycle"]
 SET_A = ["a person wearing a hard hat", "a person holding a phone", "a cyclist"]
@@ -165,9 +161,13 @@ def test_labels_file_changes_mid_run(tmp_path, cache, text_passes, monkeypatch, 
     device = SimDevice(registry_dir=tmp_path / "hwctx2")
     try:
         ref = open_runtime(
-            "clip", "sim", ModelSource(synthetic=True), device=device, labels=["x"],
+            "clip",
+            "sim",
+            ModelSource(synthetic=True),
+            device=device,
             synthetic_cache=cache,
-        )  # fmt: skip
+            options=ClipOptions(labels=["x"]),
+        )
         for i in (0, 1):
             prompts = [f"a photo of a {label}" for label in phases[i][1]]
             fresh = ref.model.encode_prompts(prompts)
@@ -188,9 +188,8 @@ def test_labels_file_polled_at_most_every_interval(tmp_path, cache, text_passes)
             "sim",
             ModelSource(synthetic=True),
             device=device,
-            labels=(),
-            labels_file=path,
             synthetic_cache=cache,
+            options=ClipOptions(labels=[], labels_file=str(path)),
         )
         assert rt.labels == SET_A and len(text_passes) == 1
         write(path, labels_text(SET_B), tick)
@@ -215,23 +214,22 @@ def test_startup_needs_labels_from_one_key(tmp_path, cache):
     device = SimDevice(registry_dir=tmp_path / "hwctx")
     missing = tmp_path / "nowhere.txt"
     try:
-        with pytest.raises(RuntimeLoadError, match=f"{missing}: cannot read the labels file"):
+        with pytest.raises(ModelLoadError, match=f"{missing}: cannot read the labels file"):
             open_runtime(
                 "clip",
                 "sim",
                 ModelSource(synthetic=True),
                 device=device,
-                labels_file=missing,
                 synthetic_cache=cache,
+                options=ClipOptions(labels_file=str(missing)),
             )
-        rt = open_runtime(  # an unreadable file with configured labels: those, error counted
+        rt = open_runtime(
             "clip",
             "sim",
             ModelSource(synthetic=True),
             device=device,
-            labels=CONFIG_LABELS,
-            labels_file=missing,
             synthetic_cache=cache,
+            options=ClipOptions(labels=list(CONFIG_LABELS), labels_file=str(missing)),
         )
         assert rt.labels == CONFIG_LABELS and rt.label_errors == 1
         rt.close()
@@ -303,9 +301,13 @@ def test_a_failed_label_encoding_keeps_the_labels_in_effect_and_is_retried(
     device = SimDevice(registry_dir=tmp_path / "hwctx")
     try:
         rt = open_runtime(
-            "clip", "sim", ModelSource(synthetic=True), device=device, labels=(),
-            labels_file=path, synthetic_cache=cache,
-        )  # fmt: skip
+            "clip",
+            "sim",
+            ModelSource(synthetic=True),
+            device=device,
+            synthetic_cache=cache,
+            options=ClipOptions(labels=[], labels_file=str(path)),
+        )
         embeds_a = rt.text_embeds
         errors = [DeviceError("kernel finished in state 8"), RuntimeError("text tower broke")]
         encoder = FailingEncoder(rt.model.label_embeddings, errors)
@@ -349,9 +351,13 @@ def test_label_encoding_does_not_swallow_interrupts(tmp_path, cache, monkeypatch
     device = SimDevice(registry_dir=tmp_path / "hwctx")
     try:
         rt = open_runtime(
-            "clip", "sim", ModelSource(synthetic=True), device=device, labels=(),
-            labels_file=path, synthetic_cache=cache,
-        )  # fmt: skip
+            "clip",
+            "sim",
+            ModelSource(synthetic=True),
+            device=device,
+            synthetic_cache=cache,
+            options=ClipOptions(labels=[], labels_file=str(path)),
+        )
         encoder = FailingEncoder(rt.model.label_embeddings, [error()])
         monkeypatch.setattr(rt.model, "label_embeddings", encoder)
         write(path, labels_text(SET_B), tick)

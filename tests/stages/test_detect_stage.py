@@ -26,14 +26,8 @@ from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from stages import detect as detect_module
 from stages.align import blazeface_alignment_points
-from stages.detect import (
-    BoxMessageError,
-    BoxReceiver,
-    BoxReceiverError,
-    Detect,
-    DetectOptions,
-    decode_box_message,
-)
+from stages.box_receiver import BoxMessageError, BoxReceiver, BoxReceiverError, decode_box_message
+from stages.detect import Detect, DetectOptions
 from stages.detectors.blazeface import BlazeFace
 from stages.detectors.litert import DetectorError
 from stages.jobs import ClipJob, FaceJob, PoseJob

@@ -17,7 +17,7 @@ import skimage.data
 from npu.bundle import Bundle
 from pipeline.assets import asset_path
 from pipeline.errors import NpucamError
-from stages import face_commands
+from stages.commands import face as face_commands
 from stages.gallery import FaceObservation, read_gallery
 
 
@@ -257,7 +257,7 @@ def test_identify_refuses_a_gallery_of_another_model(files, capsys, tmp_path):
 def _sim_bundle(tmp_path, seed: int):
     """A tiny IR (torch) exported as a bundle for the simulated NPU (npu.models.adaface_export,
     taconite-adaface's record format; the reference tensors are the exporter's)."""
-    from npu.models.adaface_export import export_bundle
+    from npu.models.adaface.export import export_bundle
 
     spec = importlib.util.spec_from_file_location(
         "adaface_torch_ref",

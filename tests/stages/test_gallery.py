@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import skimage.data
 
-from npu.models.adaface import AdaFaceCpu
+from npu.models.adaface.checkpoint import from_pretrained as load_adaface
 from stages.detectors.blazeface import BlazeFace
 from stages.gallery import (
     FORMAT,
@@ -53,7 +53,7 @@ def encoder(tmp_path_factory) -> FaceEncoder:
     torch.set_num_threads(1)
     ref = _torch_ref()
     path = ref.save_cvlface_dir(ref.tiny_ir(seed=5), tmp_path_factory.mktemp("m") / "ir")
-    return FaceEncoder(BlazeFace("short"), AdaFaceCpu.from_pretrained(path))
+    return FaceEncoder(BlazeFace("short"), load_adaface(path))
 
 
 @pytest.fixture(scope="module")

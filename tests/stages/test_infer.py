@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from npu.device import DeviceError
+from npu.models import ModelLoadError
 from npu.sim import ContextRegistry
 from pipeline.config import parse_config
 from pipeline.messages import now_ns
@@ -31,7 +32,8 @@ from pipeline.metrics import Metrics
 from stages import infer
 from stages.infer import DeviceCloseError, Infer, InferOptions
 from stages.jobs import ClipJob, FaceInferred, FaceJob, Inferred, PoseJob
-from stages.runtimes import ClipRuntime, Ran, Runtime, RuntimeLoadError
+from stages.runtimes import Ran, Runtime
+from stages.runtimes.clip import ClipRuntime
 
 LABELS = ["a person", "a bicycle", "a car"]
 
@@ -325,7 +327,7 @@ def test_missing_bundle_without_synthetic_fails_at_startup(tmp_path, cache):
     async def source():
         yield face("c0", 0)
 
-    with pytest.raises(RuntimeLoadError, match=r"adaface\.bundle = .*missing/adaface does not"):
+    with pytest.raises(ModelLoadError, match=r"adaface\.bundle = .*missing/adaface does not"):
         run_stage(stage, source())
 
 

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from pipeline.cli import main
-from stages.plan_commands import PlanError, make_plan
+from stages.commands.plan import PlanError, make_plan
 
 
 def write_config(tmp_path, infer: str, cameras: str | None = None) -> str:

@@ -16,10 +16,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "npu" / "models"))
 from sapiens2_torch_ref import save_tiny_sapiens2  # noqa: E402
 
-from npu.models.sapiens2 import from_pretrained, write_sim_bundle  # noqa: E402
+from npu.models.sapiens2.checkpoint import from_pretrained
+from npu.models.sapiens2.export import write_sim_bundle
+from npu.models.sapiens2.post import dark_keypoints
+from npu.models.sapiens2.preprocess import crop_persons
 from pipeline.cli import main  # noqa: E402
-from stages.detect import crop_persons  # noqa: E402
-from stages.postprocess import dark_keypoints  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -106,8 +107,8 @@ def _hf_ref(model, rgb: np.ndarray, box: list[float]) -> dict:
 
 def test_pose_check_replays_hf_ref_cases_on_sim(tiny, image, tmp_path, monkeypatch, capsys):
     from npu.bundle import Bundle
-    from npu.models.sapiens2 import from_bundle
-    from stages.pose_commands import check_case
+    from npu.models.sapiens2.npu import from_bundle
+    from stages.commands.pose import check_case
 
     monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
     torch_model, model_dir = tiny

@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npu.models.clip_towers import logits_and_probs
+from npu.models.clip.post import ZeroShotError, label_probabilities, logits_and_probs
 from pipeline.config import parse_config
 from pipeline.graph import Context, Outbox
 from pipeline.messages import ClipResult, FaceResult, Frame, PoseResult, now_ns
 from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from pipeline.wire import decode, encode_result
-from stages.detect import CameraTracks, run_tracks
 from stages.gallery import GalleryFile
 from stages.jobs import (
     ClipInferred,
@@ -35,9 +34,9 @@ from stages.postprocess import (
     FaceMatch,
     FaceMatchOptions,
     PostprocessError,
-    label_probabilities,
 )
 from stages.tracker import PersonTracker
+from stages.tracks import TrackRegistry
 from tests.stages.stream_fakes import peaked_heatmaps
 
 
@@ -103,7 +102,7 @@ def test_dark_finishes_the_tracks_pose_and_reports_its_age(tmp_path):
     tracker = PersonTracker("cam")
     t0 = now_ns()
     (tb,) = tracker.update(np.array([[10, 20, 40, 80]]), np.array([0.9]), t0)
-    tracks = run_tracks(ctx).setdefault("cam", CameraTracks(tracker))
+    tracks = TrackRegistry.of(ctx).add("cam", tracker)
     tracker.pose_started(tb.track_id)
     tracks.pose_deadlines[tb.track_id] = t0 + 10**10
     maps, _ = peaked_heatmaps(3, 24, 18)
@@ -239,13 +238,13 @@ def test_clip_labels_bad_outputs_are_clear_errors(tmp_path):
     del item.extra["logit_scale"]
     with pytest.raises(PostprocessError, match="lacks logit_scale"):
         stage.process(item)
-    with pytest.raises(PostprocessError, match=r"\[L >= 1, 5\]"):
+    with pytest.raises(ZeroShotError, match=r"\[L >= 1, 5\]"):
         label_probabilities(np.ones(5), text, 100.0)
     assert stage.process(face_item(np.ones(8, np.float32))) == []
 
 
 def test_dark_face_points_become_face_jobs_that_detect_sends_on(tmp_path):
-    from npu.models.keypoints308 import face_points
+    from npu.models.sapiens2.keypoints import face_points
     from stages.align import Align, AlignOptions, align_face
     from stages.detect import Detect, DetectOptions
 

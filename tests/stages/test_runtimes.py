@@ -9,18 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npu.models import synthetic
+from npu.models import ModelLoadError, ModelSource, synthetic
+from npu.models.adaface import synthetic as ada_synthetic
+from npu.models.adaface.preprocess import embedder_input
+from npu.models.clip import synthetic as clip_synthetic
+from npu.models.sapiens2.preprocess import crop_persons
 from npu.sim import SimDevice
 from pipeline.messages import now_ns
-from stages.align import embedder_input
-from stages.detect import crop_persons
 from stages.jobs import ClipJob, FaceJob, PoseJob
-from stages.runtimes import (
-    JobInputError,
-    ModelSource,
-    RuntimeLoadError,
-    open_runtime,
-)
+from stages.runtimes import JobInputError, open_runtime
+from stages.runtimes.clip import ClipOptions
 
 SYN = ModelSource(synthetic=True, where="stage infer: m")
 
@@ -41,7 +39,12 @@ def device(tmp_path_factory):
 def sim_runtimes(cache, device):
     return {
         name: open_runtime(
-            name, "sim", SYN, device=device, labels=["a person", "a car"], synthetic_cache=cache
+            name,
+            "sim",
+            SYN,
+            device=device,
+            options=ClipOptions(labels=["a person", "a car"]) if name == "clip" else None,
+            synthetic_cache=cache,
         )
         for name in ("sapiens2", "adaface", "clip")
     }
@@ -107,12 +110,12 @@ def test_pose_glue_crops_the_rgb_frame(sim_runtimes):
         job.image[..., ::-1].copy(), job.box_xywh[None], output_size=(cfg.H, cfg.W)
     )
     np.testing.assert_array_equal(p.inputs[0], want[0])
-    np.testing.assert_array_equal(p.windows[0], windows[0])
+    np.testing.assert_array_equal(p.aux[0], windows[0])
     bgr, _ = crop_persons(job.image, job.box_xywh[None], output_size=(cfg.H, cfg.W))
     assert not np.allclose(p.inputs[0], bgr[0])
     ran = rt.run(p)
     assert len(ran.outputs) == 1 and ran.outputs[0].output.shape == (308, 64, 48)
-    np.testing.assert_array_equal(ran.outputs[0].window, windows[0])
+    np.testing.assert_array_equal(ran.outputs[0].aux, windows[0])
 
 
 def test_face_glue_in_the_models_colour_order(sim_runtimes):
@@ -160,15 +163,15 @@ def test_one_bad_job_fails_alone(sim_runtimes):
 
 def test_missing_path_without_synthetic_names_the_key(tmp_path):
     src = ModelSource(bundle=str(tmp_path / "nope"), where="stage infer: sapiens2")
-    with pytest.raises(RuntimeLoadError, match=r"sapiens2\.bundle = .*nope does not exist"):
+    with pytest.raises(ModelLoadError, match=r"sapiens2\.bundle = .*nope does not exist"):
         open_runtime("sapiens2", "sim", src)
-    with pytest.raises(RuntimeLoadError, match=r"adaface\.checkpoint is not set"):
+    with pytest.raises(ModelLoadError, match=r"adaface\.checkpoint is not set"):
         open_runtime("adaface", "cpu", ModelSource(where="stage infer: adaface"))
 
 
 def test_synthetic_is_never_used_on_npu(cache):
-    with pytest.raises(RuntimeLoadError, match="synthetic models have no hardware bundle"):
-        open_runtime("clip", "npu", SYN, labels=["x"], synthetic_cache=cache)
+    with pytest.raises(ModelLoadError, match="synthetic models have no hardware bundle"):
+        open_runtime("clip", "npu", SYN, options=ClipOptions(labels=["x"]), synthetic_cache=cache)
 
 
 def test_real_bundle_is_preferred_to_synthetic(cache, device):
@@ -182,18 +185,23 @@ def test_real_bundle_is_preferred_to_synthetic(cache, device):
 def test_real_checkpoints_and_bundles_load_on_their_backends(tmp_path, cache, device):
     from safetensors.numpy import save_file
 
-    clip_dir = synthetic.clip_checkpoint_path(cache)  # an HF CLIPModel directory
-    rt = open_runtime("clip", "cpu", ModelSource(checkpoint=str(clip_dir)), labels=["a dog"])
+    clip_dir = clip_synthetic.checkpoint_path(cache)  # an HF CLIPModel directory
+    rt = open_runtime(
+        "clip", "cpu", ModelSource(checkpoint=str(clip_dir)), options=ClipOptions(labels=["a dog"])
+    )
     assert (rt.backend, rt.synthetic, rt.batch_size, rt.contexts) == ("cpu", False, 4, ())
     face_dir = tmp_path / "adaface"  # a cvlface-style directory
     face_dir.mkdir()
-    save_file(synthetic.adaface_state_dict(), str(face_dir / "model.safetensors"))
+    save_file(ada_synthetic.state_dict(), str(face_dir / "model.safetensors"))
     (face_dir / "config.json").write_text('{"name": "IR-test", "units": [1, 1, 1, 1]}')
     rt = open_runtime("adaface", "cpu", ModelSource(checkpoint=str(face_dir)))
     assert rt.model_id == "IR-test" and not rt.synthetic
     for name in ("adaface", "clip"):
         bundle = synthetic.bundle_path(name, cache)
-        rt = open_runtime(name, "sim", ModelSource(bundle=str(bundle)), device=device, labels=["x"])
+        options = ClipOptions(labels=["x"]) if name == "clip" else None
+        rt = open_runtime(
+            name, "sim", ModelSource(bundle=str(bundle)), device=device, options=options
+        )
         assert rt.backend == "sim" and not rt.synthetic and rt.contexts
 
 

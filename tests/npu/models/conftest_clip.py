@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from npu.models.clip_tokenizer import bytes_to_unicode
+from npu.models.clip.tokenizer import bytes_to_unicode
 from pipeline.assets import asset_path
 
 

@@ -11,17 +11,11 @@ import pytest
 import torch
 from adaface_torch_ref import save_cvlface_dir, tiny_ir  # beside this file
 
-from npu.models.adaface import (
-    AdaFaceCpu,
-    AdaFaceError,
-    Head,
-    IrProgram,
-    Subsample,
-    cosine,
-    l2_normalize,
-    lower_iresnet,
-    run_program,
-)
+from npu.models.adaface.checkpoint import from_pretrained as load_adaface
+from npu.models.adaface.checkpoint import lower_iresnet
+from npu.models.adaface.config import AdaFaceError
+from npu.models.adaface.model import Head, IrProgram, Subsample, run_program
+from npu.models.adaface.post import cosine, l2_normalize
 from npu.ops import NumpyOps
 
 torch.set_num_threads(1)
@@ -41,7 +35,7 @@ def _torch_embed(net, x: np.ndarray) -> np.ndarray:
 
 def test_cpu_forward_matches_torch(tiny):
     net, path = tiny
-    model = AdaFaceCpu.from_pretrained(path)
+    model = load_adaface(path)
     assert model.program.units == (1, 1, 1, 1)
     assert model.program.widths == (8, 16, 24, 32)
     assert model.embed_dim() == 512 and model.colour_order() == "rgb"
@@ -59,7 +53,7 @@ def test_cpu_forward_matches_torch(tiny):
 def test_two_units_per_stage_and_no_prefix_and_bgr_config(tmp_path):
     net = tiny_ir(seed=2, stem=8, widths=(8, 16, 16 + 8, 32), units=(2, 2, 1, 2))
     path = save_cvlface_dir(net, tmp_path / "m", prefix="", color_space="BGR")
-    model = AdaFaceCpu.from_pretrained(path)
+    model = load_adaface(path)
     assert model.program.units == (2, 2, 1, 2)
     assert model.colour_order() == "bgr"
     x = np.random.default_rng(1).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
@@ -67,7 +61,7 @@ def test_two_units_per_stage_and_no_prefix_and_bgr_config(tmp_path):
 
 
 def test_normalized_embedding_and_cosine_helpers(tiny):
-    model = AdaFaceCpu.from_pretrained(tiny[1])
+    model = load_adaface(tiny[1])
     x = np.zeros((3, 112, 112), np.float32)
     e = model.embed_normalized(x)
     assert abs(np.linalg.norm(e) - 1.0) < 1e-5
@@ -76,25 +70,25 @@ def test_normalized_embedding_and_cosine_helpers(tiny):
 
 
 def test_bad_inputs_and_checkpoints_are_clear_errors(tiny, tmp_path):
-    model = AdaFaceCpu.from_pretrained(tiny[1])
+    model = load_adaface(tiny[1])
     with pytest.raises(AdaFaceError, match=r"\[3, 112, 112\]"):
         model.embed(np.zeros((3, 100, 100), np.float32))
     with pytest.raises(AdaFaceError, match="NaN"):
         model.embed(np.full((3, 112, 112), np.nan, np.float32))
     with pytest.raises(AdaFaceError, match="no such model"):
-        AdaFaceCpu.from_pretrained(tmp_path / "missing")
+        load_adaface(tmp_path / "missing")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "model.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(AdaFaceError, match="cannot read safetensors"):
-        AdaFaceCpu.from_pretrained(bad)
+        load_adaface(bad)
     from safetensors.numpy import save_file
 
     other = tmp_path / "other"
     other.mkdir()
     save_file({"encoder.weight": np.zeros((2, 2), np.float32)}, str(other / "model.safetensors"))
     with pytest.raises(AdaFaceError, match="not a cvlface iresnet"):
-        AdaFaceCpu.from_pretrained(other)
+        load_adaface(other)
 
 
 def _sd(net) -> dict[str, np.ndarray]:
@@ -109,7 +103,7 @@ def test_a_stage_keeping_its_predecessors_width_has_stride_2(tmp_path):
     with pytest.raises(AdaFaceError, match="only 3 stage starts.*give config.json units"):
         lower_iresnet(_sd(net))
     path = save_cvlface_dir(net, tmp_path / "m", units=[2, 1, 1, 1])
-    model = AdaFaceCpu.from_pretrained(path)
+    model = load_adaface(path)
     assert model.program.units == (2, 1, 1, 1) and model.program.widths == (16, 16, 24, 32)
     subsampled = [s.src for s in model.program.steps if isinstance(s, Subsample)]
     assert subsampled == ["u0.c2", "x0", "u2.c2", "u1.out", "u3.c2", "u2.out", "u4.c2", "u3.out"]
@@ -127,7 +121,7 @@ def test_stage_layout_errors_name_the_unit_or_the_config(tmp_path):
         lower_iresnet(_sd(net), units=(3, 1, 1))
     bad = save_cvlface_dir(net, tmp_path / "m", units=[2, "1"])
     with pytest.raises(AdaFaceError, match="units must be a list of positive integers"):
-        AdaFaceCpu.from_pretrained(bad)
+        load_adaface(bad)
     # IR-18's layout: the first stage keeps the stem's width, and that is unit 0: no config
     ir18 = lower_iresnet(_sd(tiny_ir(seed=2, stem=8, widths=(8, 16, 24, 32), units=(2,) * 4)))
     assert ir18.units == (2, 2, 2, 2)

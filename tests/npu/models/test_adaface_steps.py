@@ -17,20 +17,15 @@ from npu.bf16 import f32_to_bf16, round_bf16
 from npu.bundle import Bundle, BundleError
 from npu.bundle_writer import BundleWriter
 from npu.device import DeviceError, KernelSpec
-from npu.models.adaface import AdaFaceCpu, Conv, Head, IrProgram, PreluBias
-from npu.models.adaface_export import channel_groups, export_bundle
-from npu.models.adaface_steps import (
-    AdafaceBundle,
-    InputError,
-    check_bundle,
-    check_command,
-    cosine,
-    from_tiled,
-    head_f32,
-    to_tiled,
-)
+from npu.models.adaface.check import check_bundle
+from npu.models.adaface.checkpoint import from_pretrained as load_adaface
+from npu.models.adaface.export import channel_groups, export_bundle
+from npu.models.adaface.model import Conv, Head, IrProgram, PreluBias
+from npu.models.adaface.npu import AdafaceBundle, InputError, from_tiled, head_f32, to_tiled
+from npu.models.adaface.post import cosine
 from npu.sim import SimDevice
 from npu.sim_conv import CONV_KIND, conv_insts, pack_conv_weights
+from stages.commands.face import check_command
 
 torch.set_num_threads(1)
 WIDTHS = (16, 32, 48, 64)
@@ -325,7 +320,7 @@ def test_full_hwctx_table_is_shared_with_other_users(tiny, tmp_path):
 
 
 def test_exporter_refuses_bad_groups(tmp_path):
-    from npu.models.adaface_export import ExportError
+    from npu.models.adaface.export import ExportError
 
     net = tiny_ir(seed=0, stem=8, widths=(8, 16, 24, 32))
     sd = {k: v.numpy() for k, v in net.state_dict().items()}
@@ -404,7 +399,7 @@ def test_ir18_shaped_network_on_sim(tmp_path):
 def test_export_cli_from_a_cvlface_dir(tmp_path, sim, capsys):
     from adaface_torch_ref import save_cvlface_dir
 
-    from npu.models.adaface_export import main
+    from npu.models.adaface.export import main
 
     net = tiny_ir(seed=4, stem=8, widths=(8, 16, 24, 32))
     model_dir = save_cvlface_dir(net, tmp_path / "m", name="IR-cli")
@@ -436,7 +431,7 @@ def test_conv_record_bounds(tiny, sim, tmp_path, pattern, repl, message):
 
 
 def test_check_needs_the_cpu_reference_and_reads_nreps(tiny, sim, tmp_path, monkeypatch, capsys):
-    from npu.models.adaface_steps import reps_from_env
+    from npu.models.adaface.check import reps_from_env
 
     _, _, path = tiny
     for name, passes in (("ref.npu_embedding", True), ("ref.cpu_embedding", False)):
@@ -546,11 +541,11 @@ def test_embedder_interface_matches_the_cpu_model(tmp_path, sim):
     other; the colour order travels in npucam's colour_order param (rgb when absent)."""
     from adaface_torch_ref import save_cvlface_dir
 
-    from npu.models.adaface_export import export_pretrained
+    from npu.models.adaface.export import export_pretrained
 
     net = tiny_ir(seed=8, stem=8, widths=(8, 16, 24, 32))
     model_dir = save_cvlface_dir(net, tmp_path / "m", name="IR-x", color_space="BGR")
-    cpu = AdaFaceCpu.from_pretrained(model_dir)
+    cpu = load_adaface(model_dir)
     bundle = AdafaceBundle.load(export_pretrained(model_dir, tmp_path / "b", max_icg=16), sim)
     for method in ("embed_dim", "model", "colour_order", "fingerprint"):
         assert getattr(bundle, method)() == getattr(cpu, method)(), method

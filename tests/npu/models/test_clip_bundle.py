@@ -19,7 +19,10 @@ import pytest
 from conftest_clip import tiny_clip_dir, tiny_clip_quick_gelu_dir  # noqa: F401 (fixtures)
 
 from npu.bundle import BundleError
-from npu.models.clip import ClipModel, check_bundle, load_bundle, write_sim_bundle
+from npu.models.clip.check import check_bundle
+from npu.models.clip.checkpoint import from_pretrained as load_clip
+from npu.models.clip.export import write_sim_bundle
+from npu.models.clip.npu import load_bundle
 from npu.sim import SimDevice
 
 PROMPTS = ["a photo of a cat", "a person wearing a hard hat", "x " * 90, "don't 42!", "a", "dog",
@@ -98,7 +101,7 @@ def sim_model(sim_bundle, sim_device):
 
 
 def test_sim_bundle_embeddings_match_cpu(sim_model, tiny_clip_dir):  # noqa: F811
-    cpu = ClipModel.from_pretrained(tiny_clip_dir)
+    cpu = load_clip(tiny_clip_dir)
     pixels = np.random.default_rng(2).standard_normal((5, 3, 224, 224)).astype(np.float32)
     assert sim_model.backend == "sim"
     assert cosines(sim_model.encode_images(pixels), cpu.encode_images(pixels)).min() >= 0.999
@@ -124,7 +127,7 @@ def test_sim_passes_are_full_and_padded_slots_never_returned(sim_model):
 
 
 def test_sim_bundle_passes_its_own_check(sim_model):
-    from stages.clip_commands import read_rgb
+    from stages.commands.clip import read_rgb
 
     lines = check_bundle(sim_model, read_rgb)
     assert [line for line in lines if line.ok is False] == []
@@ -269,7 +272,7 @@ def test_bundle_errors_name_the_record_and_leak_nothing(
 
 
 def test_quick_gelu_checkpoints_cannot_become_sim_bundles(tiny_clip_quick_gelu_dir, tmp_path):  # noqa: F811
-    from npu.models.clip import CheckpointError
+    from npu.models.clip.config import CheckpointError
 
     with pytest.raises(CheckpointError, match="quick_gelu"):
         write_sim_bundle(tiny_clip_quick_gelu_dir, tmp_path / "b")

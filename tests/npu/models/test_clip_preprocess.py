@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from npu.models.clip import ImageInputError, preprocess, resized_size
+from npu.models.clip.preprocess import ImageInputError, preprocess, resized_size
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -94,7 +94,7 @@ def test_bad_images_raise_a_clear_error(image, message):
 
 
 def test_sizes_cover_the_float32_and_float64_passes():
-    from npu.models.clip_preprocess import _banded_pass
+    from npu.models.clip.preprocess import _banded_pass
 
     dtypes = set()
     for height, width in SIZES:

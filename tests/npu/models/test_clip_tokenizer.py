@@ -9,7 +9,7 @@ import unicodedata
 import pytest
 from conftest_clip import clip_vocab_dir  # noqa: F401 (fixture)
 
-from npu.models.clip import Tokenizer, TokenizerError
+from npu.models.clip.tokenizer import Tokenizer, TokenizerError
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

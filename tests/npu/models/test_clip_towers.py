@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 from conftest_clip import tiny_clip_dir, tiny_clip_quick_gelu_dir  # noqa: F401 (fixtures)
 
-from npu.models.clip import (
-    ClipInputError,
-    ClipModel,
-    EncodeInputError,
-    ImageInputError,
-    TokenizerError,
-)
+from npu.models.clip.checkpoint import from_pretrained as load_clip
+from npu.models.clip.model import ClipInputError, EncodeInputError
+from npu.models.clip.preprocess import ImageInputError
+from npu.models.clip.tokenizer import TokenizerError
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch = pytest.importorskip("torch")
@@ -41,7 +38,7 @@ def models(request, tiny_clip_dir, tiny_clip_quick_gelu_dir):  # noqa: F811
     from transformers import CLIPModel
 
     path = tiny_clip_dir if request.param == "gelu" else tiny_clip_quick_gelu_dir
-    return ClipModel.from_pretrained(path), CLIPModel.from_pretrained(path).eval(), path
+    return load_clip(path), CLIPModel.from_pretrained(path).eval(), path
 
 
 PROMPTS = ["a photo of a cat", "a person wearing a hard hat", "x " * 90, "don't 42!", "a", "dog",
@@ -160,12 +157,12 @@ def test_bad_requests_raise_clear_errors(models):
 
 
 def test_missing_checkpoint_pieces_are_named(tmp_path, tiny_clip_dir):  # noqa: F811
-    from npu.models.clip import CheckpointError
+    from npu.models.clip.config import CheckpointError
 
     with pytest.raises(CheckpointError, match="not a directory"):
-        ClipModel.from_pretrained(tmp_path / "nope")
+        load_clip(tmp_path / "nope")
     (tmp_path / "config.json").write_text((tiny_clip_dir / "config.json").read_text())
     with pytest.raises(CheckpointError, match=r"no \*.safetensors"):
-        ClipModel.from_pretrained(tmp_path)
+        load_clip(tmp_path)
     with pytest.raises(ClipInputError, match="backend 'npu'"):
-        ClipModel.from_pretrained(tiny_clip_dir, backend="npu")
+        load_clip(tiny_clip_dir, backend="npu")

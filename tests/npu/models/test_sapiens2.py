@@ -16,17 +16,11 @@ import torch.nn.functional as F
 from safetensors.numpy import save_file
 from sapiens2_torch_ref import save_tiny_sapiens2  # beside this file
 
-from npu.models.sapiens2 import (
-    Config,
-    ModelError,
-    deconv_gemm_input,
-    deconv_scatter,
-    deconv_weights,
-    from_bundle,
-    from_pretrained,
-    rope_tables,
-    write_sim_bundle,
-)
+from npu.models.sapiens2.checkpoint import deconv_weights, from_pretrained
+from npu.models.sapiens2.config import Config, ModelError
+from npu.models.sapiens2.export import write_sim_bundle
+from npu.models.sapiens2.model import deconv_gemm_input, deconv_scatter, rope_tables
+from npu.models.sapiens2.npu import from_bundle
 
 torch.set_num_threads(1)
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from npu.models import synthetic
+from npu.models.adaface import synthetic as ada_synthetic
+from npu.models.sapiens2 import synthetic as s2_synthetic
 from npu.sim import SimDevice
 
 
@@ -36,25 +38,25 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_sapiens2_interface_and_determinism():
-    model = synthetic.sapiens2_cpu()
+    model = s2_synthetic.build()
     cfg = model.config
     assert (cfg.K, cfg.H, cfg.W) == (308, 256, 192)
     x = np.random.default_rng(0).standard_normal((1, 3, 256, 192)).astype(np.float32)
     maps = model.heatmaps(x)
     assert maps.shape == (1, 308, 64, 48) and maps.dtype == np.float32
     assert np.isfinite(maps).all() and maps.std() > 0
-    np.testing.assert_array_equal(maps, synthetic.sapiens2_cpu().heatmaps(x))
-    other = synthetic.sapiens2_cpu(seed=99).heatmaps(x)
+    np.testing.assert_array_equal(maps, s2_synthetic.build().heatmaps(x))
+    other = s2_synthetic.build(seed=99).heatmaps(x)
     assert not np.allclose(maps, other)
 
 
 def test_adaface_interface_and_determinism():
-    model = synthetic.adaface_cpu()
+    model = ada_synthetic.build()
     assert model.embed_dim() == 512 and model.colour_order() == "rgb"
     x = np.random.default_rng(1).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
     e = model.embed(x)
     assert e.shape == (512,) and e.dtype == np.float32 and np.isfinite(e).all()
-    np.testing.assert_array_equal(e, synthetic.adaface_cpu().embed(x))
+    np.testing.assert_array_equal(e, ada_synthetic.build().embed(x))
     # different faces give different embeddings (the network is not degenerate)
     assert _cos(e, model.embed(-x)) < 0.999
 
@@ -78,12 +80,12 @@ def test_clip_interface_real_tokenizer(cache):
 def test_sim_bundles_match_cpu_models(cache, device):
     rng = np.random.default_rng(3)
     pose_in = rng.standard_normal((1, 3, 256, 192)).astype(np.float32)
-    cpu = synthetic.sapiens2_cpu().heatmaps(pose_in)
+    cpu = s2_synthetic.build().heatmaps(pose_in)
     sim = synthetic.load("sapiens2", "sim", device, cache=cache).heatmaps(pose_in)
     assert sim.shape == cpu.shape and _cos(sim, cpu) > 0.99
 
     face_in = rng.uniform(-1, 1, (3, 112, 112)).astype(np.float32)
-    cpu_e = synthetic.adaface_cpu().embed(face_in)
+    cpu_e = ada_synthetic.build().embed(face_in)
     sim_face = synthetic.load("adaface", "sim", device, cache=cache)
     assert sim_face.backend() == "sim" and sim_face.embed_dim() == 512
     assert _cos(sim_face.embed(face_in), cpu_e) > 0.99
@@ -117,10 +119,12 @@ def test_bad_requests_are_named_errors(cache):
 def test_no_torch_at_run_time():
     code = (
         "import sys, numpy as np\n"
-        "from npu.models import synthetic as s\n"
-        "s.sapiens2_cpu().heatmaps(np.zeros((1, 3, 256, 192), np.float32))\n"
-        "s.adaface_cpu().embed(np.zeros((3, 112, 112), np.float32))\n"
-        "s.clip_state_dict()\n"
+        "from npu.models.sapiens2 import synthetic as s2\n"
+        "from npu.models.adaface import synthetic as ada\n"
+        "from npu.models.clip import synthetic as clip\n"
+        "s2.build().heatmaps(np.zeros((1, 3, 256, 192), np.float32))\n"
+        "ada.build().embed(np.zeros((3, 112, 112), np.float32))\n"
+        "clip.state_dict()\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,29 +44,18 @@ def _gallery_path(args: argparse.Namespace) -> Path:
     return Path(args.gallery or os.environ.get("NPUCAM_GALLERY") or DEFAULT_GALLERY)
 
 
-def open_device(backend: str):
-    """The device of a sim/npu backend (a DeviceError names what is missing for npu)."""
-    if backend == "sim":
-        from npu.sim import SimDevice
-
-        return SimDevice()
-    from npu.xrt import open_device as open_xrt
-
-    return open_xrt()
-
-
 def load_embedder(model: str, backend: str):
     """AdaFace for a backend: cpu from a cvlface-style safetensors dir (AdaFaceCpu), sim/npu
     from a bundle (AdafaceBundle); both have the embedder interface FaceEncoder reads."""
+    from npu.device import open_device
+    from npu.models import spec
+
     if backend not in BACKENDS:
         raise GalleryError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    adaface = spec("adaface")
     if backend == "cpu":
-        from npu.models.adaface import AdaFaceCpu
-
-        return AdaFaceCpu.from_pretrained(model)
-    from npu.models.adaface_steps import AdafaceBundle
-
-    return AdafaceBundle.load(model, open_device(backend))
+        return adaface.from_checkpoint(Path(model))
+    return adaface.from_bundle(Path(model), open_device(backend))
 
 
 def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
@@ -274,10 +264,20 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """taconite's run_ir18 / run_ir101 self-check of a bundle on the sim or npu device
-    (npu.models.adaface_steps.check_command): 0 on MATCH, 1 otherwise."""
-    from npu.models.adaface_steps import check_command
+    (npu.models.adaface.check; reps default $NREPS, else 1): 0 on MATCH, 1 otherwise."""
+    from npu.device import open_device
 
     return check_command(args.bundle, open_device(args.backend), args.reps)
+
+
+def check_command(path: str | Path, device: Any, reps: int | None = None) -> int:
+    """Print check_bundle's report of the bundle at `path` on `device` (reps default $NREPS,
+    else 1); the exit code: 0 on MATCH, else 1."""
+    from npu.models.adaface.check import check_bundle, reps_from_env
+
+    report = check_bundle(path, device, reps_from_env() if reps is None else reps)
+    print(report.text())
+    return 0 if report.passed else 1
 
 
 def _positive(kind: type):

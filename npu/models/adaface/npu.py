@@ -1,20 +1,16 @@
 """AdaFace IR-18 / IR-101 bundles replayed step by step on a device, as taconite-adaface's
-IrEmbedder (Brishen/taconite taconite-adaface/src/lib.rs; specs/adaface-clip-align.md a.2-a.6).
+IrEmbedder (docs/adaface-bundle.md).
 
 The manifest's `input conv affine prelu_bias bias subsample add head` records are parsed and
 checked at load (errors name the manifest line). A forward keeps every activation as tiled
 bf16 [H, C/8, W, 8] (held as bf16-exact float32), runs each `conv` record as one dispatch of
 the (input, weights, output) kernel on the device (xrt or sim) through the device's shared
 context LRU, and does the per-channel glue, residual add, subsample and the f32 head on the
-host with the rounding rules of spec a.3. `check_bundle` is taconite's run_ir18 self-check.
+host with the rounding rules of docs/adaface-bundle.md.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,13 +19,17 @@ import numpy as np
 from npu.bf16 import bf16_to_f32, round_bf16
 from npu.bundle import MANIFEST, U32_MAX, Bundle, BundleError, Record
 from npu.device import Buffer, Device, DeviceError, Kernel, KernelSpec
-from npu.models.adaface import ColourOrder, cosine, model_fingerprint, parse_colour_order
+from npu.models.adaface.config import ColourOrder, parse_colour_order
+from npu.models.adaface.model import model_fingerprint
 from npu.sim_conv import CONV_KIND
 from pipeline.errors import NpucamError
 
 BUNDLE_VERSION = 1  # taconite-adaface's BUNDLE_VERSION (= export_ir18.VERSION)
+
+
 HEAD_CHUNK = 512  # rows of bT per vectorised slice of the head's sequential f32 sum
-PASS_COSINE = 0.99  # run_ir18's "RESULT: MATCH" gate
+
+
 # npucam's bound on conv width padding (IRON pads to a multiple of 4), so a malformed record
 # cannot make a forward allocate without limit
 MAX_PAD = 64
@@ -81,9 +81,6 @@ def head_f32(flat: np.ndarray, bT: np.ndarray, b2: np.ndarray) -> np.ndarray:
         np.multiply(flat[i : i + HEAD_CHUNK, None], bT[i : i + HEAD_CHUNK], out=block[1:])
         e = np.add.reduce(block, axis=0)
     return e
-
-
-# -- parsed steps ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -362,9 +359,6 @@ class _StepParser:
         return HeadStep(src, bT, b2)
 
 
-# -- the device side of the conv dispatches ---------------------------------------------------
-
-
 @dataclass
 class _ConvKernel:
     """A conv kernel (one per `ctx`) and its (input, weights, output) argument buffers, which
@@ -582,173 +576,3 @@ class AdafaceBundle:
             self.device.free_kernel(ck.kernel)
         self._kernels.clear()
         self.bundle.close()
-
-
-# -- run_ir18's self-check -----------------------------------------------------------------------
-
-
-@dataclass
-class CheckReport:
-    """What check_bundle found. Cosines are None when the bundle lacks the reference tensor;
-    error is set (and passed False) when the bundle or the device failed."""
-
-    bundle: str
-    backend: str = ""
-    model: str | None = None
-    dispatches: int = 0
-    conv_kernels: int = 0
-    input_dims: Shape | None = None
-    embed_dim: int = 0
-    reps: int = 0
-    cold_s: float = 0.0
-    warm_s: float | None = None  # mean of reps 2.. (contexts resident)
-    cos_recorder: float | None = None  # replay vs ref.npu_embedding
-    recorder_identical: bool = False
-    cos_api: float | None = None  # embed(ref.input_chw) vs the recorded replay
-    api_identical: bool = False
-    cos_cpu: float | None = None  # replay vs ref.cpu_embedding
-    error: str | None = None
-    device_note: str = ""
-
-    @property
-    def passed(self) -> bool:
-        """No error, a CPU reference to compare with, and every cosine above 0.99."""
-        cosines = [self.cos_recorder, self.cos_api, self.cos_cpu]
-        return (
-            self.error is None
-            and self.cos_cpu is not None
-            and all(c > PASS_COSINE for c in cosines if c is not None)
-        )
-
-    def text(self) -> str:
-        """The printable report (run_ir18's lines, plus what npucam adds)."""
-        lines = [f"bundle: {self.bundle}"]
-        if self.input_dims is not None:
-            c, h, w = self.input_dims
-            lines += [
-                f"{self.model or 'IR'} forward: {self.dispatches} conv dispatches "
-                f"({self.conv_kernels} distinct kernels) on the {self.backend} device + CPU head",
-                f"input: {c}x{h}x{w}, embedding: {self.embed_dim} dims",
-            ]
-        if self.reps:
-            where = "host wall clock" + (
-                ", simulated device: not NPU time" if self.backend == "sim" else ""
-            )
-            if self.warm_s is None:
-                lines.append(f"latency: {1e3 * self.cold_s:.0f} ms ({where})")
-            else:
-                lines.append(
-                    f"latency: cold {1e3 * self.cold_s:.0f} ms, warm {1e3 * self.warm_s:.0f} ms "
-                    f"(mean of {self.reps - 1} reps; contexts resident; {where})"
-                )
-        if self.device_note:
-            lines.append(self.device_note)
-
-        def cos_line(label: str, value: float | None, identical: bool, missing: str) -> str:
-            if value is None:
-                return f"{label} = n/a ({missing} not in the bundle)"
-            return f"{label} = {value:.5f}" + (" (bit-identical)" if identical else "")
-
-        if self.error is None:
-            lines += [
-                cos_line(
-                    "cosine(replay, recorder embedding)  ",
-                    self.cos_recorder,
-                    self.recorder_identical,
-                    "ref.npu_embedding",
-                ),
-                cos_line(
-                    "cosine(embed() API, recorded replay)",
-                    self.cos_api,
-                    self.api_identical,
-                    "ref.input_chw",
-                ),
-                cos_line("cosine(replay, CPU reference)       ", self.cos_cpu, False,
-                         "ref.cpu_embedding"),
-            ]  # fmt: skip
-        else:
-            lines.append(f"error: {self.error}")
-        if self.passed:
-            lines.append("RESULT: MATCH (every cosine > 0.99)")
-        elif self.error is not None:
-            lines.append("RESULT: FAIL (the bundle could not be checked)")
-        elif self.cos_cpu is None:
-            lines.append("RESULT: FAIL (no ref.cpu_embedding to compare with)")
-        else:
-            lines.append("RESULT: MISMATCH (a cosine is <= 0.99)")
-        return "\n".join(lines)
-
-
-def _reference(bundle: Bundle, name: str, elems: int | None) -> np.ndarray | None:
-    """An f32 reference tensor (None if absent); elems checks its size when given."""
-    if not bundle.has(name):
-        return None
-    if elems is None:
-        return bundle.f32(name).reshape(-1)
-    return np.asarray(bundle.view(bundle.expect(name, "f32", elems).name, "f32"), np.float32)
-
-
-def check_bundle(path: str | Path, device: Device, reps: int = 1) -> CheckReport:
-    """taconite's run_ir18 / run_ir101 self-check of the bundle at `path` on `device`:
-    `reps` forwards of embed_recorded() (timed), then the replay vs ref.npu_embedding,
-    embed(ref.input_chw) vs the replay, and the replay vs ref.cpu_embedding. Passes when
-    every cosine present is > 0.99 and ref.cpu_embedding is present. Never raises for a bad
-    bundle or device: the report carries the error."""
-    report = CheckReport(str(path), backend=getattr(device, "backend", "?"))
-    model: AdafaceBundle | None = None
-    try:
-        model = AdafaceBundle.load(path, device)
-        report.model = model.model()
-        report.dispatches = model.num_conv_dispatches()
-        report.conv_kernels = model.num_conv_kernels()
-        report.input_dims = model.input_dims()
-        report.embed_dim = model.embed_dim()
-        n = report.embed_dim
-        times = []
-        replay = np.zeros(0, np.float32)
-        for _ in range(max(1, reps)):
-            t0 = time.perf_counter()
-            replay = model.embed_recorded()
-            times.append(time.perf_counter() - t0)
-        report.reps = len(times)
-        report.cold_s = times[0]
-        if len(times) > 1:
-            report.warm_s = sum(times[1:]) / (len(times) - 1)
-        sim = getattr(device, "sim", None)
-        if sim is not None:
-            report.device_note = (
-                f"simulated device time so far: {sim.device_time_s:.3f} s "
-                f"({sim.creations} context creations, {sim.switches} switches; a model)"
-            )
-        npu_ref = _reference(model.bundle, "ref.npu_embedding", n)
-        if npu_ref is not None:
-            report.cos_recorder = cosine(replay, npu_ref)
-            report.recorder_identical = bool(np.array_equal(replay, npu_ref))
-        chw = _reference(model.bundle, "ref.input_chw", None)
-        if chw is not None:
-            api = model.embed(chw)
-            report.cos_api = cosine(api, replay)
-            report.api_identical = bool(np.array_equal(api, replay))
-        cpu_ref = _reference(model.bundle, "ref.cpu_embedding", n)
-        if cpu_ref is not None:
-            report.cos_cpu = cosine(replay, cpu_ref)
-    except NpucamError as exc:
-        report.error = str(exc)
-    finally:
-        if model is not None:
-            model.close()
-    return report
-
-
-def reps_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """`$NREPS` as run_ir18 reads it: a usize (Rust's parse), else 1; at least 1."""
-    raw = (os.environ if environ is None else environ).get("NREPS", "")
-    return max(1, int(raw)) if re.fullmatch(r"\+?[0-9]+", raw) else 1
-
-
-def check_command(path: str | Path, device: Device, reps: int | None = None) -> int:
-    """`npucam face check BUNDLE [--reps N]`: print check_bundle's report (reps default
-    $NREPS, else 1); exit code 0 on MATCH, else 1."""
-    report = check_bundle(path, device, reps_from_env() if reps is None else reps)
-    print(report.text())
-    return 0 if report.passed else 1

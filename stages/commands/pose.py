@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npu.models.sapiens2.check import check_case
 from pipeline.errors import NpucamError
 
 BACKENDS = ("cpu", "sim", "npu")
@@ -57,7 +58,8 @@ def read_rgb(path: str) -> np.ndarray:
 
 def load_model(model: str, backend: str):
     """The Sapiens2-Pose model a --model / --backend pair names."""
-    from npu.models import sapiens2
+    from npu.device import open_device
+    from npu.models import spec
 
     path = Path(model)
     if not path.is_dir():
@@ -68,16 +70,16 @@ def load_model(model: str, backend: str):
                 f"--model {model} is a bundle; the cpu backend reads an HF checkpoint "
                 "(config.json + safetensors); use --backend sim or npu for bundles"
             )
-        return sapiens2.from_pretrained(path)
+        return spec("sapiens2").from_checkpoint(path)
     if backend not in BACKENDS:
         raise PoseCommandError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
-    return sapiens2.from_bundle(path, backend)
+    return spec("sapiens2").from_bundle(path, open_device(backend))
 
 
 def estimate(model, rgb: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """Keypoints float32 [N, K, 3] (x, y, score) in image pixels for COCO boxes [N, 4]."""
-    from stages.detect import crop_persons
-    from stages.postprocess import dark_keypoints
+    from npu.models.sapiens2.post import dark_keypoints
+    from npu.models.sapiens2.preprocess import crop_persons
 
     cfg = model.config
     crops, windows = crop_persons(
@@ -90,7 +92,7 @@ def draw(rgb: np.ndarray, keypoints: np.ndarray, boxes: np.ndarray, threshold: f
     """uint8 [H, W, 3] BGR with boxes, skeleton links and keypoints above threshold."""
     import cv2
 
-    from npu.models.keypoints308 import SKELETON
+    from npu.models.sapiens2.keypoints import SKELETON
 
     out = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
     radius = max(1, round(max(out.shape[:2]) / 300))
@@ -141,64 +143,6 @@ def cmd_image(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
-
-
-def check_case(model, bundle, record) -> dict:
-    """One `ref <name> w= h=` case of a bundle: the metrics and verdict of spec §6."""
-    from npu.bundle import BundleError
-    from stages.detect import crop_persons
-    from stages.postprocess import dark_keypoints
-
-    cfg = model.config
-    name, w, h = record.field(0), record.get("w"), record.get("h")
-    hh, wh = cfg.heatmap_size
-    sizes = {
-        "rgb": ("u8", h * w * 3), "box": ("f32", 4), "pixels": ("f32", 3 * cfg.H * cfg.W),
-        "features": ("bf16", cfg.gh * cfg.gw * cfg.D), "heatmaps": ("bf16", cfg.K * hh * wh),
-        "keypoints": ("f32", cfg.K * 2), "scores": ("f32", cfg.K),
-    }  # fmt: skip
-    ref = {}
-    for part, (dtype, elems) in sizes.items():
-        tensor = f"ref.{name}.{part}"
-        try:
-            bundle.expect(tensor, dtype, elems)
-        except BundleError as exc:
-            raise BundleError(
-                f"{record.root}/manifest.txt:{record.line}: ref {name}: {exc}"
-            ) from None
-        ref[part] = bundle.view(tensor).copy() if dtype == "u8" else bundle.f32(tensor).reshape(-1)
-    rgb = ref["rgb"].reshape(h, w, 3)
-    box = ref["box"].astype(np.float32)
-    pixels = ref["pixels"].reshape(1, 3, cfg.H, cfg.W)
-    crops, windows = crop_persons(
-        rgb, box[None], output_size=(cfg.H, cfg.W), mean=cfg.mean, std=cfg.std, padding=cfg.box_pad
-    )
-    features = model.features(pixels[0])
-    heatmaps = model.heatmaps(pixels)
-    keypoints = dark_keypoints(model.heatmaps(crops), windows, kernel=cfg.blur)[0]
-    confident = ref["scores"] > 0.3
-    err = np.linalg.norm(keypoints[:, :2] - ref["keypoints"].reshape(-1, 2), axis=1)[confident]
-    result = {
-        "name": name,
-        "pixels_max_diff": float(np.abs(crops - pixels).max()),
-        "features_cos": _cosine(features, ref["features"]),
-        "heatmaps_cos": _cosine(heatmaps, ref["heatmaps"]),
-        "keypoints": int(confident.sum()),
-        "mean_err_px": float(err.mean()) if err.size else 0.0,
-        "max_err_px": float(err.max()) if err.size else 0.0,
-        "box_size": float(max(box[2], box[3])),
-    }
-    result["pass"] = (
-        result["pixels_max_diff"] <= 2e-3
-        and result["heatmaps_cos"] >= 0.98
-        and result["mean_err_px"] <= 0.01 * result["box_size"]
-    )
-    return result
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""stages.postprocess.dark_keypoints against HF Sapiens2's post_process_pose_estimation.
+"""npu.models.sapiens2.post.dark_keypoints against HF Sapiens2's post_process_pose_estimation.
 
 Tolerance: 1e-3 image px. On peaked heatmaps (what a pose model emits) HF's float32 result is
 met directly. On white-noise heatmaps the Newton step is ill-conditioned (tiny Hessians) and
@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers.models.sapiens2 import image_processing_sapiens2 as hf_ip
 
-import stages.postprocess as post
-from stages.detect import crop_windows
-from stages.postprocess import PostprocessError, dark_keypoints
+import npu.models.sapiens2.post as post
+from npu.models.sapiens2.post import HeatmapError, dark_keypoints
+from npu.models.sapiens2.preprocess import crop_windows
 
 torch.set_num_threads(1)
 PROCESSOR = hf_ip.Sapiens2ImageProcessor()
@@ -112,7 +112,7 @@ def test_nonpositive_maps_keep_minus_one_unrefined():
     ],
 )
 def test_bad_input_raises_a_named_error(heatmaps, windows, needle):
-    with pytest.raises(PostprocessError) as err:
+    with pytest.raises(HeatmapError) as err:
         dark_keypoints(heatmaps, windows)
     assert needle in str(err.value)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from npu.models.clip_model import ClipInputError, ClipModel
-from npu.models.clip_towers import logits_and_probs
+from npu.models.clip.model import ClipInputError, ClipModel
+from npu.models.clip.post import logits_and_probs, softmax
 
 # (gate vs fp32, gate vs the Python NPU app), minimum row cosine, per spec b.9
 IMAGE_COS_GATE = (0.999, 0.999)
@@ -33,11 +33,6 @@ def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
     den = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
     cos = np.where(den > 0, (a64 * b64).sum(1) / np.where(den > 0, den, 1.0), 0.0)
     return float(cos.min())
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    e = np.exp((logits - logits.max(axis=1, keepdims=True)).astype(np.float64))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def check_bundle(model: ClipModel, read_rgb: Any) -> list[CheckLine]:
@@ -110,7 +105,7 @@ def check_bundle(model: ClipModel, read_rgb: Any) -> list[CheckLine]:
             else:
                 lines.append(CheckLine(f"set {j} {what} vs NPU app", None, f"no {npu_name}"))
         ref_logits = bundle.array(f"ref.{j}.logits", "f32")
-        ref_probs = _softmax(ref_logits)
+        ref_probs = softmax(ref_logits)
         logits, probs = logits_and_probs(img, txt, model.logit_scale)
         dp = float(np.abs(probs - ref_probs).max())
         top_ok = bool((probs.argmax(1) == ref_probs.argmax(1)).all())

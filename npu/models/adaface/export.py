@@ -3,14 +3,14 @@ in the record format IRON's export_ir18.py / export_ir101.py write (specs/adafac
 a.2; docs/adaface-bundle.md).
 
 The network comes as a cvlface-style state dict (numpy arrays) or as the IrProgram that
-npu.models.adaface.lower_iresnet makes of one (BatchNorms folded, stride 2 as a stride-1 conv
-then `subsample`). Each conv becomes one `conv` record per input-channel group of at most
-`max_icg` channels, its weights in the simulator's blocked layout (npu.sim_conv), with widths
-that are not a multiple of 4 (the 14x14 and 7x7 stages) padded to one. Like IRON's exporter it
-records reference tensors by running the network: ref.input (the bf16 tiled stem input),
-ref.input_chw (the raw f32 input), ref.cpu_embedding (the f32 forward of the folded program)
-and ref.npu_embedding, from `record_forward`, a host model of the NPU numerics written
-directly in CHW (no tiling, no device), independent of the step interpreter that replays it.
+npu.models.adaface.checkpoint.lower_iresnet makes of one (BatchNorms folded, stride 2 as a stride-1
+conv then `subsample`). Each conv becomes one `conv` record per input-channel group of at most
+`max_icg` channels, its weights in the simulator's blocked layout (npu.sim_conv), with widths that
+are not a multiple of 4 (the 14x14 and 7x7 stages) padded to one. Like IRON's exporter it records
+reference tensors by running the network: ref.input (the bf16 tiled stem input), ref.input_chw (the
+raw f32 input), ref.cpu_embedding (the f32 forward of the folded program) and ref.npu_embedding,
+from `record_forward`, a host model of the NPU numerics written directly in CHW (no tiling, no
+device), independent of the step interpreter that replays it.
 """
 
 from __future__ import annotations
@@ -24,28 +24,31 @@ import numpy as np
 
 from npu.bf16 import round_bf16
 from npu.bundle_writer import BundleWriter
-from npu.models.adaface import (
-    AdaFaceCpu,
+from npu.models.adaface.checkpoint import from_pretrained as load_adaface
+from npu.models.adaface.checkpoint import lower_iresnet
+from npu.models.adaface.config import ColourOrder, parse_colour_order
+from npu.models.adaface.model import (
     Add,
     Affine,
     Bias,
-    ColourOrder,
     Conv,
     Head,
     IrProgram,
     PreluBias,
     Subsample,
-    lower_iresnet,
-    parse_colour_order,
     run_program,
 )
-from npu.models.adaface_steps import BUNDLE_VERSION, to_tiled
+from npu.models.adaface.npu import BUNDLE_VERSION, to_tiled
 from npu.ops import NumpyOps
 from npu.sim_conv import pack_conv_weights, write_conv_kernel
 from pipeline.errors import NpucamError
 
 STEM_CHANNELS = 8  # the stem's RGB channels padded to a multiple of 8
+
+
 WIDTH_MULTIPLE = 4  # conv input widths are zero-padded to a multiple of 4 (14 -> 16, 7 -> 8)
+
+
 DEFAULT_MAX_ICG = 64  # input channels per dispatch (an assumption: IRON sizes groups to fit L1)
 
 
@@ -161,7 +164,7 @@ def export_bundle(
     input_chw: float32 [3, h, w] (h = w = 112 for cvlface networks), the recorded input, in
     the network's preprocessing. model: the `model` param (e.g. IR-18). max_icg: input
     channels per conv dispatch (a positive multiple of 8). cpu_embedding: the fp32 reference
-    to store (default: the folded program's f32 forward, npu.models.adaface.run_program).
+    to store (default: the folded program's f32 forward, npu.models.adaface.model.run_program).
     colour_order: the channel order the network was trained on, written as npucam's
     `colour_order` param (IRON's bundles have none; the reader then assumes rgb).
     """
@@ -258,10 +261,10 @@ def export_pretrained(
     max_icg: int = DEFAULT_MAX_ICG,
 ) -> Path:
     """export_bundle of a cvlface-style model dir (model.safetensors + optional config.json,
-    read by AdaFaceCpu.from_pretrained; `name` becomes the model param, `color_space` the
-    colour_order param). Without input_chw the
+    read by npu.models.adaface.checkpoint.from_pretrained; `name` becomes the model param,
+    `color_space` the colour_order param). Without input_chw the
     recorded input is a synthetic one: uniform(−1, 1) float32 [3, 112, 112], seed 0."""
-    cpu = AdaFaceCpu.from_pretrained(model_dir)
+    cpu = load_adaface(model_dir)
     if input_chw is None:
         input_chw = np.random.default_rng(0).uniform(-1, 1, (3, 112, 112)).astype(np.float32)
     return export_bundle(
@@ -298,7 +301,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

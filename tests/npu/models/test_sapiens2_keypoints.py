@@ -1,6 +1,6 @@
 """The 308-keypoint metadata: names, groups, skeleton, flip pairs, face-alignment points.
 
-Spot values are KP308's (sapiens keypoints308.py, teeth removed) and spec sapiens2 §7.
+Spot values are KP308's (sapiens keypoints308.py, teeth removed) and docs/pose.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from npu.models import keypoints308 as kp
+from npu.models.sapiens2 import keypoints as kp
 
 
 def test_308_unique_names_in_spec_layout():

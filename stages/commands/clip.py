@@ -19,7 +19,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from npu.models.clip import ClipInputError, ClipModel, check_bundle, load_bundle
+from npu.device import open_device
+from npu.models import spec
+from npu.models.clip.check import check_bundle
+from npu.models.clip.model import ClipInputError, ClipModel
 from pipeline.errors import NpucamError
 
 BACKENDS = ("cpu", "sim", "npu")
@@ -47,10 +50,10 @@ def load_model(path: Path, backend: str) -> ClipModel:
             raise ClipInputError(
                 f"{path}: a bundle runs on --backend sim or npu; cpu takes an HF CLIPModel dir"
             )
-        return ClipModel.from_pretrained(path)
+        return spec("clip").from_checkpoint(Path(path))
     if not is_bundle:
         raise ClipInputError(f"{path}: --backend {backend} needs a CLIP bundle (manifest.txt)")
-    return load_bundle(path, backend)
+    return spec("clip").from_bundle(Path(path), open_device(backend))
 
 
 def cmd_classify(args: argparse.Namespace) -> int:

@@ -20,10 +20,11 @@ import numpy as np
 
 from npu.bf16 import bf16_to_f32, f32_to_bf16
 from npu.bundle import Bundle, BundleError
-from npu.device import Buffer, Device, Kernel, KernelSpec, kernel_key, kernel_spec
-from npu.models.clip_model import ClipInputError, ClipModel
-from npu.models.clip_tokenizer import Tokenizer
-from npu.models.clip_towers import ClipConfig, ClipTowers, HostWeights, TowerConfig, layer_norm
+from npu.device import Buffer, Device, Kernel, KernelSpec, kernel_key, kernel_spec, open_device
+from npu.models.clip.checkpoint import HostWeights
+from npu.models.clip.config import ClipConfig, TowerConfig
+from npu.models.clip.model import ClipInputError, ClipModel, ClipTowers, layer_norm
+from npu.models.clip.tokenizer import Tokenizer
 
 BF16 = 2
 TOWER_GEMMS = ("qkv", "o", "fc1", "fc2")
@@ -199,20 +200,6 @@ class BundleLayers:
         return self.towers[tower].run(x)
 
 
-def _open_device(device: Any) -> Any:
-    if device == "sim":
-        from npu.sim import SimDevice
-
-        return SimDevice()
-    if device == "npu":
-        from npu.xrt import open_device
-
-        return open_device()
-    if isinstance(device, str):
-        raise ClipInputError(f"device {device!r}: expected 'sim', 'npu' or a device object")
-    return device
-
-
 def _host_weights(bundle: Bundle, p: Any, vdim: int, tdim: int) -> HostWeights:
     """Spec b.2's host f32 tensors, shapes checked against the params."""
     patch, image_size, embed = p("patch", int), p("image_size", int), p("embed_dim", int)
@@ -297,7 +284,9 @@ def load_bundle(path: str | Path, device: Any = "sim") -> ClipModel:
         "v": [(im * v_stride, v_mha) for im in range(v_batch)],
         "t": [(0, t_batch * t_pad)],
     }
-    dev = _open_device(device)
+    dev = open_device(device)
+    if dev is None:
+        raise ClipInputError(f"{path}: a bundle runs on a device (backend sim or npu), not cpu")
     towers: dict[str, DeviceTower] = {}
     try:
         for t in ("v", "t"):

@@ -22,25 +22,17 @@ from pathlib import Path
 import numpy as np
 
 from npu.bundle_writer import BundleWriter
-from npu.models.clip_model import DEFAULT_TEMPLATE, ClipModel, prompts_for
-from npu.models.clip_preprocess import (
+from npu.models.clip.checkpoint import HostWeights, load_checkpoint
+from npu.models.clip.config import T_BATCH, V_BATCH, CheckpointError, ClipConfig, TowerConfig
+from npu.models.clip.model import DEFAULT_TEMPLATE, ClipModel, ClipTowers, prompts_for
+from npu.models.clip.post import logits_and_probs
+from npu.models.clip.preprocess import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     RESIZE_SHORTEST,
     ImageInputError,
 )
-from npu.models.clip_tokenizer import Tokenizer
-from npu.models.clip_towers import (
-    T_BATCH,
-    V_BATCH,
-    CheckpointError,
-    ClipConfig,
-    ClipTowers,
-    HostWeights,
-    TowerConfig,
-    load_checkpoint,
-    logits_and_probs,
-)
+from npu.models.clip.tokenizer import Tokenizer
 from npu.ops import GemmWeights, NumpyOps
 from npu.sim import CT_MAX_K_FOR_N, pack_gemm_b, write_xclbin
 from npu.sim_clip import write_addln, write_clip_mha
@@ -270,7 +262,7 @@ def _device_embeddings(
     cfg: ClipConfig, host: HostWeights, gemms: dict, tokenizer: Tokenizer, args: dict
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(image, text) embeddings of each refset from the bundle run on a fresh SimDevice."""
-    from npu.models.clip_bundle import load_bundle
+    from npu.models.clip.npu import load_bundle
     from npu.sim import SimDevice
 
     with tempfile.TemporaryDirectory(prefix="npucam-clip-export-") as tmp:

@@ -9,116 +9,34 @@ prompt); npu.models.clip_bundle replays a bundle's kernels on a device. Images r
 of 4 and prompts in groups of 8 (the bundle's pass sizes); a partial group is padded and its
 padded slots are dropped. Weights load from an HF checkpoint (config.json + *.safetensors,
 read with safetensors' numpy API).
+
+ClipModel (after the towers) is the loaded model: tokenizer, preprocessing and both towers on
+one backend, classifying images against label prompts as HF does: logits = exp(logit_scale)
+· cosine(image, prompt), softmax per image over prompts. npu.models.clip.checkpoint loads an
+HF CLIPModel directory on the cpu backend; npu.models.clip.npu builds one over a bundle.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-from safetensors import safe_open
 
-from npu.ops import GemmWeights, Ops
+from npu.models.clip.config import T_BATCH, V_BATCH, CheckpointError, ClipConfig, TowerConfig
+from npu.models.clip.post import logits_and_probs
+from npu.models.clip.preprocess import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    RESIZE_SHORTEST,
+    check_image,
+    normalize,
+    resize_crop,
+)
+from npu.models.clip.tokenizer import Tokenizer
+from npu.ops import Ops
 from pipeline.errors import NpucamError
-
-V_BATCH = 4
-T_BATCH = 8
-ACTIVATIONS = ("gelu", "quick_gelu")
-
-
-class CheckpointError(NpucamError):
-    """A CLIP checkpoint directory is missing a file, a tensor or a supported setting."""
-
-
-class EncodeInputError(NpucamError):
-    """Pixels or token ids the towers cannot take."""
-
-
-@dataclass(frozen=True)
-class TowerConfig:
-    """One transformer tower: layers of width `dim`, `heads` heads, MLP width `mlp`.
-
-    heads is 0 for a bundle's towers: the MHA kernel holds it and the host never needs it."""
-
-    layers: int
-    dim: int
-    heads: int
-    mlp: int
-    eps: float
-    act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
-
-
-@dataclass(frozen=True)
-class ClipConfig:
-    """What the forwards need from an HF CLIPConfig (config.json)."""
-
-    vision: TowerConfig
-    text: TowerConfig
-    image_size: int
-    patch: int
-    context: int
-    vocab_size: int
-    embed_dim: int
-    eos_token_id: int
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch
-
-    @property
-    def v_tokens(self) -> int:
-        return self.grid * self.grid + 1
-
-    @classmethod
-    def from_json(cls, path: Path) -> ClipConfig:
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path}: cannot read config: {exc}") from None
-
-        def field(section: dict, key: str, where: str):
-            if key not in section:
-                raise CheckpointError(f"{path}: missing {where}{key}")
-            return section[key]
-
-        def tower(section: dict, where: str) -> TowerConfig:
-            act = field(section, "hidden_act", where)
-            if act not in ACTIVATIONS:
-                raise CheckpointError(f"{path}: {where}hidden_act {act!r} not in {ACTIVATIONS}")
-            dim, heads = (
-                int(field(section, "hidden_size", where)),
-                int(field(section, "num_attention_heads", where)),
-            )
-            if dim % heads:
-                raise CheckpointError(f"{path}: {where}hidden_size {dim} % heads {heads} != 0")
-            return TowerConfig(
-                layers=int(field(section, "num_hidden_layers", where)),
-                dim=dim,
-                heads=heads,
-                mlp=int(field(section, "intermediate_size", where)),
-                eps=float(section.get("layer_norm_eps", 1e-5)),
-                act=act,
-            )
-
-        v = field(raw, "vision_config", "")
-        t = field(raw, "text_config", "")
-        return cls(
-            vision=tower(v, "vision_config."),
-            text=tower(t, "text_config."),
-            image_size=int(field(v, "image_size", "vision_config.")),
-            patch=int(field(v, "patch_size", "vision_config.")),
-            context=int(field(t, "max_position_embeddings", "text_config.")),
-            vocab_size=int(field(t, "vocab_size", "text_config.")),
-            embed_dim=int(raw.get("projection_dim", 512)),
-            eos_token_id=int(t.get("eos_token_id", 49407)),
-        )
 
 
 @dataclass(frozen=True)
@@ -138,114 +56,8 @@ class HostWeights:
     logit_scale: float  # exp of the checkpoint's logit_scale
 
 
-class _Tensors:
-    """Lazy name -> float32 array access over one or more .safetensors files."""
-
-    def __init__(self, model_dir: Path) -> None:
-        files = sorted(model_dir.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{model_dir}: no *.safetensors file")
-        self._where: dict[str, Path] = {}
-        for f in files:
-            with safe_open(str(f), framework="np") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    self._where[name] = f
-        self.model_dir = model_dir
-
-    def get(self, name: str) -> np.ndarray:
-        path = self._where.get(name)
-        if path is None:
-            raise CheckpointError(f"{self.model_dir}: tensor {name!r} not in the checkpoint")
-        try:
-            with safe_open(str(path), framework="np") as handle:
-                value = handle.get_tensor(name)
-        except Exception as exc:  # safetensors raises its own types for dtypes numpy lacks
-            raise CheckpointError(f"{path}: cannot read {name!r}: {exc}") from None
-        return np.ascontiguousarray(value, dtype=np.float32)
-
-
-def _folded(ln_w: np.ndarray, ln_b: np.ndarray, w_kn: np.ndarray, bias: np.ndarray):
-    """LN affine folded into the following GEMM: (n·g + b)·W + c = n·(g∘W) + (b·W + c)."""
-    w64 = w_kn.astype(np.float64)
-    w = (ln_w.astype(np.float64)[:, None] * w64).astype(np.float32)
-    c = (ln_b.astype(np.float64) @ w64 + bias.astype(np.float64)).astype(np.float32)
-    return w, c
-
-
-def tower_gemms(tensors: _Tensors, prefix: str, key: str, cfg: TowerConfig) -> dict:
-    """GemmWeights of every layer of one HF tower, by key `{key}.{i}.{qkv,o,fc1,fc2}`."""
-    gemms: dict[str, GemmWeights] = {}
-    for i in range(cfg.layers):
-        p = f"{prefix}.encoder.layers.{i}"
-        w_qkv = np.concatenate(
-            [tensors.get(f"{p}.self_attn.{n}_proj.weight").T for n in "qkv"], axis=1
-        )
-        b_qkv = np.concatenate([tensors.get(f"{p}.self_attn.{n}_proj.bias") for n in "qkv"])
-        w, b = _folded(
-            tensors.get(f"{p}.layer_norm1.weight"),
-            tensors.get(f"{p}.layer_norm1.bias"),
-            w_qkv,
-            b_qkv,
-        )
-        gemms[f"{key}.{i}.qkv"] = GemmWeights(w, b)
-        gemms[f"{key}.{i}.o"] = GemmWeights(
-            np.ascontiguousarray(tensors.get(f"{p}.self_attn.out_proj.weight").T),
-            tensors.get(f"{p}.self_attn.out_proj.bias"),
-        )
-        w, b = _folded(
-            tensors.get(f"{p}.layer_norm2.weight"),
-            tensors.get(f"{p}.layer_norm2.bias"),
-            tensors.get(f"{p}.mlp.fc1.weight").T,
-            tensors.get(f"{p}.mlp.fc1.bias"),
-        )
-        # ops has no quick_gelu epilogue: that activation runs on the host after fc1.
-        gemms[f"{key}.{i}.fc1"] = GemmWeights(w, b, "gelu" if cfg.act == "gelu" else "none")
-        gemms[f"{key}.{i}.fc2"] = GemmWeights(
-            np.ascontiguousarray(tensors.get(f"{p}.mlp.fc2.weight").T),
-            tensors.get(f"{p}.mlp.fc2.bias"),
-        )
-    return gemms
-
-
-def load_checkpoint(model_dir: str | Path) -> tuple[ClipConfig, HostWeights, dict]:
-    """HF CLIPModel directory -> (config, host tensors, GemmWeights by key) for NumpyOps."""
-    model_dir = Path(model_dir)
-    cfg = ClipConfig.from_json(model_dir / "config.json")
-    t = _Tensors(model_dir)
-
-    def ln(name: str) -> tuple[np.ndarray, np.ndarray]:
-        return t.get(f"{name}.weight"), t.get(f"{name}.bias")
-
-    patch_w = t.get("vision_model.embeddings.patch_embedding.weight")
-    host = HostWeights(
-        v_patch_w=patch_w.reshape(patch_w.shape[0], -1),
-        v_cls=t.get("vision_model.embeddings.class_embedding"),
-        v_pos=t.get("vision_model.embeddings.position_embedding.weight"),
-        v_ln_pre=ln("vision_model.pre_layrnorm"),
-        v_ln_post=ln("vision_model.post_layernorm"),
-        v_proj=t.get("visual_projection.weight"),
-        t_tok_emb=t.get("text_model.embeddings.token_embedding.weight"),
-        t_pos=t.get("text_model.embeddings.position_embedding.weight"),
-        t_ln_final=ln("text_model.final_layer_norm"),
-        t_proj=t.get("text_projection.weight"),
-        logit_scale=float(np.exp(np.float64(t.get("logit_scale").reshape(())))),
-    )
-    expected = {
-        "v_patch_w": (cfg.vision.dim, 3 * cfg.patch * cfg.patch),
-        "v_pos": (cfg.v_tokens, cfg.vision.dim),
-        "v_proj": (cfg.embed_dim, cfg.vision.dim),
-        "t_tok_emb": (cfg.vocab_size, cfg.text.dim),
-        "t_pos": (cfg.context, cfg.text.dim),
-        "t_proj": (cfg.embed_dim, cfg.text.dim),
-    }
-    for name, shape in expected.items():
-        if getattr(host, name).shape != shape:
-            raise CheckpointError(
-                f"{model_dir}: {name} has shape {getattr(host, name).shape}, config says {shape}"
-            )
-    gemms = tower_gemms(t, "vision_model", "v", cfg.vision)
-    gemms.update(tower_gemms(t, "text_model", "t", cfg.text))
-    return cfg, host, gemms
+class EncodeInputError(NpucamError):
+    """Pixels or token ids the towers cannot take."""
 
 
 def layer_norm(x: np.ndarray, eps: float, affine: tuple[np.ndarray, np.ndarray] | None = None):
@@ -294,24 +106,6 @@ def run_tower(
             h = quick_gelu(h)
         x += ops.gemm(f"{key}.{i}.fc2", h)
     return x
-
-
-def _normalise_rows(x: np.ndarray) -> np.ndarray:
-    """Each row times 1/max(‖row‖, 1e-12) (spec b.8), in float64 for the norm."""
-    norm = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=-1, keepdims=True))
-    return (x / np.maximum(norm, 1e-12)).astype(np.float32)
-
-
-def logits_and_probs(
-    image_embeds: np.ndarray, text_embeds: np.ndarray, logit_scale: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """[ni, e], [nt, e] -> (logits [ni, nt] = scale·cos, softmax over prompts per image)."""
-    logits = np.float32(logit_scale) * (
-        _normalise_rows(image_embeds) @ _normalise_rows(text_embeds).T
-    )
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(shifted.astype(np.float64))
-    return logits.astype(np.float32), (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
 class TowerLayers(Protocol):
@@ -476,3 +270,127 @@ class ClipTowers:
             full[: len(group)] = group
             out.append(self._text_pass(full)[: len(group)])
         return np.concatenate(out).astype(np.float32)
+
+
+DEFAULT_TEMPLATE = "a photo of a {}"
+
+
+class ClipInputError(NpucamError):
+    """A classify request the model cannot take (no labels, bad template, bad label)."""
+
+
+@dataclass(frozen=True)
+class ZeroShot:
+    """Zero-shot result: probs / logits float32 [images, labels], rows sum to 1 (probs)."""
+
+    labels: tuple[str, ...]
+    prompts: tuple[str, ...]
+    probs: np.ndarray
+    logits: np.ndarray
+    backend: str
+
+    def top(self, image: int) -> tuple[str, float]:
+        """(label, probability) of the most probable label of one image (first on ties)."""
+        j = int(np.argmax(self.probs[image]))
+        return self.labels[j], float(self.probs[image, j])
+
+
+def prompts_for(labels: Sequence[str], template: str = DEFAULT_TEMPLATE) -> list[str]:
+    """Labels -> prompts by substituting each label for `{}` in the template."""
+    if isinstance(labels, str):
+        raise ClipInputError("labels must be a list of strings, got one string")
+    if len(labels) == 0:
+        raise ClipInputError("the label list is empty")
+    if not isinstance(template, str) or template.count("{}") != 1:
+        raise ClipInputError(f"prompt template {template!r} must contain '{{}}' exactly once")
+    for i, label in enumerate(labels):
+        if not isinstance(label, str) or not label.strip():
+            raise ClipInputError(f"label {i} ({label!r}) is empty or not a string")
+    return [template.replace("{}", label) for label in labels]
+
+
+class ClipModel:
+    """One loaded CLIP: tokenizer, preprocessing and both towers on one backend."""
+
+    def __init__(
+        self,
+        towers: ClipTowers,
+        tokenizer: Tokenizer,
+        *,
+        resize_shortest: int = RESIZE_SHORTEST,
+        mean: tuple[float, float, float] = OPENAI_CLIP_MEAN,
+        std: tuple[float, float, float] = OPENAI_CLIP_STD,
+    ) -> None:
+        self.towers = towers
+        self.tokenizer = tokenizer
+        self.resize_shortest = resize_shortest
+        self.mean = mean
+        self.std = std
+        self._text_cache: tuple[tuple[str, ...], np.ndarray] | None = None
+        self.template = DEFAULT_TEMPLATE
+        self.bundle: Any = None
+
+    @property
+    def backend(self) -> str:
+        return self.towers.backend
+
+    @property
+    def logit_scale(self) -> float:
+        return self.towers.host.logit_scale
+
+    def pixels(self, images_rgb: Sequence[np.ndarray]) -> np.ndarray:
+        """uint8 RGB images [H, W, 3] -> float32 [n, 3, 224, 224] as CLIPImageProcessor."""
+        if len(images_rgb) == 0:
+            raise ClipInputError("no images to classify")
+        crop = self.towers.cfg.image_size
+        out = np.empty((len(images_rgb), 3, crop, crop), dtype=np.float32)
+        for i, image in enumerate(images_rgb):
+            check_image(image, what=f"image {i}")
+            out[i] = normalize(resize_crop(image, self.resize_shortest, crop), self.mean, self.std)
+        return out
+
+    def encode_images(self, pixels: np.ndarray) -> np.ndarray:
+        """float32 [n, 3, 224, 224] -> float32 [n, embed], HF get_image_features."""
+        return self.towers.encode_images(pixels)
+
+    def encode_texts(self, ids: np.ndarray | Sequence[Sequence[int]]) -> np.ndarray:
+        """Token ids ([n, 77] padded, or a list of unpadded encodings) -> float32 [n, embed]."""
+        if not isinstance(ids, np.ndarray):
+            ids, _ = self.tokenizer.pad_ids([list(seq) for seq in ids])
+        return self.towers.encode_texts(ids)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> np.ndarray:
+        """Prompts -> float32 [n, embed]; a prompt without letters is an error."""
+        ids = [self.tokenizer.encode_prompt(p, what=f"prompt {i}") for i, p in enumerate(prompts)]
+        return self.encode_texts(ids)
+
+    def label_embeddings(self, labels: Sequence[str], template: str | None = None) -> np.ndarray:
+        """Text embeddings of the label prompts, cached until the labels or template change.
+
+        template: `{}` is replaced by each label; default the model's (the bundle's
+        prompt_template, else "a photo of a {}")."""
+        prompts = tuple(prompts_for(labels, template or self.template))
+        if self._text_cache is None or self._text_cache[0] != prompts:
+            for i, label in enumerate(labels):
+                self.tokenizer.encode_prompt(label, what=f"label {i}")  # letters required
+            self._text_cache = (prompts, self.encode_prompts(prompts))
+        return self._text_cache[1]
+
+    def classify(
+        self,
+        images_rgb: Sequence[np.ndarray],
+        labels: Sequence[str],
+        template: str | None = None,
+    ) -> ZeroShot:
+        """Zero-shot: probabilities float32 [n_images, n_labels] over the label prompts."""
+        template = template or self.template
+        text = self.label_embeddings(labels, template)
+        image = self.encode_images(self.pixels(images_rgb))
+        logits, probs = logits_and_probs(image, text, self.logit_scale)
+        return ZeroShot(
+            labels=tuple(labels),
+            prompts=tuple(prompts_for(labels, template)),
+            probs=probs,
+            logits=logits,
+            backend=self.backend,
+        )

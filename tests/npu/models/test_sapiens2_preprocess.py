@@ -1,4 +1,5 @@
-"""stages.detect.crop_persons against HF Sapiens2's crop_and_resize (torch grid_sample).
+"""npu.models.sapiens2.preprocess.crop_persons against HF Sapiens2's crop_and_resize (torch
+grid_sample).
 
 Tolerance: max |diff| <= 1e-4 on the normalised crop (the spec's bar; the sample points are
 bit-identical, so what remains is float32 summation order, about 1e-6 here).
@@ -17,8 +18,9 @@ from transformers.models.sapiens2.image_processing_sapiens2 import (
     crop_and_resize,
 )
 
+from npu.models.sapiens2.config import IMAGENET_MEAN, IMAGENET_STD
+from npu.models.sapiens2.preprocess import CropError, crop_persons, crop_windows
 from pipeline.errors import NpucamError
-from stages.detect import IMAGENET_MEAN, IMAGENET_STD, CropError, crop_persons, crop_windows
 
 torch.set_num_threads(1)
 

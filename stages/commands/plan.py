@@ -18,11 +18,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from npu import models
 from pipeline.config import load_config
 from pipeline.errors import NpucamError
-
-MODELS = ("sapiens2", "adaface", "clip")
-DEFAULT_BATCH = {"sapiens2": 1, "adaface": 1, "clip": 4}
+from pipeline.graph import stage_class
 
 
 class PlanError(NpucamError):
@@ -74,10 +73,14 @@ class Plan:
 
 
 def _infer_options(config):
-    from stages.infer import InferOptions
+    from stages.infer import Infer, InferOptions
 
     for i, stage in enumerate(config.stages):
-        if stage.kind in ("infer", "stages.infer:Infer"):
+        try:
+            is_infer = stage_class(stage.kind) is Infer
+        except LookupError:
+            continue  # `npucam validate` names it
+        if is_infer:
             try:
                 return InferOptions.model_validate(stage.options)
             except Exception as exc:
@@ -87,27 +90,26 @@ def _infer_options(config):
     raise PlanError(f"{config.path}: no infer stage to plan for")
 
 
-def measure_costs(config, options, models: list[str]) -> dict[str, ModelCost]:
+def measure_costs(config, options, names: list[str]) -> dict[str, ModelCost]:
     """Load each model as the stage would and time one pass after a warm-up pass."""
-    from stages.infer import Infer, _resolve
-    from stages.runtimes import open_runtime
+    from stages.infer import open_stage_device
+    from stages.runtimes import open_runtime, resolve
 
-    stage = Infer("plan", options, _PlanContext(config))
-    device = stage._open_device()
+    device = open_stage_device(options, config.base_dir)
     if device is not None:
         device.sleep = False  # modelled time is read from the simulator, not waited for
     out = {}
     try:
-        for name in models:
-            mo = getattr(options, name)
+        for name in names:
+            mo = options.model(name)
             rt = open_runtime(
                 name,
                 options.backend,
                 mo.source(config.base_dir, f"{config.path}: {name}"),
                 device=device,
-                labels=options.clip.labels or ["a photo"],
-                template=options.clip.template,
-                synthetic_cache=_resolve(config.base_dir, options.synthetic_cache),
+                options=mo,
+                base_dir=config.base_dir,
+                synthetic_cache=resolve(config.base_dir, options.synthetic_cache),
             )
             rt.warm_up()
             sim = getattr(device, "sim", None)
@@ -126,14 +128,6 @@ def measure_costs(config, options, models: list[str]) -> dict[str, ModelCost]:
     return out
 
 
-class _PlanContext:
-    def __init__(self, config) -> None:
-        self.config = config
-        from pipeline.metrics import Metrics
-
-        self.metrics = Metrics()
-
-
 def make_plan(
     path: str,
     *,
@@ -149,7 +143,7 @@ def make_plan(
     model -> pass seconds; measure: time models the config gives no cost_s for."""
     config = load_config(path)
     options = _infer_options(config)
-    enabled = [m for m in MODELS if getattr(options, m).enabled]
+    enabled = options.enabled()
     if not enabled:
         raise PlanError(f"{config.path}: the infer stage enables no model")
     if not config.cameras:
@@ -161,11 +155,11 @@ def make_plan(
     costs: dict[str, ModelCost] = {}
     unknown = []
     for name in enabled:
-        batch = DEFAULT_BATCH[name]
+        batch = models.spec(name).default_batch
         if name in overrides:
             costs[name] = ModelCost(name, batch, overrides[name], "--cost")
-        elif getattr(options, name).cost_s is not None:
-            costs[name] = ModelCost(name, batch, getattr(options, name).cost_s, "config cost_s")
+        elif options.model(name).cost_s is not None:
+            costs[name] = ModelCost(name, batch, options.model(name).cost_s, "config cost_s")
         else:
             unknown.append(name)
     if unknown:
@@ -175,23 +169,25 @@ def make_plan(
                 "--cost MODEL=SECONDS, or drop --no-measure"
             )
         costs.update(measure_costs(config, options, unknown))
-    costs = {m: costs[m] for m in MODELS if m in costs}
-    per_frame = {"sapiens2": people, "adaface": people if faces is None else faces, "clip": clips}
+    costs = {m: costs[m] for m in enabled}
+    per_kind = {"pose": people, "face": people if faces is None else faces, "clip": clips}
+    kind = {m: models.spec(m).kind for m in enabled}
+    pose = next((m for m in enabled if kind[m] == "pose"), None)
     rows = []
     for cam in config.cameras:
         rate = cam.fps or fps
-        items = {m: per_frame[m] for m in enabled}
+        items = {m: per_kind.get(kind[m], 1.0) for m in enabled}
         demand = rate * sum(items[m] * costs[m].item_s for m in enabled)
         rows.append((cam.name, rate, items, demand, cam.staleness_ms / 1000))
     total = sum(r[3] for r in rows)
     cameras = []
     for name, rate, items, demand, staleness in rows:
         max_people = None
-        if "sapiens2" in costs:
+        if pose is not None:
             # this camera's fair share of the device, less its non-pose work
             share = 1.0 / len(rows)
-            other = rate * sum(items[m] * costs[m].item_s for m in items if m != "sapiens2")
-            max_people = max(share - other, 0.0) / (rate * costs["sapiens2"].item_s)
+            other = rate * sum(items[m] * costs[m].item_s for m in items if m != pose)
+            max_people = max(share - other, 0.0) / (rate * costs[pose].item_s)
         max_fps = rate / total if total > 0 else float("inf")
         slow = tuple(m for m in items if costs[m].pass_s > staleness)
         cameras.append(CameraPlan(name, rate, items, demand, max_fps, max_people, staleness, slow))
@@ -241,9 +237,10 @@ def _cost(text: str) -> tuple[str, float]:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not sep or name not in MODELS or not seconds > 0:
+    if not sep or name not in models.names() or not seconds > 0:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected MODEL=SECONDS with MODEL one of {', '.join(MODELS)}, SECONDS > 0"
+            f"{text!r}: expected MODEL=SECONDS with MODEL one of {', '.join(models.names())}, "
+            "SECONDS > 0"
         )
     return name, seconds
 

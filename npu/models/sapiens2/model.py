@@ -1,0 +1,230 @@
+"""Sapiens2-Pose forward: 3 x H x W crops -> K x H/4 x W/4 heatmaps, over the op interface.
+
+Backbone (spec sapiens2 §3): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm,
+2-D RoPE on patch tokens, (GQA) attention, SwiGLU MLP, final RMSNorm. Head (§4): transposed
+convs as one 4-phase GEMM each, InstanceNorm + SiLU, 1x1 convs, predictor. Every projection
+is `ops.gemm` by key and attention is `ops.mha`; the host glue here is shared by all backends.
+Reference: transformers 5.23.0 models/sapiens2/modeling_sapiens2.py (Sapiens2ForPoseEstimation).
+
+Weights as the device takes them: RMSNorm weights (norm1, norm2, final norm) are folded into
+the following GEMM's B rows and LayerScale lambda1 into the o GEMM, so the host norms carry no
+weight. GEMM keys: "patch", "{i}.qkv", "{i}.o", "{i}.gu", "{i}.down", "d{j}", "c{j}", "pred";
+attention key "mha". Host tensors: "prefix", "{i}.q_norm", "{i}.k_norm", "rope.cos",
+"rope.sin", and, when a bundle leaves biases to the host, "{i}.down.bias" and "d{j}.bias".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from npu.models.sapiens2.config import Config, ModelError
+from npu.ops import GemmWeights, Ops
+
+
+def rope_tables(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin float32 [gh*gw, hd] of the patch tokens, as HF computes them (in float32).
+
+    Patch centres are normalised to [-1, 1] per axis; angles 2π·coord / theta^(4k/hd) for
+    k < hd/4, y frequencies then x frequencies, tiled twice.
+    """
+    f32 = np.float32
+    ch = (np.arange(cfg.gh, dtype=f32) + f32(0.5)) / f32(cfg.gh)
+    cw = (np.arange(cfg.gw, dtype=f32) + f32(0.5)) / f32(cfg.gw)
+    coords = np.stack(np.meshgrid(ch, cw, indexing="ij"), axis=-1).reshape(-1, 2)
+    coords = f32(2.0) * coords - f32(1.0)
+    exps = (np.arange(cfg.hd // 4, dtype=np.float64) * (4 / cfg.hd)).astype(f32)
+    inv_freq = f32(1.0) / np.power(f32(cfg.rope_theta), exps)
+    angles = (f32(2 * math.pi) * coords[:, :, None]) * inv_freq[None, None, :]
+    angles = np.tile(angles.reshape(len(coords), -1), 2)
+    return np.cos(angles).astype(f32), np.sin(angles).astype(f32)
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) over the last axis, float32, without a weight."""
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float32)
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))
+
+
+def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
+    """InstanceNorm (per channel over pixels, biased variance, no affine) then SiLU.
+
+    x: float32 [pixels, C] -> float32 [pixels, C]. The per-channel sums are float32 BLAS
+    reductions (ones · x), as torch's InstanceNorm reduces in float32 too. SiLU is
+    npu.ops.silu's x·0.5·(1 + tanh(x/2)), evaluated in place in the same order.
+    """
+    n = np.float32(len(x))
+    ones = np.ones(len(x), np.float32)
+    centred = x - (ones @ x) / n
+    out = np.multiply(centred, centred)
+    centred *= np.float32(1.0) / np.sqrt((ones @ out) / n + np.float32(eps))
+    np.multiply(centred, np.float32(0.5), out=out)
+    np.tanh(out, out=out)
+    out += np.float32(1.0)
+    out *= np.float32(0.5)
+    out *= centred
+    return out
+
+
+def deconv_pairs(x: np.ndarray) -> np.ndarray:
+    """The strided deconv GEMM's A buffer for x float32 [h0, w0, C] (spec §4).
+
+    Row y·(w0+2) + x is X2[y][x] = [xp[y][x] | xp[y+1][x]] of x zero-padded by 1, for
+    y in [0, h0], x in [0, w0+1], plus one zero row past the end: float32
+    [(h0+1)(w0+2) + 1, 2C]. GEMM row r reads 4C values from r·2C (lda = 2C, rows overlap).
+    """
+    h0, w0, c = x.shape
+    rows = (h0 + 1) * (w0 + 2)
+    pairs = np.zeros((rows + 1, 2 * c), np.float32)
+    x2 = pairs[:rows].reshape(h0 + 1, w0 + 2, 2, c)
+    x2[1:, 1:-1, 0] = x  # xp[y]: padded row y holds x row y-1
+    x2[:-1, 1:-1, 1] = x  # xp[y+1]
+    return pairs
+
+
+def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
+    """The 4-phase transposed-conv GEMM's A for x float32 [h0, w0, C], rows dense.
+
+    Row r = sy·(w0+2) + sx holds [xp[sy, sx], xp[sy+1, sx], xp[sy, sx+1], xp[sy+1, sx+1]]
+    of x zero-padded by 1 (K = 4C, (dx, dy, c) order): float32 [(h0+1)(w0+2), 4C], i.e.
+    deconv_pairs(x) read at row stride 2C.
+    """
+    h0, w0, c = x.shape
+    rows = (h0 + 1) * (w0 + 2)
+    pairs = deconv_pairs(x)
+    a = np.empty((rows, 4 * c), np.float32)
+    a[:, : 2 * c] = pairs[:-1]
+    a[:, 2 * c :] = pairs[1:]
+    return a
+
+
+def deconv_scatter(c: np.ndarray, h0: int, w0: int, c_out: int) -> np.ndarray:
+    """Interleave the 4-phase GEMM output [(h0+1)(w0+2), 4·C_out] into [2h0, 2w0, C_out].
+
+    Output pixel (oy, ox), a = oy % 2, b = ox % 2, reads window (oy//2 + a, ox//2 + b),
+    columns (2a + b)·C_out ... +C_out.
+    """
+    win = c.reshape(h0 + 1, w0 + 2, 2, 2, c_out)
+    out = np.empty((h0, 2, w0, 2, c_out), np.float32)
+    for a in range(2):
+        for b in range(2):
+            out[:, a, :, b] = win[a : a + h0, b : b + w0, a, b]
+    return out.reshape(2 * h0, 2 * w0, c_out)
+
+
+class Sapiens2Pose:
+    """A loaded Sapiens2-Pose: `heatmaps(crops)` on the backend its ops name.
+
+    host: the float32 host tensors named in the module docstring; weights: the float32 GEMM
+    weights by key when the model was built from them (from_pretrained), else None.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        ops: Ops,
+        host: Mapping[str, np.ndarray],
+        weights: Mapping[str, GemmWeights] | None = None,
+    ) -> None:
+        self.config = config
+        self.ops = ops
+        self.host = dict(host)
+        self.weights = dict(weights) if weights is not None else None
+        for name in ["prefix", "rope.cos", "rope.sin"] + [
+            f"{i}.{n}" for i in range(config.layers) for n in ("q_norm", "k_norm")
+        ]:
+            if name not in self.host:
+                raise ModelError(f"sapiens2: host tensor {name} is missing")
+        self._prefix = self.host["prefix"].reshape(config.prefix, config.D).astype(np.float32)
+        patches = config.gh * config.gw
+        self._cos = self.host["rope.cos"].reshape(patches, config.hd).astype(np.float32)
+        self._sin = self.host["rope.sin"].reshape(patches, config.hd).astype(np.float32)
+
+    @property
+    def backend(self) -> str:
+        return self.ops.backend
+
+    def heatmaps(self, crops: np.ndarray) -> np.ndarray:
+        """crops: float32 [N, 3, H, W] normalised -> heatmaps float32 [N, K, Hh, Wh]."""
+        cfg = self.config
+        crops = np.asarray(crops)
+        if crops.ndim != 4 or crops.shape[1:] != (3, cfg.H, cfg.W) or crops.dtype != np.float32:
+            raise ModelError(
+                f"sapiens2: crops must be float32 [N, 3, {cfg.H}, {cfg.W}], "
+                f"got {crops.dtype} {crops.shape}"
+            )
+        return np.stack([self._heatmap(c) for c in crops])
+
+    def features(self, crop: np.ndarray) -> np.ndarray:
+        """One crop float32 [3, H, W] -> final-normed patch tokens float32 [gh*gw, D].
+
+        The final norm's weight is folded into d0, so these are unweighted.
+        """
+        cfg = self.config
+        p = cfg.patch
+        a = crop.reshape(3, cfg.gh, p, cfg.gw, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3 * p * p)
+        x = np.concatenate([self._prefix, self.ops.gemm("patch", a)])
+        for i in range(cfg.layers):
+            x = self._block(i, x)
+        return rms_norm(x[cfg.prefix :], cfg.eps)
+
+    def _block(self, i: int, x: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        heads, hd, kv = cfg.heads, cfg.hd, cfg.kv_heads[i]
+        t = len(x)
+        qkv = self.ops.gemm(f"{i}.qkv", rms_norm(x, cfg.eps))
+        q = qkv[:, : heads * hd].reshape(t, heads, hd)
+        k = qkv[:, heads * hd : (heads + kv) * hd].reshape(t, kv, hd)
+        v = qkv[:, (heads + kv) * hd :].reshape(t, kv, hd)
+        if cfg.qk_norm:
+            q = rms_norm(q, cfg.eps) * self.host[f"{i}.q_norm"]
+            k = rms_norm(k, cfg.eps) * self.host[f"{i}.k_norm"]
+        q, k = self._rope(q), self._rope(k)
+        rep = heads // kv
+        if rep > 1:
+            k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        o = self.ops.mha(
+            "mha",
+            np.ascontiguousarray(q.transpose(1, 0, 2)),
+            np.ascontiguousarray(k.transpose(1, 0, 2)),
+            np.ascontiguousarray(v.transpose(1, 0, 2)),
+            scale=hd**-0.5,
+        )
+        x = x + self.ops.gemm(f"{i}.o", o.transpose(1, 0, 2).reshape(t, heads * hd))
+        down = self.ops.gemm(f"{i}.down", self.ops.gemm(f"{i}.gu", rms_norm(x, cfg.eps)))
+        x = x + down
+        bias = self.host.get(f"{i}.down.bias")
+        return x if bias is None else x + bias
+
+    def _rope(self, x: np.ndarray) -> np.ndarray:
+        """Rotate the patch tokens of x float32 [T, heads, hd]; prefix tokens pass unchanged."""
+        pre = self.config.prefix
+        patches = x[pre:]
+        half = patches.shape[-1] // 2
+        rotated = np.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
+        out = x.copy()
+        out[pre:] = patches * self._cos[:, None, :] + rotated * self._sin[:, None, :]
+        return out
+
+    def _heatmap(self, crop: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        x = self.features(crop).reshape(cfg.gh, cfg.gw, cfg.D)
+        for j, c_out in enumerate(cfg.up):
+            h0, w0 = x.shape[:2]
+            key = f"d{j}"
+            if key in getattr(self.ops, "strided", ()):
+                c = self.ops.gemm_strided(key, deconv_pairs(x), (h0 + 1) * (w0 + 2))
+            else:
+                c = self.ops.gemm(key, deconv_gemm_input(x))
+            bias = self.host.get(f"d{j}.bias")
+            if bias is not None:
+                c = c + bias
+            y = deconv_scatter(c, h0, w0, c_out).reshape(-1, c_out)
+            x = instance_norm_silu(y, cfg.in_eps).reshape(2 * h0, 2 * w0, c_out)
+        hh, wh = x.shape[:2]
+        y = x.reshape(hh * wh, -1)
+        for j, c_out in enumerate(cfg.convs):
+            y = instance_norm_silu(self.ops.gemm(f"c{j}", y)[:, :c_out], cfg.in_eps)
+        return self.ops.gemm("pred", y)[:, : cfg.K].T.reshape(cfg.K, hh, wh).copy()

@@ -1,0 +1,343 @@
+"""Model runtimes: the one interface every model plugs into the inference stage through.
+
+A Runtime wraps one loaded model (npu.models.load) on one backend and tells the scheduler
+what it needs: its export batch size (the model spec reads it from the bundle: CLIP's
+`v_batch` images a pass, 4; Sapiens2 and AdaFace one item a pass), the hardware contexts its
+kernels use (the bundle's xclbin + kernel pairs, as npu.device.context_key names them), its
+job type, how its jobs are keyed and ordered in the scheduler, and a device-cost estimate (a
+measured warm-up pass). `prepare(jobs)` is the host glue, run in a worker thread while the
+device runs the previous batch; `run(prepared)` is the device pass, on the device thread only
+(XRT objects stay on one thread); it returns one output per slot of the export batch, padded
+slots marked so the stage never publishes them, and the device seconds used.
+
+Each model's runtime is a module here (sapiens2, adaface, clip), found through its spec's
+`runtime` ("module:Class"), so a model from elsewhere brings its own. Backends are always named
+explicitly (no silent fallback): `cpu` (numpy forward from an HF checkpoint / cvlface
+directory), `sim` (the bundle on npu.sim.SimDevice), `npu` (the bundle on the XRT device).
+Without a checkpoint or bundle a model may run its synthetic stand-in when its config allows
+it; every output then says `synthetic: true`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from npu.models import ModelLoadError, ModelSource, load, spec
+from pipeline.errors import NpucamError
+from pipeline.graph import StageOptions
+from stages.jobs import Inferred, Job
+
+BACKENDS = ("cpu", "sim", "npu")
+
+
+class JobInputError(NpucamError):
+    """One job's input the model's host glue cannot use (no aligned face, an empty box...)."""
+
+
+class ModelOptions(StageOptions):
+    """One model's keys: its table in an infer stage ([stages.sapiens2], [stages.adaface]...).
+    A runtime with keys of its own subclasses this (stages.runtimes.clip.ClipOptions)."""
+
+    enabled: bool = False
+    checkpoint: str | None = Field(None, min_length=1)  # backend cpu: HF / cvlface directory
+    bundle: str | None = Field(None, min_length=1)  # backends sim, npu: bundle directory
+    synthetic: bool = False  # no checkpoint / bundle: use the synthetic model (else fail)
+    max_wait_ms: float = Field(0.0, ge=0)  # a partial batch closes after its oldest waited this
+    queue_size: int = Field(16, ge=1, le=100_000)
+    queue_policy: Literal["drop_oldest", "reject_new"] = "drop_oldest"
+    cost_s: float | None = Field(None, gt=0)  # initial pass cost; default: measured warm-up
+    share: float = Field(1.0, gt=0)  # weight in the device-time split between models
+
+    def source(self, base_dir: Path, where: str) -> ModelSource:
+        """Where this model's weights come from, its paths resolved against the config's dir."""
+        return ModelSource(
+            checkpoint=resolve(base_dir, self.checkpoint),
+            bundle=resolve(base_dir, self.bundle),
+            synthetic=self.synthetic,
+            where=where,
+        )
+
+
+def resolve(base: Path, raw: str | None) -> str | None:
+    """A config path: absolute or ~ as given, else relative to the config's directory."""
+    if raw is None:
+        return None
+    p = Path(raw).expanduser()
+    return str(p if p.is_absolute() else base / p)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A batch ready for the device: `inputs` has one row per slot of the export batch.
+
+    jobs: the real jobs (slots 0..len-1); slots past them are padding (copies of the first
+    usable input). failed: slot -> the error of a job whose host glue failed (its slot holds
+    padding too). aux: per slot, what the host glue recorded beside the input (Sapiens2: the
+    crop window, float32 [4]), None where it recorded nothing.
+    """
+
+    model: str
+    jobs: tuple[Job, ...]
+    size: int
+    inputs: np.ndarray
+    failed: dict[int, Exception] = field(default_factory=dict)
+    aux: list[Any] | None = None
+
+    @property
+    def mask(self) -> tuple[bool, ...]:
+        """Per slot: True for a real job whose input was prepared."""
+        return tuple(i < len(self.jobs) and i not in self.failed for i in range(self.size))
+
+
+@dataclass(slots=True)
+class SlotOutput:
+    """One slot's output: `padded` slots (and `error` ones) are never published."""
+
+    output: np.ndarray | None
+    padded: bool = False
+    error: Exception | None = None
+    aux: Any = None
+
+
+@dataclass(slots=True)
+class Ran:
+    """A device pass: one SlotOutput per slot and the device seconds it took."""
+
+    outputs: list[SlotOutput]
+    device_s: float
+
+
+class DeviceTimer:
+    """Device seconds of a pass: the wall time the device thread spends in it. On npu that
+    is the device plus the forward's own host steps between dispatches (nothing else can
+    use the device meanwhile); on sim with `sleep` the modelled device time plus those
+    steps, and the simulator's own numpy work where it exceeds the modelled time; on cpu
+    the numpy forward. The simulator's modelled time alone is in SimDevice.sim."""
+
+    def measure(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t0
+
+
+def bundle_contexts(path: Path) -> tuple[str, ...]:
+    """The hardware-context keys of a bundle's kernels: every xclbin record's path + kernel,
+    and every kernel record naming its xclbin directly (`xclbin=` + `name=`, as CLIP's ops)."""
+    from npu.bundle import Bundle
+    from npu.device import context_key
+
+    bundle = Bundle.open(path)
+    try:
+        keys = {context_key(x.path, x.kernel) for x in bundle.manifest.xclbins.values()}
+        keys |= {
+            context_key(r.path("xclbin"), r.value("name") if r.has("name") else "MLIR_AIE")
+            for r in bundle.records
+            if r.has("xclbin")
+        }
+        return tuple(sorted(keys))
+    finally:
+        bundle.close()
+
+
+class Runtime:
+    """One loaded model on one backend (see the module docstring). A model's runtime sets
+    `job_type` (what its inbox takes), `inferred_type` (what it sends on, so the graph routes
+    each output to that kind's postprocess stage) and `Options` (its config table)."""
+
+    job_type: ClassVar[type[Job]] = Job
+    inferred_type: ClassVar[type[Inferred]] = Inferred
+    Options: ClassVar[type[ModelOptions]] = ModelOptions
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        name: str,
+        backend: str,
+        model_id: str,
+        synthetic: bool,
+        device: Any = None,
+        batch_size: int = 1,
+        contexts: tuple[str, ...] = (),
+        options: ModelOptions | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ModelLoadError(f"{name}: export batch size {batch_size} < 1")
+        self.model = model
+        self.name = name
+        self.backend = backend
+        self.model_id = model_id
+        self.synthetic = synthetic
+        self.device = device
+        self.batch_size = batch_size
+        self.contexts = contexts
+        self.options = options if options is not None else self.Options()
+        self.max_wait_ms = self.options.max_wait_ms
+        self.timer = DeviceTimer()
+
+    @classmethod
+    def check_options(cls, options: ModelOptions, base_dir: Path, where: str) -> list[str]:
+        """`key: problem` lines for this model's table at validation time (`where` names
+        it, e.g. stages[3].clip); paths resolve against base_dir."""
+        return []
+
+    def started(self, base_dir: Path) -> None:
+        """After loading, on the device thread: anything the model computes once before its
+        first job (CLIP encodes its label prompts). base_dir resolves the options' paths."""
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    def schedule_key(self, job: Job) -> tuple | None:
+        """Jobs with one key replace each other in the scheduler (a later frame supersedes):
+        by default one per tracked person of a camera; None for jobs without a track."""
+        track = getattr(job, "track_id", None)
+        return None if track is None else (self.name, job.camera, track)
+
+    def priority(self, job: Job) -> int:
+        """Smaller runs first among a camera's jobs of this model (default: arrival order)."""
+        return 0
+
+    # -- host glue -----------------------------------------------------------------------
+
+    def prepare_one(self, job: Job) -> np.ndarray | tuple[np.ndarray, Any]:
+        """One job's model input, or (input, aux) to record aux beside it (Prepared.aux)."""
+        raise NotImplementedError
+
+    def prepare(self, jobs: Sequence[Job]) -> Prepared:
+        """Host glue for up to batch_size jobs -> a full batch (padded with copies of the
+        first usable input). A job whose glue fails for any reason (an NpucamError, or e.g. a
+        cv2.error / ValueError from a degenerate input, wrapped in a JobInputError naming the
+        camera) is marked failed, not the batch."""
+        if not 0 < len(jobs) <= self.batch_size:
+            raise JobInputError(f"{self.name}: {len(jobs)} jobs for a batch of {self.batch_size}")
+        rows: list[np.ndarray | None] = []
+        aux: list[Any] = []
+        failed: dict[int, Exception] = {}
+        for i, job in enumerate(jobs):
+            item: Any = None
+            if not isinstance(job, self.job_type):
+                failed[i] = JobInputError(
+                    f"camera {job.camera!r}: {type(job).__name__} sent to {self.name}"
+                )
+            else:
+                try:
+                    item = self.prepare_one(job)
+                except NpucamError as exc:
+                    failed[i] = exc
+                except Exception as exc:  # any host-glue failure (cv2.error...) fails this job
+                    # named by camera, the infer stage logs it (rate-limited) with the slot's error
+                    failed[i] = JobInputError(
+                        f"{self.name}: camera {job.camera!r} #{job.seq}: host glue failed: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+            row, extra = item if isinstance(item, tuple) else (item, None)
+            rows.append(row)
+            aux.append(extra)
+        pad = next((r for r in rows if r is not None), None)
+        if pad is None:
+            pad = self.dummy_input()
+        filled = [pad if r is None else r for r in rows]
+        filled += [pad] * (self.batch_size - len(jobs))
+        aux += [None] * (self.batch_size - len(jobs))
+        recorded = aux if any(a is not None for a in aux) else None
+        return Prepared(self.name, tuple(jobs), self.batch_size, np.stack(filled), failed, recorded)
+
+    def dummy_input(self) -> np.ndarray:
+        """A valid input of one slot (warm-up passes, all-failed batches)."""
+        raise NotImplementedError
+
+    def finish(self, job: Job, slot: SlotOutput) -> None:
+        """Before a slot's output is sent on: give the job what its postprocess needs from
+        the pass (Sapiens2: the crop window its host glue recorded)."""
+
+    # -- device --------------------------------------------------------------------------
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        """The device pass over a full batch: one output per slot."""
+        raise NotImplementedError
+
+    def run(self, prepared: Prepared) -> Ran:
+        """Run a prepared batch on the device (device thread only)."""
+        if prepared.size != self.batch_size or len(prepared.inputs) != self.batch_size:
+            raise JobInputError(
+                f"{self.name}: batch of {len(prepared.inputs)} slots, export size {self.batch_size}"
+            )
+        outs, device_s = self.timer.measure(lambda: self.forward(prepared.inputs))
+        mask = prepared.mask
+        result = []
+        for i, out in enumerate(outs):
+            padded = i >= len(prepared.jobs)
+            error = prepared.failed.get(i)
+            aux = None if prepared.aux is None else prepared.aux[i]
+            result.append(SlotOutput(out if mask[i] else None, padded, error, aux))
+        return Ran(result, device_s)
+
+    def warm_up(self) -> float:
+        """One pass over dummy inputs (loads kernels and contexts); its device seconds."""
+        inputs = np.stack([self.dummy_input()] * self.batch_size)
+        _, device_s = self.timer.measure(lambda: self.forward(inputs))
+        return device_s
+
+    def extra(self) -> dict:
+        """What every output of this model carries beside the array (CLIP: labels...)."""
+        return {}
+
+    def gauges(self) -> dict[str, float]:
+        """This model's own gauges beside the scheduler's (the infer stage's model_gauges)."""
+        return {}
+
+    def close(self) -> None:
+        close = getattr(self.model, "close", None)
+        if callable(close) and self.backend != "cpu":
+            close()
+
+
+def runtime_class(name: str, where: str = "") -> type[Runtime]:
+    """The Runtime subclass model `name`'s spec names ("module:Class")."""
+    target = spec(name, where).runtime
+    module_name, _, cls_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Runtime)):
+        raise ModelLoadError(f"model {name}: runtime {target} is not a Runtime class")
+    return cls
+
+
+def open_runtime(
+    name: str,
+    backend: str,
+    source: ModelSource,
+    *,
+    device: Any = None,
+    options: ModelOptions | None = None,
+    base_dir: Path | None = None,
+    synthetic_cache: str | Path | None = None,
+) -> Runtime:
+    """Load model `name` on `backend` from `source` (npu.models.load) and wrap it in its
+    runtime with `options` (its config table; default: the runtime's defaults). device is
+    the open device for sim / npu, None for cpu. Runs Runtime.started (CLIP encodes its
+    label prompts), so call it on the device thread. Errors name the config key."""
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    cls = runtime_class(name, source.where)
+    loaded = load(name, source, backend, device, synthetic_cache)
+    rt = cls(
+        loaded.model,
+        name=name,
+        backend=backend,
+        model_id=loaded.model_id,
+        synthetic=loaded.synthetic,
+        device=device,
+        batch_size=loaded.spec.export_batch(loaded.model, loaded.bundle_dir),
+        contexts=bundle_contexts(loaded.bundle_dir) if loaded.bundle_dir is not None else (),
+        options=options,
+    )
+    rt.started(base_dir if base_dir is not None else Path.cwd())
+    return rt

@@ -1,0 +1,36 @@
+"""AdaFace in the infer stage: a FaceJob's aligned crop in the model's colour order
+(npu.models.adaface.preprocess) -> the un-normalised embedding float32 [512]."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npu.models.adaface.preprocess import embedder_input
+from stages.jobs import FaceInferred, FaceJob
+from stages.runtimes import JobInputError, Runtime
+
+
+class AdaFaceRuntime(Runtime):
+    """AdaFace: FaceJob (aligned BGR crop) -> the un-normalised embedding float32 [512]."""
+
+    job_type = FaceJob
+    inferred_type = FaceInferred
+
+    def schedule_key(self, job: FaceJob) -> tuple | None:
+        """Per tracked person and landmark source: a detector face and a pose-derived face of
+        one track both run."""
+        key = super().schedule_key(job)
+        return None if key is None else (*key, job.landmark_source)
+
+    def prepare_one(self, job: FaceJob) -> np.ndarray:
+        if job.aligned is None:
+            raise JobInputError(
+                f"camera {job.camera!r} #{job.seq}: face job was not aligned (run align first)"
+            )
+        return embedder_input(job.aligned, "bgr", self.model.colour_order())
+
+    def dummy_input(self) -> np.ndarray:
+        return np.zeros((3, 112, 112), np.float32)
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        return [np.asarray(self.model.embed(x), np.float32) for x in inputs]

@@ -1,0 +1,48 @@
+"""Sapiens2-Pose in the infer stage: a PoseJob's frame cropped at the model's input size
+(npu.models.sapiens2.preprocess) -> heatmaps float32 [K, h, w] and the crop window."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npu.models.sapiens2.preprocess import crop_persons
+from stages.jobs import PoseInferred, PoseJob
+from stages.runtimes import JobInputError, Runtime, SlotOutput
+
+
+class Sapiens2Runtime(Runtime):
+    """Sapiens2-Pose: PoseJob -> heatmaps float32 [K, h, w] and the crop window."""
+
+    job_type = PoseJob
+    inferred_type = PoseInferred
+
+    def priority(self, job: PoseJob) -> int:
+        """The oldest pose first: never-posed tracks, then by when the last pose was taken."""
+        if job.pose_age_s is None:
+            return -1
+        return job.capture_ts_ns - round(job.pose_age_s * 1e9)
+
+    def prepare_one(self, job: PoseJob) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.model.config
+        if job.image is None:
+            raise JobInputError(f"camera {job.camera!r} #{job.seq}: pose job without a frame")
+        rgb = np.ascontiguousarray(job.image[..., ::-1])
+        crops, windows = crop_persons(
+            rgb,
+            np.asarray(job.box_xywh, np.float32).reshape(1, 4),
+            output_size=(cfg.H, cfg.W),
+            mean=cfg.mean,
+            std=cfg.std,
+            padding=cfg.box_pad,
+        )
+        return crops[0], windows[0]
+
+    def dummy_input(self) -> np.ndarray:
+        cfg = self.model.config
+        return np.zeros((3, cfg.H, cfg.W), np.float32)
+
+    def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
+        return list(self.model.heatmaps(np.ascontiguousarray(inputs, np.float32)))
+
+    def finish(self, job: PoseJob, slot: SlotOutput) -> None:
+        job.window = slot.aux

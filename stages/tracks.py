@@ -1,0 +1,65 @@
+"""The per-camera person trackers of one pipeline run, shared by its detect stage (which
+submits pose jobs) and its dark stage (which finishes them and feeds pose-derived faces back):
+one TrackRegistry per run, owned by the pipeline's Context (Context.shared)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+from stages.jobs import FaceJob
+from stages.tracker import PersonTracker, PoseTag
+
+POSE_FACES_KEPT = 8  # face jobs from pose keypoints waiting for detect's next frame
+
+
+class CameraTracks:
+    """One camera's tracker and its outstanding pose jobs, shared by detect (which submits
+    them) and the dark stage (which finishes them); every access holds `lock`."""
+
+    def __init__(self, tracker: PersonTracker) -> None:
+        self.tracker = tracker
+        self.lock = threading.Lock()
+        # track id -> when its pose job counts as lost (its deadline, or the retry time)
+        self.pose_deadlines: dict[int, int] = {}
+        # face jobs built from Sapiens2 face keypoints (the dark stage's face_points), sent
+        # on by detect with its next frame of this camera; the newest POSE_FACES_KEPT
+        self.pose_faces: deque[FaceJob] = deque(maxlen=POSE_FACES_KEPT)
+
+    def expire_poses(self, at_ns: int) -> None:
+        """Free the tracks whose pose job is past its deadline (or retry time) unanswered."""
+        for track_id, deadline in list(self.pose_deadlines.items()):
+            if at_ns > deadline:
+                del self.pose_deadlines[track_id]
+                self.tracker.pose_finished(track_id, None, at_ns)
+
+    def finish_pose(self, track_id: int, capture_ts_ns: int, at_ns: int) -> PoseTag | None:
+        with self.lock:
+            self.pose_deadlines.pop(track_id, None)
+            return self.tracker.pose_finished(track_id, capture_ts_ns, at_ns)
+
+
+class TrackRegistry:
+    """One run's CameraTracks by camera: the explicit object through which the dark stage
+    finishes the pose jobs detect submitted and hands detect the face jobs it built from
+    Sapiens2's face keypoints (docs/architecture.md). Get it with TrackRegistry.of(context):
+    the pipeline's Context owns one per run."""
+
+    def __init__(self) -> None:
+        self._cameras: dict[str, CameraTracks] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, context: Any) -> TrackRegistry:
+        """The registry of the run `context` belongs to."""
+        return context.shared("stages.tracks", cls)
+
+    def get(self, camera: str) -> CameraTracks | None:
+        """The camera's tracks, None if no detect stage has tracked it."""
+        return self._cameras.get(camera)
+
+    def add(self, camera: str, tracker: PersonTracker) -> CameraTracks:
+        """The camera's tracks, made with `tracker` if it has none yet."""
+        with self._lock:
+            return self._cameras.setdefault(camera, CameraTracks(tracker))
