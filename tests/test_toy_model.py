@@ -11,8 +11,8 @@ import asyncio
 
 import numpy as np
 import pytest
-
 from engine_stages import receive, start, subscriber
+
 from npu import models
 from pipeline.wire import decode
 from tests.toymodel import MODEL
