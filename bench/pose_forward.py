@@ -4,7 +4,7 @@ Sapiens2ForPoseEstimation in torch, in one run, on the same number of threads.
 The model has the 0.4b width on the real 1024x768 input (D 1024, 16 heads x 64, SwiGLU
 I 4096, 8 registers, 3081 tokens, 308 keypoints at 256x192) but reduced depth: --layers
 (default 2: one MHA layer and one GQA layer with 8 KV heads). Head widths: up (1024, 768),
-convs (768, 512, 256); up[0] = 1024 is inferred in spec sapiens2 §1.1, the rest are assumed
+convs (768, 512, 256); up[0] = 1024 is inferred in docs/pose.md, the rest are assumed
 (only the 1b head is sourced). Random weights (HF init, saved with save_pretrained and loaded
 back with from_pretrained). Reported: seconds per crop for each, the ratio, the heatmap cosine,
 and the cpu forward's split into op time (ops.gemm / ops.mha, which a device would take over)

@@ -28,8 +28,8 @@ from stages.scheduler import (
     CONTEXT_LOAD_S,
     BatchScheduler,
     ContextLRU,
-    Job,
     ModelProfile,
+    QueuedJob,
     SimClock,
     simulate,
 )
@@ -131,7 +131,8 @@ def run_scheduler(trace, seconds: float, seed: int) -> RunStats:
     sched = BatchScheduler(profiles(), clock=clock)
     device = DeviceModel(seed)
     events = [
-        (ts, lambda m=m, c=c, ts=ts, d=d: sched.submit(Job(m, c, ts, d))) for ts, m, c, d in trace
+        (ts, lambda m=m, c=c, ts=ts, d=d: sched.submit(QueuedJob(m, c, ts, d)))
+        for ts, m, c, d in trace
     ]
     report = simulate(
         sched,

@@ -221,10 +221,6 @@ class Subscriber(threading.Thread):
         self.join(5)
 
 
-def _window(values: list[float], lo: int, hi: int) -> list[float]:
-    return values[lo:hi] or values[-1:]
-
-
 def evaluate(result: SoakResult, rss_limit: float, cameras: list[str]) -> None:
     """Fill result.checks and result.failures from result.samples (see the module docstring)."""
     after = [s for s in result.samples if s.t_s >= result.warmup_s]

@@ -1,7 +1,7 @@
 """Reads the IRON bundles the NPU runtimes replay: manifest.txt, tensors.txt, tensors.bin.
 
 Follows Brishen/taconite taconite-bundle/src/lib.rs (Manifest, Record, Store) line for line in
-grammar and error text (docs/specs/bundle-and-xrt.md section 1), with three additions: integers
+grammar and error text (docs/bundles.md), with three additions: integers
 are parsed as Rust parses them (`^\\+?[0-9]+$`, not Python's int()), every path a manifest names
 must stay inside the bundle directory, and tensors.bin is mapped with np.memmap so opening a
 multi-GB bundle reads only its two text files.

@@ -4,7 +4,7 @@ A device loads bundle kernels, allocates host-mapped buffers (and sub-buffers cu
 root), patches instruction words and runs a kernel over an argument tuple. Kernels that
 share an (xclbin, kernel name) share one hardware context, and resident contexts live in an
 LRU capped at 16 (`TACONITE_CTX_CACHE`) with evict-and-retry when creation fails, as
-taconite's shim and taconite-adaface do (specs/bundle-and-xrt.md §2). `DeviceCore` holds the
+taconite's shim and taconite-adaface do (docs/device.md). `DeviceCore` holds the
 bookkeeping both devices share (which kernels use which context, buffers, counters, teardown);
 each device adds only what its backend does with a context, a kernel, a buffer and a run.
 """

@@ -658,7 +658,7 @@ def write_gemm(
     tensor's name (`<key>.b`). w: float32 [K, N]; bias: float32 [N] or None.
 
     lda / c_stride / rows, when any is given, write the strided record form of
-    taconite-sapiens2 (spec sapiens2.md §1.2): lda (default K), c_stride (default N'), rows
+    taconite-sapiens2 (docs/pose.md): lda (default K), c_stride (default N'), rows
     (default M), and the view sizes a_elems = (rows-1)·lda + K, c_elems = (rows-1)·c_stride + N'.
     """
     k, n = w.shape

@@ -1,9 +1,9 @@
 """The simulator's CLIP tower kernels: `clip_mha` (attention over row views of the qkv GEMM's
 output) and `addln` (residual add + LayerNorm), as taconite-clip dispatches them
-(specs/adaface-clip-align.md b.7).
+(docs/clip.md).
 
 On hardware both are compiled IRON kernels whose geometry lives in the xclbin and instruction
-stream; IRON's clip_vit_h14 app is unpublished (spec Q7), so the simulator reads the geometry
+stream; IRON's clip_vit_h14 app is unpublished (docs/clip.md), so the simulator reads the geometry
 from the `op` record's fields (docs/device.md §3):
 
 - `clip_mha`, args (Q, K, V, O): Q, K and V are the same rows of the qkv output at row stride

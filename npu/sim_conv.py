@@ -1,10 +1,10 @@
 """The simulator's AdaFace conv kernel (kind `adaface_conv`): one stride-1 "same" convolution
 over one input-channel group, arguments (input, weights, output), as taconite-adaface's conv
-dispatches (specs/adaface-clip-align.md a.3).
+dispatches (docs/adaface-bundle.md).
 
 On hardware the conv geometry lives in the xclbin and its instruction stream, and the weights
-are pre-packed in IRON's unpublished per-dispatch layout (spec Q3). The simulator's stand-ins,
-documented in docs/adaface-bundle.md §4:
+are pre-packed in IRON's unpublished per-dispatch layout. The simulator's stand-ins, documented
+in docs/adaface-bundle.md §4:
 
 - geometry: the instruction stream's first 7 u32 words, `CONV_MAGIC k h wp icg oc owp`
   (write_conv_kernel writes them); the manifest's `conv` record is not read;

@@ -1,6 +1,6 @@
 """The NPU device over pyxrt: bundle kernels on /dev/accel/accel0, as taconite's XRT shim.
 
-Follows specs/bundle-and-xrt.md §2 (taconite iron_xrt_shim.cpp and taconite-adaface's LRU):
+Follows docs/device.md (taconite iron_xrt_shim.cpp and taconite-adaface's LRU):
 one pyxrt.device per process; one hw_context per (xclbin, kernel name) shared by its
 kernels; instruction BOs `cacheable` in group_id(1); data BOs `host_only` in group 0;
 kernel args (3, insts BO, insts bytes, *data BOs); a cached pyxrt.run per argument tuple.

@@ -20,13 +20,15 @@ import contextlib
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.errors import NpucamError
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
+
+T = TypeVar("T")
 
 
 class Policy(StrEnum):
@@ -41,6 +43,20 @@ class QueueClosed(NpucamError):
 
 def camera_of(item: Any) -> str:
     return getattr(item, "camera", "")
+
+
+def oldest_of_busiest_camera(
+    items: Sequence[T], camera: Callable[[T], str], arrival: Callable[[T], float]
+) -> int:
+    """The `drop_oldest` policy's victim (every queue that holds several cameras uses it): the
+    index of the oldest item (smallest arrival) among the cameras with the most items
+    waiting, so a fast camera cannot push a slow one's work out of a shared queue."""
+    counts = Counter(camera(it) for it in items)
+    busiest = max(counts.values())
+    return min(
+        (i for i, it in enumerate(items) if counts[camera(it)] == busiest),
+        key=lambda i: arrival(items[i]),
+    )
 
 
 class BoundedQueue:
@@ -138,16 +154,10 @@ class BoundedQueue:
         return True
 
     def _drop_oldest_of_busiest_camera(self) -> None:
-        # A fast camera must not evict a slow one's frames from a shared queue: the camera
-        # with the most waiting items gives up its oldest (ties: the oldest item overall).
-        counts = Counter(camera_of(item) for item, _ in self._items)
-        busiest = max(counts.values())
-        for i, (item, _) in enumerate(self._items):
-            cam = camera_of(item)
-            if counts[cam] == busiest:
-                del self._items[i]
-                self.metrics.drop(self.stage, cam, "queue_full")
-                return
+        i = oldest_of_busiest_camera(self._items, lambda e: camera_of(e[0]), lambda e: e[1])
+        item, _ = self._items[i]
+        del self._items[i]
+        self.metrics.drop(self.stage, camera_of(item), "queue_full")
 
     def _forget_waiter(
         self, fut: asyncio.Future, waiters: deque[asyncio.Future], room: bool

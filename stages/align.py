@@ -2,12 +2,12 @@
 
 A similarity transform (rotation, uniform scale, translation; no reflection) is fitted with
 Umeyama's method, exactly what scikit-image's `SimilarityTransform.estimate` computes
-(spec adaface-clip-align.md c.3), and the face is warped with cv2.warpAffine (bilinear, zero
-border), as insightface and OpenCV's FaceRecognizerSF.alignCrop do (spec c.2).
+(docs/face-id.md), and the face is warped with cv2.warpAffine (bilinear, zero
+border), as insightface and OpenCV's FaceRecognizerSF.alignCrop do (docs/face-id.md).
 
 BlazeFace gives no mouth corners, so `align_face_4pt` fits eyes, nose and the mouth centre to
-the template's mouth-corner midpoint: an approximation no upstream source gives (spec c.5 (i)).
-The colour order each embedder expects (spec c.4) is data here, not a convention in comments.
+the template's mouth-corner midpoint: an approximation no upstream source gives (docs/face-id.md).
+The colour order each embedder expects (docs/face-id.md) is data here, not a convention in comments.
 The `align` stage applies this to the face jobs of the detect stage.
 """
 
@@ -26,7 +26,7 @@ from stages.jobs import ClipJob, FaceJob, PoseJob
 ColourOrder = Literal["rgb", "bgr"]
 
 # ArcFace template in 112x112 pixel coordinates (x, y), in image order: image-left eye,
-# image-right eye, nose tip, image-left mouth corner, image-right mouth corner (spec c.1).
+# image-right eye, nose tip, image-left mouth corner, image-right mouth corner (docs/face-id.md).
 ARCFACE_TEMPLATE = np.array(
     [
         [38.2946, 51.6963],

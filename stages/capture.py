@@ -96,7 +96,7 @@ class Capture(Stage):
             except SourceError as exc:
                 problems.append(f"cameras[{i}].url: {exc}")
                 continue
-            missing = _missing_input(spec, cam.url)
+            missing = _missing_input(spec)
             if missing:
                 problems.append(f"cameras[{i}].url: {missing}")
             if spec.kind != "zmq" and cam.security is not None:
@@ -163,19 +163,16 @@ class Capture(Stage):
             self._stop_requested.set()
 
 
-def _missing_input(spec: CameraSpec, url: str) -> str | None:
+def _missing_input(spec: CameraSpec) -> str | None:
     """Why a file, sample or image folder source cannot be read now (None if it can)."""
-    scheme, sep, rest = url.partition(":")
+    if spec.sample is not None:
+        try:
+            assets.asset_path(spec.sample)
+        except assets.AssetError as exc:
+            return str(exc)
+        return None
     if spec.kind == "file":
-        if sep and scheme.lower() == "sample":
-            try:
-                assets.asset_path(rest)
-            except assets.AssetError as exc:
-                return str(exc)
-            return None
-        path = spec.base_dir / (rest if sep and scheme.lower() == "file" else url)
-        return None if path.is_file() else f"file not found: {path}"
+        return None if spec.path.is_file() else f"file not found: {spec.path}"
     if spec.kind == "images":
-        path = spec.base_dir / rest
-        return None if path.is_dir() else f"folder not found: {path}"
+        return None if spec.path.is_dir() else f"folder not found: {spec.path}"
     return None

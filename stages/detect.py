@@ -1,14 +1,12 @@
-"""Person boxes -> Sapiens2 input crops, as HF Sapiens2ImageProcessor's crop_and_resize.
+"""The `detect` stage: frames -> det results and the NPU stage's work.
 
-Each COCO box is padded by 1.25, widened or heightened to the crop's aspect, and sampled on
-an align-corners grid with torch.grid_sample semantics (zero padding; bilinear when the crop
-shrinks the region, bicubic with A = -0.75 when it grows it), then ImageNet-normalised.
-Reference: transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (spec sapiens2 §2).
-
-The `detect` stage (the second half of this file) turns frames into det results and the
-NPU stage's work: person boxes (BlazePose, an ONNX detector, fixed regions, or an external
-detector over ZeroMQ) tracked per camera (stages.tracker), faces (BlazeFace, YuNet), and
-PoseJob / FaceJob / ClipJob items (stages.jobs); the infer stage crops with crop_persons.
+Person boxes (BlazePose, an ONNX detector, fixed regions, or an external detector over
+ZeroMQ: stages.box_receiver) are tracked per camera (stages.tracker, shared with the dark
+stage through stages.tracks.TrackRegistry); faces come from BlazeFace or YuNet, in the frame
+or inside each person box. Each frame gives a Detections message (det/<camera>) and the jobs
+of stages.jobs: PoseJobs for the tracks whose pose is oldest, FaceJobs, rate-limited ClipJobs.
+Detectors run in the stage's own worker thread (LiteRT interpreters stay on the thread that
+made them).
 """
 
 from __future__ import annotations
@@ -30,15 +28,10 @@ from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue
 from stages.align import blazeface_alignment_points
 from stages.box_receiver import BoxReceiver
-from stages.detectors.detections import Detections as FaceDetections
+from stages.detectors.detections import DetectorOutput
 from stages.jobs import ClipJob, FaceJob, PoseJob
 from stages.tracker import PersonTracker, iou_matrix
 from stages.tracks import CameraTracks, TrackRegistry
-
-# ---- the detect stage ---------------------------------------------------------------------
-# Frames -> det/<camera> Detections (person and face boxes with track ids) + PoseJobs for the
-# tracks whose pose is oldest + FaceJobs + rate-limited ClipJobs (stages.jobs). Detectors run
-# in the stage's own worker thread (LiteRT interpreters stay on the thread that made them).
 
 MIN_FACE_SEARCH_PX = 8  # face_in = "persons": person boxes narrower or lower are skipped
 FACE_DUPLICATE_IOU = 0.5  # face_in = "persons": the same face found in two person boxes
@@ -276,7 +269,7 @@ class Detect(Stage):
         d = self.person_detector.detect(frame.image, "bgr")
         return d.boxes, d.scores
 
-    def _faces(self, image: np.ndarray, person_xywh: np.ndarray) -> FaceDetections | None:
+    def _faces(self, image: np.ndarray, person_xywh: np.ndarray) -> DetectorOutput | None:
         """Faces in the frame, or inside each person box (face_in = "persons"; a face two
         overlapping boxes both found is kept once, the higher score)."""
         if self.face_detector is None:
@@ -284,7 +277,7 @@ class Detect(Stage):
         if self.options.face_in == "frame":
             return self.face_detector.detect(image, "bgr")
         h, w = image.shape[:2]
-        found: list[FaceDetections] = []
+        found: list[DetectorOutput] = []
         for x, y, bw, bh in np.asarray(person_xywh, np.float64):
             x0, y0 = max(0, math.floor(x)), max(0, math.floor(y))
             x1, y1 = min(w, math.ceil(x + bw)), min(h, math.ceil(y + bh))
@@ -297,7 +290,7 @@ class Detect(Stage):
             d.keypoints = d.keypoints + offset
             found.append(d)
         if not found:
-            return FaceDetections.empty(0)
+            return DetectorOutput.empty(0)
         boxes = np.concatenate([d.boxes for d in found])
         scores = np.concatenate([d.scores for d in found])
         keypoints = np.concatenate([d.keypoints for d in found])
@@ -307,7 +300,7 @@ class Detect(Stage):
         for i in order:
             if all(iou[i, j] <= FACE_DUPLICATE_IOU for j in keep):
                 keep.append(int(i))
-        return FaceDetections(boxes[keep], scores[keep], keypoints[keep], found[0].names)
+        return DetectorOutput(boxes[keep], scores[keep], keypoints[keep], found[0].names)
 
     def process(self, frame: Frame) -> list:
         """One frame -> [Detections, *PoseJobs, *FaceJobs, *ClipJobs] (blocking)."""

@@ -27,9 +27,9 @@ import numpy as np
 
 from npu.models.adaface.preprocess import embedder_input
 from pipeline.errors import NpucamError
-from pipeline.files import file_stamp
+from pipeline.files import FileWatch
 from stages.align import ColourOrder, align_face, align_face_4pt, blazeface_alignment_points
-from stages.detectors.detections import Detections
+from stages.detectors.detections import DetectorOutput
 
 log = logging.getLogger(__name__)
 
@@ -259,29 +259,31 @@ class GalleryFile:
     """A gallery backed by a file, hot-reloaded when the file changes.
 
     `current` is always a complete Gallery (readers never see a half-loaded one);
-    `reload_if_changed()` re-reads the file when its (mtime, size, inode) stamp changed and
-    swaps it in; a corrupt or vanished file leaves the previous gallery in use and the
-    error in `last_error` (re-tried on the next stamp change). Edits (enrol/remove) are
-    read-modify-write under a lock, then written atomically.
+    `reload_if_changed()` looks at the file at most every interval_s (pipeline.files.FileWatch)
+    and re-reads it when its (mtime, size, inode) stamp changed, then swaps it in; a corrupt or
+    vanished file leaves the previous gallery in use and the error in `last_error` (re-tried on
+    the next stamp change). Edits (enrol/remove) are read-modify-write under a lock, then
+    written atomically.
     """
 
-    def __init__(self, path: str | Path, embed_dim: int = 512, model: str = "") -> None:
+    def __init__(
+        self, path: str | Path, embed_dim: int = 512, model: str = "", interval_s: float = 0.0
+    ) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.last_error: GalleryError | None = None
-        self._stamp = file_stamp(self.path)
-        if self._stamp is None:
+        self._watch = FileWatch(self.path, interval_s)
+        if self._watch.stamp is None:
             self.current = Gallery.empty(embed_dim, model)
         else:
             self.current = read_gallery(self.path)
 
     def reload_if_changed(self) -> bool:
         """True when a changed file was loaded; False if unchanged or the new one was bad."""
-        stamp = file_stamp(self.path)
-        if stamp == self._stamp:
+        change = self._watch.poll()
+        if change is None:
             return False
-        self._stamp = stamp
-        if stamp is None:
+        if change == "vanished":
             self.last_error = GalleryError(f"{self.path}: gallery file vanished; keeping it")
             log.warning("%s", self.last_error)
             return False
@@ -302,7 +304,7 @@ class GalleryFile:
             g = change(base)
             write_gallery(self.path, g)
             self.current = g
-            self._stamp = file_stamp(self.path)
+            self._watch.mark()
             return g
 
     def enrol(self, name: str, embeddings: np.ndarray, model: str = "") -> Gallery:
@@ -328,7 +330,7 @@ class GalleryFile:
 
 
 class FaceDetector(Protocol):
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections: ...
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput: ...
 
 
 class FaceEmbedder(Protocol):
@@ -411,7 +413,7 @@ class FaceObservation:
 
 
 def observe_faces(
-    image: np.ndarray, detections: Detections, border_px: float = 1.0
+    image: np.ndarray, detections: DetectorOutput, border_px: float = 1.0
 ) -> list[FaceObservation]:
     """Align every detection of image (uint8 [H, W, 3]), largest face first.
 

@@ -1,4 +1,4 @@
-"""The inference stage: one stage, one device, every model (ARCHITECTURE.md section 3).
+"""The inference stage: one stage, one device, every model (docs/inference.md).
 
 Pose, face and CLIP jobs (stages.jobs) enter per-model queues of a BatchScheduler
 (stages.scheduler; docs/scheduler.md) with their frames' deadlines. The scheduler hands out
@@ -53,8 +53,7 @@ from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from stages.jobs import Job
 from stages.runtimes import ModelOptions, Ran, Runtime, open_runtime, resolve, runtime_class
-from stages.scheduler import Batch, BatchScheduler, ModelProfile, SchedulerError
-from stages.scheduler import Job as SchedJob
+from stages.scheduler import Batch, BatchScheduler, ModelProfile, QueuedJob, SchedulerError
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +487,7 @@ class Infer(Stage):
             return False
         rt = self.runtimes[model]
         ok = self.scheduler.submit(
-            SchedJob(
+            QueuedJob(
                 model=model,
                 camera=item.camera,
                 payload=item,

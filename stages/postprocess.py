@@ -1,27 +1,7 @@
-"""Heatmaps -> keypoints, as HF's Sapiens2 post_process_pose_estimation.
-
-Argmax (first maximum), one DARK/UDP Newton step on the log of the max-preserving Gaussian
-blur (kernel 11, sigma 2, zero borders), mapped back through the crop window. Reference:
-transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (spec sapiens2 §5).
-
-The blur is evaluated only at the 3x3 neighbourhood of each argmax, each value from its
-11x11 zero-padded window (separably). The max-preserving rescale by s = max(m)/max(blur(m))
-needs the maximum of the whole blurred map, but it cancels out of the Newton step: the step
-uses differences of ln(clip(s·B, 1e-3, 50)), and where no clip engages these equal
-differences of ln B. Since blur weights sum to at most 1, max(B) <= max(m), so s >= 1;
-and s·B <= max(m). Hence if every neighbourhood value B >= 1e-3 and max(m) <= 50, no clip
-engages for any admissible s and the step is computed from ln B exactly. Only maps failing
-that test (weak or very strong peaks) are blurred in full to get s exactly.
-
-Score <= 0: HF sets the location to (-1, -1) and then reads the replicate-padded log map
-at flat offsets from padded (0, 0), which wrap into the previous map (or the end of the
-batch); its refined coordinates there are artefacts. Here such keypoints keep the location
-(-1, -1) unrefined (equivalent to clamping every lookup to the map), mapped through the
-window like any other; their score is the raw maximum, as HF's.
-
-The stages at the end of the file turn the infer stage's outputs into published results:
-`dark` (pose heatmaps -> keypoints), `face_match` (embeddings -> gallery identities) and
-`clip_labels` (CLIP image embeddings -> label probabilities, spec b.8).
+"""The postprocess stages: the infer stage's outputs -> published results. `dark` turns pose
+heatmaps into 308 keypoints in frame pixels (npu.models.sapiens2.post), `face_match`
+identifies face embeddings against the gallery (stages.gallery), `clip_labels` turns CLIP
+image embeddings into label probabilities (npu.models.clip.post).
 """
 
 from __future__ import annotations
@@ -185,17 +165,15 @@ class FaceMatch(MapStage):
         super().__init__(name, options, context)
         self.gallery: GalleryFile | None = None
         if options.gallery is not None:
-            self.gallery = GalleryFile(context.config.base_dir / options.gallery)
-        self._checked_ns = 0
+            self.gallery = GalleryFile(
+                context.config.base_dir / options.gallery, interval_s=options.reload_interval_s
+            )
         self._warned_model = False
 
     def _current(self) -> Gallery | None:
         if self.gallery is None:
             return None
-        at = now_ns()
-        if at - self._checked_ns >= self.options.reload_interval_s * 1e9:
-            self._checked_ns = at
-            self.gallery.reload_if_changed()
+        self.gallery.reload_if_changed()
         return self.gallery.current
 
     def process(self, item: Inferred) -> list[FaceResult]:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pipeline.errors import NpucamError
 from pipeline.messages import now_ns
+from pipeline.queues import oldest_of_busiest_camera
 
 QueuePolicy = Literal["drop_oldest", "reject_new"]
 QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new")
@@ -87,7 +88,7 @@ class ModelProfile:
 
 
 @dataclass(slots=True, eq=False)
-class Job:
+class QueuedJob:
     """One unit of work for one model.
 
     deadline_ns: capture_ts + the staleness budget; no result is returned after it.
@@ -124,7 +125,7 @@ class Batch:
     seq: int
     model: str
     size: int
-    jobs: tuple[Job, ...]
+    jobs: tuple[QueuedJob, ...]
     loads: tuple[str, ...]
     evictions: tuple[str, ...]
     switch_s: float
@@ -285,7 +286,7 @@ class SchedulerStats:
 @dataclass(slots=True)
 class _Candidate:
     profile: ModelProfile
-    jobs: list[Job]
+    jobs: list[QueuedJob]
     switch_s: float
     cost_s: float
     bound_s: float
@@ -369,7 +370,7 @@ class BatchScheduler:
         self.prefer_resident = prefer_resident
         self.max_in_flight = max_in_flight
         self.lru = ContextLRU(context_slots)
-        self._queues: dict[str, list[Job]] = {name: [] for name in self.profiles}
+        self._queues: dict[str, list[QueuedJob]] = {name: [] for name in self.profiles}
         self._cost: dict[str, float] = {name: p.cost_s for name, p in self.profiles.items()}
         # mean absolute deviation of measured costs; deadlines are judged on cost + margin
         self._dev: dict[str, float] = {name: 0.1 * p.cost_s for name, p in self.profiles.items()}
@@ -394,7 +395,7 @@ class BatchScheduler:
 
     # -- intake ---------------------------------------------------------------------------
 
-    def submit(self, job: Job) -> bool:
+    def submit(self, job: QueuedJob) -> bool:
         """Queue a job; False if it was dropped at once (counted: stale or queue_full)."""
         profile = self.profiles.get(job.model)
         if profile is None:
@@ -446,21 +447,16 @@ class BatchScheduler:
         queue.append(job)
         return True
 
-    def _replaced(self, job: Job) -> None:
+    def _replaced(self, job: QueuedJob) -> None:
         # Its result will never come: counted per camera like every drop (queue_full, as a
         # `latest` queue counts the item a newer one replaces), and as `replaced`.
         self.stats.models[job.model].replaced += 1
         self._drop(job, "queue_full")
 
-    def _drop_oldest_of_largest_camera(self, queue: list[Job]) -> None:
-        # drop_oldest takes from the camera holding most of the queue, so a flooding camera
-        # cannot push the others' work out.
-        per_camera = Counter(job.camera for job in queue)
-        top = max(per_camera.values())
-        victim = min(
-            (job for job in queue if per_camera[job.camera] == top), key=lambda j: j.enqueue_ns
+    def _drop_oldest_of_largest_camera(self, queue: list[QueuedJob]) -> None:
+        victim = queue.pop(
+            oldest_of_busiest_camera(queue, lambda j: j.camera, lambda j: j.enqueue_ns)
         )
-        queue.remove(victim)
         self._drop(victim, "queue_full")
 
     def _lift_returning_camera(self, camera: str) -> None:
@@ -536,7 +532,7 @@ class BatchScheduler:
         start_ns = self._device_free_ns(now)
         latest_start_ns = self._device_free_ns(now, bound=True)
         self._relax(now)
-        safe: dict[str, list[Job]] = {}
+        safe: dict[str, list[QueuedJob]] = {}
         self._blocked = set()
         for name in self._queues:
             safe[name], at_risk = self._sort_out(name, now, start_ns, latest_start_ns, drop=True)
@@ -584,7 +580,7 @@ class BatchScheduler:
             t += _s_to_ns(b.switch_s + (b.cost_bound_s if bound else b.cost_s))
         return max(t, now)
 
-    def _ready(self, model: str, jobs: list[Job], now: int) -> bool:
+    def _ready(self, model: str, jobs: list[QueuedJob], now: int) -> bool:
         profile = self.profiles[model]
         oldest = min(job.enqueue_ns for job in jobs)
         return len(jobs) >= profile.batch_size or now - oldest >= _ms_to_ns(profile.max_wait_ms)
@@ -594,7 +590,7 @@ class BatchScheduler:
 
     def _sort_out(
         self, name: str, now: int, start_ns: int, latest_start_ns: int, drop: bool = False
-    ) -> tuple[list[Job], list[Job]]:
+    ) -> tuple[list[QueuedJob], list[QueuedJob]]:
         """Split `name`'s queue into (safe, at risk): safe jobs finish in time if their batch
         starts when the device frees up by the bounds and takes the cost bound; jobs at risk
         would with the expected start and the optimistic cost. With drop=True the rest are
@@ -605,8 +601,8 @@ class BatchScheduler:
         switch_s = self._switch_s(self.profiles[name])
         bound_finish = latest_start_ns + _s_to_ns(switch_s + self.cost_bound_s(name))
         floor_finish = start_ns + _s_to_ns(switch_s + self.cost_floor_s(name))
-        safe: list[Job] = []
-        at_risk: list[Job] = []
+        safe: list[QueuedJob] = []
+        at_risk: list[QueuedJob] = []
         for job in queue:
             if now > job.deadline_ns or floor_finish > job.deadline_ns:
                 if drop:
@@ -642,20 +638,20 @@ class BatchScheduler:
         return self.camera_weights.get(camera, 1.0)
 
     def _candidate(
-        self, profile: ModelProfile, latest_start_ns: int, queued: list[Job]
+        self, profile: ModelProfile, latest_start_ns: int, queued: list[QueuedJob]
     ) -> _Candidate:
         """The batch this model would run now from `queued`: jobs taken camera by camera,
         least served camera first (charging each taken job its share of the batch cost), and
         within a camera by (priority, deadline, arrival)."""
         cost = self._cost[profile.name]
         switch = self._switch_s(profile)
-        by_camera: dict[str, list[Job]] = {}
+        by_camera: dict[str, list[QueuedJob]] = {}
         for job in sorted(queued, key=lambda j: (j.priority, j.deadline_ns, j.enqueue_ns)):
             by_camera.setdefault(job.camera, []).append(job)
         served = {c: self._served.get(c, 0.0) for c in by_camera}
         lead = min(served.values())
         share = cost / profile.batch_size
-        jobs: list[Job] = []
+        jobs: list[QueuedJob] = []
         while len(jobs) < profile.batch_size and by_camera:
             camera = min(by_camera, key=lambda c: (served[c], c))
             jobs.append(by_camera[camera].pop(0))
@@ -846,7 +842,7 @@ class BatchScheduler:
             end = max(end, self._in_flight[0].dispatch_ns)
         self._head_start_ns = end
 
-    def _drop(self, job: Job, reason: str) -> None:
+    def _drop(self, job: QueuedJob, reason: str) -> None:
         self.stats.drops[(job.model, job.camera, reason)] += 1
 
 
@@ -876,7 +872,9 @@ class SimClock:
 class SimReport:
     """What a simulated run produced: published results and the device's timeline."""
 
-    results: list[tuple[int, Job, Any]] = field(default_factory=list)  # (publish ns, job, out)
+    results: list[tuple[int, QueuedJob, Any]] = field(
+        default_factory=list
+    )  # (publish ns, job, out)
     batches: list[tuple[int, int, Batch]] = field(default_factory=list)  # (start, end, batch)
 
 

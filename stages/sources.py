@@ -10,7 +10,7 @@ RTSP); keeping only the newest is the queue policy of whoever `emit` feeds. File
 folders and the test pattern are paced at their frame rate when `realtime`, else read as fast
 as `emit` accepts them. A live source that fails to open, ends, or delivers nothing for
 stall_timeout_s is reopened with capped exponential backoff and jitter, as DeepStream's
-nvurisrcbin and Frigate's ffmpeg watchdog do (field-notes.md §1-2).
+nvurisrcbin and Frigate's ffmpeg watchdog do (docs/reliability.md).
 
 url forms:
     PATH, file:PATH          video file (relative to base_dir)
@@ -136,6 +136,12 @@ class CameraSpec:
     def kind(self) -> str:
         """file, usb, stream, images, zmq or synthetic."""
         return self._parsed[0]
+
+    @property
+    def sample(self) -> str | None:
+        """The asset name of a sample:NAME source (pipeline.assets), None for other urls."""
+        kind, target = self._parsed
+        return target[1] if kind == "file" and target[0] == "sample" else None
 
     @property
     def live(self) -> bool:

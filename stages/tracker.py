@@ -110,7 +110,6 @@ class Track:
     box: np.ndarray
     score: float
     velocity: np.ndarray
-    first_seen_ns: int
     last_seen_ns: int
     hits: int = 1
     lost: bool = False
@@ -246,7 +245,6 @@ class PersonTracker:
                 box=boxes[i].copy(),
                 score=float(scores[i]),
                 velocity=np.zeros(4),
-                first_seen_ns=ts_ns,
                 last_seen_ns=ts_ns,
             )
             self._next_id += 1

@@ -54,7 +54,7 @@ def check_bundle(path: str | Path, version: int | None = None) -> CheckSummary:
                 if not target.is_file():
                     raise r.error(f"`{key}={r.value(key)}` names a missing file")
                 size = target.stat().st_size
-                # An instruction stream is raw little-endian u32 words (spec section 2.1).
+                # An instruction stream is raw little-endian u32 words (docs/device.md).
                 if key == "insts" and (size == 0 or size % 4):
                     raise r.error(f"`insts={r.value(key)}` is not whole u32 words ({size} bytes)")
                 files += 1

@@ -42,8 +42,6 @@ class ModelSpec:
       or None when it has none.
     export_batch(model, bundle_dir) -> items per device pass (bundle_dir None on cpu);
       default_batch: the same for the released bundles, when no model is loaded (planning).
-    npu2_pass_s: the device time of one pass of the REAL model on NPU2, as taconite publishes
-      it (docs/device.md), for planning; None when unknown.
     """
 
     name: str
@@ -55,7 +53,6 @@ class ModelSpec:
     model_id: Callable[[Any, Path], str] = field(default=lambda model, path: path.name)
     export_batch: Callable[[Any, Path | None], int] = field(default=lambda model, path: 1)
     default_batch: int = 1
-    npu2_pass_s: float | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

@@ -4,7 +4,7 @@ classify: images are decoded with OpenCV (BGR -> RGB), preprocessed as HF CLIPIm
 and classified against the prompt template filled with each label (npu.models.clip). MODEL is
 an HF CLIPModel directory for `--backend cpu`, or a CLIP bundle for `--backend sim` / `npu`;
 the backend is never chosen silently. Prints each image's labels by probability, or JSON.
-check: a bundle's tokenizer cases and reference sets against their gates (spec b.9), on the
+check: a bundle's tokenizer cases and reference sets against their gates (docs/clip.md), on the
 simulated NPU or the real one; prints ALL CHECKS PASSED or the failures.
 Exit codes: 0 done / passed, 1 a check failed, 2 an error naming the file or argument.
 """
@@ -137,7 +137,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check",
         help="check a CLIP bundle against its reference sets",
         description="Tokenizer, preprocessing, embeddings and zero-shot against the bundle's "
-        "tok_test and refset records with spec b.9's tolerances.",
+        "tok_test and refset records with docs/clip.md's tolerances.",
     )
     c.add_argument("bundle", type=Path, help="CLIP bundle directory")
     c.add_argument("--backend", default="sim", choices=("sim", "npu"), help="default sim")

@@ -7,7 +7,7 @@ each person also naming the backend. `--draw` saves the image with the keypoints
 is above --threshold and the skeleton links between them.
 
 `pose check BUNDLE [--backend sim|npu]` replays every `ref` case of a bundle as taconite's
-`sapiens2 check` does (spec sapiens2 §6): the pixel max |diff| of our crop against the
+`sapiens2 check` does (docs/pose.md): the pixel max |diff| of our crop against the
 reference crop, feature and heatmap cosines from the reference pixels, and the keypoint error
 through the whole path over keypoints whose reference score > 0.3. A case passes when pixels
 <= 2e-3, heatmap cosine >= 0.98 and mean keypoint error <= 1% of max(box w, box h); feature

@@ -21,7 +21,7 @@ from stages.detectors.anchors import (
     ssd_anchors,
 )
 from stages.detectors.detections import (
-    Detections,
+    DetectorOutput,
     xyxy_to_clipped_xywh,
 )
 from stages.detectors.litert import TfliteSsd
@@ -45,7 +45,7 @@ VARIANTS = {"short": SHORT_RANGE, "full": FULL_RANGE}
 
 
 class BlazeFace:
-    """Faces in an image: `detect(image) -> Detections` with 6 keypoints per face.
+    """Faces in an image: `detect(image) -> DetectorOutput` with 6 keypoints per face.
 
     variant: "short" (faces within ~2 m, 128x128 input) or "full" (up to ~5 m, 192x192).
     model_path overrides the cached asset; min_score overrides the graph's threshold.
@@ -73,14 +73,14 @@ class BlazeFace:
         path = model_path if model_path is not None else asset_path(spec.filename)
         self._model = TfliteSsd(path, self.size, len(self._anchors), 16)
 
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections:
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput:
         """image: uint8 [H, W, 3] in `colour_order` ("bgr" as Frame, or "rgb")."""
         raw, lb = self._model.detect_letterboxed(image, colour_order, self._anchors, self._decode)
         h, w = image.shape[:2]
         if len(raw.scores) == 0:
-            return Detections.empty(6, FACE_KEYPOINTS)
+            return DetectorOutput.empty(6, FACE_KEYPOINTS)
         corners = lb.to_image(raw.boxes.reshape(-1, 2, 2)).reshape(-1, 4)
-        return Detections(
+        return DetectorOutput(
             boxes=xyxy_to_clipped_xywh(corners, w, h),
             scores=raw.scores,
             keypoints=lb.to_image(raw.keypoints),

@@ -21,7 +21,7 @@ from stages.detectors.anchors import (
     DecodeOptions,
     ssd_anchors,
 )
-from stages.detectors.detections import Detections, xyxy_to_clipped_xywh
+from stages.detectors.detections import DetectorOutput, xyxy_to_clipped_xywh
 from stages.detectors.litert import TfliteSsd
 
 POSE_KEYPOINTS = ("hip_centre", "body_scale", "shoulder_centre", "upper_body_scale")
@@ -29,7 +29,7 @@ ROI_SCALE = 1.25
 
 
 class BlazePosePerson:
-    """Persons in an image: `detect(image) -> Detections`.
+    """Persons in an image: `detect(image) -> DetectorOutput`.
 
     boxes are the person ROIs (see the module doc), keypoints the detector's 4 points,
     extra["detector_boxes"] the detector's own head boxes (float32 [N, 4] xywh) and
@@ -51,12 +51,12 @@ class BlazePosePerson:
         path = model_path if model_path is not None else asset_path("pose_detection.tflite")
         self._model = TfliteSsd(path, self.size, len(self._anchors), 12)
 
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections:
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput:
         """image: uint8 [H, W, 3] in `colour_order` ("bgr" as Frame, or "rgb")."""
         raw, lb = self._model.detect_letterboxed(image, colour_order, self._anchors, self._decode)
         h, w = image.shape[:2]
         if len(raw.scores) == 0:
-            return Detections.empty(4, POSE_KEYPOINTS)
+            return DetectorOutput.empty(4, POSE_KEYPOINTS)
         kp = lb.to_image(raw.keypoints)
         centre = kp[:, 0]
         radius = np.linalg.norm(kp[:, 1] - kp[:, 0], axis=-1)
@@ -66,7 +66,7 @@ class BlazePosePerson:
         rotation = np.pi / 2 - np.arctan2(-dy, dx)
         rotation = (rotation + np.pi) % (2 * np.pi) - np.pi
         heads = lb.to_image(raw.boxes.reshape(-1, 2, 2)).reshape(-1, 4)
-        return Detections(
+        return DetectorOutput(
             boxes=xyxy_to_clipped_xywh(person, w, h),
             scores=raw.scores,
             keypoints=kp,

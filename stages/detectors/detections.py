@@ -19,8 +19,8 @@ class DetectorError(NpucamError):
 
 
 @dataclass
-class Detections:
-    """Detections in image pixels.
+class DetectorOutput:
+    """DetectorOutput in image pixels.
 
     boxes: float32 [N, 4] x, y, w, h (clipped to the image); scores: float32 [N] in [0, 1];
     keypoints: float32 [N, K, 2] (x, y), K = 0 when the detector gives none, not clipped
@@ -38,8 +38,8 @@ class Detections:
         return int(self.scores.shape[0])
 
     @staticmethod
-    def empty(num_keypoints: int = 0, names: tuple[str, ...] = ()) -> Detections:
-        return Detections(
+    def empty(num_keypoints: int = 0, names: tuple[str, ...] = ()) -> DetectorOutput:
+        return DetectorOutput(
             np.zeros((0, 4), np.float32),
             np.zeros((0,), np.float32),
             np.zeros((0, num_keypoints, 2), np.float32),

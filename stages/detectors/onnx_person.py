@@ -23,8 +23,8 @@ import cv2
 import numpy as np
 
 from stages.detectors.detections import (
-    Detections,
     DetectorError,
+    DetectorOutput,
     check_image,
     letterbox,
     xyxy_to_clipped_xywh,
@@ -34,7 +34,7 @@ FORMATS = ("yolov8", "yolov5", "detr")
 
 
 class OnnxPersonDetector:
-    """`detect(image) -> Detections` (no keypoints) from an ONNX person/object detector.
+    """`detect(image) -> DetectorOutput` (no keypoints) from an ONNX person/object detector.
 
     input_size: the model's square input side; person_class: the class index of "person"
     (0 in COCO-80 YOLO exports; check your model's labels, e.g. 1 for COCO-91 ids).
@@ -119,7 +119,7 @@ class OnnxPersonDetector:
         cx, cy, w, h = b[:, 0] * s, b[:, 1] * s, b[:, 2] * s, b[:, 3] * s
         return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1), scores
 
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections:
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput:
         """image: uint8 [H, W, 3] in `colour_order`; the model gets RGB."""
         check_image(image)
         h, w = image.shape[:2]
@@ -144,9 +144,9 @@ class OnnxPersonDetector:
         order = np.argsort(-scores, kind="stable")
         xyxy, scores = xyxy[order], scores[order]
         if len(scores) == 0:
-            return Detections.empty()
+            return DetectorOutput.empty()
         corners = lb.to_image(xyxy.reshape(-1, 2, 2) / np.float32(self.input_size))
-        return Detections(
+        return DetectorOutput(
             xyxy_to_clipped_xywh(corners.reshape(-1, 4), w, h),
             scores.astype(np.float32),
             np.zeros((len(scores), 0, 2), np.float32),

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from stages.detectors.detections import Detections, DetectorError, check_image
+from stages.detectors.detections import DetectorError, DetectorOutput, check_image
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Region:
 
 
 class Detector(Protocol):
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections: ...
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput: ...
 
 
 class FixedRegions:
@@ -63,7 +63,7 @@ class FixedRegions:
             raise DetectorError(f"region names must be unique: {names}")
         self.regions = tuple(regions)
 
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections:
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput:
         check_image(image)
         h, w = image.shape[:2]
         boxes = []
@@ -71,7 +71,7 @@ class FixedRegions:
             x0, y0, x1, y1 = r.pixels(w, h)
             boxes.append([x0, y0, x1 - x0, y1 - y0])
         n = len(boxes)
-        return Detections(
+        return DetectorOutput(
             np.array(boxes, np.float32),
             np.ones(n, np.float32),
             np.zeros((n, 0, 2), np.float32),
@@ -82,7 +82,7 @@ class FixedRegions:
 class DetectInRegions:
     """Run `inner` on each region's crop and map its boxes and keypoints back to the frame.
 
-    Detections of overlapping regions are all kept (no cross-region suppression);
+    DetectorOutput of overlapping regions are all kept (no cross-region suppression);
     extra["region"] says which region found each one.
     """
 
@@ -90,10 +90,10 @@ class DetectInRegions:
         self.inner = inner
         self.regions = FixedRegions(regions).regions
 
-    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> Detections:
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput:
         check_image(image)
         h, w = image.shape[:2]
-        parts: list[Detections] = []
+        parts: list[DetectorOutput] = []
         region_ids: list[np.ndarray] = []
         for i, r in enumerate(self.regions):
             x0, y0, x1, y1 = r.pixels(w, h)
@@ -105,7 +105,7 @@ class DetectInRegions:
             parts.append(d)
             region_ids.append(np.full(len(d), i, np.int32))
         k = parts[0].keypoints.shape[1]
-        return Detections(
+        return DetectorOutput(
             np.concatenate([p.boxes for p in parts]).reshape(-1, 4),
             np.concatenate([p.scores for p in parts]),
             np.concatenate([p.keypoints for p in parts]).reshape(-1, k, 2),

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from npu.models import ModelLoadError
 from pipeline.errors import NpucamError
-from pipeline.files import file_stamp
+from pipeline.files import FileWatch
 from stages.jobs import ClipInferred, ClipJob, Job
 from stages.runtimes import JobInputError, ModelOptions, Prepared, Ran, Runtime, resolve
 
@@ -103,13 +103,11 @@ class ClipRuntime(Runtime):
         self.label_errors = 0  # bad / empty / vanished labels files, failed encodings
         self.last_label_error: str | None = None
         self.label_sets_loaded = 0  # label sets whose text embeddings were computed
-        self.label_device_s = 0.0  # device seconds spent encoding label sets
         self._in_effect: tuple[tuple[str, ...], np.ndarray] | None = None
         self._embeds: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
         self._pending: tuple[str, ...] | None = None
         self._pending_lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
-        self._next_check = 0.0
+        self.watch: FileWatch | None = None  # the labels file, once load_labels has read it
         # device thread: the queued set whose encoding failed, its failures, next attempt
         self._failed: tuple[tuple[str, ...], int, float] | None = None
 
@@ -146,7 +144,6 @@ class ClipRuntime(Runtime):
             embeds = np.asarray(out, np.float32)
             self._embeds[labels] = embeds
             self.label_sets_loaded += 1
-            self.label_device_s += device_s
             while len(self._embeds) > LABEL_SETS_CACHED:
                 self._embeds.popitem(last=False)
         else:
@@ -193,8 +190,7 @@ class ClipRuntime(Runtime):
         seconds. ModelLoadError when neither gives labels."""
         labels = tuple(self.labels)
         if self.labels_file is not None:
-            self._stamp = file_stamp(self.labels_file)
-            self._next_check = time.monotonic() + LABELS_CHECK_S
+            self.watch = FileWatch(self.labels_file, LABELS_CHECK_S)
             try:
                 labels = self._read_labels_file()
             except LabelsFileError as exc:
@@ -206,17 +202,12 @@ class ClipRuntime(Runtime):
     def poll_labels_file(self, now: float | None = None) -> bool:
         """Host glue: re-read the labels file if its stamp changed (at most every
         LABELS_CHECK_S); True when a new label set is queued for the next run."""
-        if self.labels_file is None:
+        if self.watch is None:
             return False
-        now = time.monotonic() if now is None else now
-        if now < self._next_check:
+        change = self.watch.poll(now)
+        if change is None:
             return False
-        self._next_check = now + LABELS_CHECK_S
-        stamp = file_stamp(self.labels_file)
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        if stamp is None:
+        if change == "vanished":
             self._label_error(f"{self.labels_file}: the labels file vanished")
             return False
         try:

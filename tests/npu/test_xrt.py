@@ -1,4 +1,4 @@
-"""npu/xrt.py against a recording fake pyxrt: the call sequence of specs/bundle-and-xrt.md §2."""
+"""npu/xrt.py against a recording fake pyxrt: the call sequence of docs/device.md."""
 
 from __future__ import annotations
 

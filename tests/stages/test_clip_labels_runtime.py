@@ -193,7 +193,7 @@ def test_labels_file_polled_at_most_every_interval(tmp_path, cache, text_passes)
         )
         assert rt.labels == SET_A and len(text_passes) == 1
         write(path, labels_text(SET_B), tick)
-        t0 = rt._next_check - runtimes.LABELS_CHECK_S
+        t0 = rt.watch.next_check - runtimes.LABELS_CHECK_S
         assert not rt.poll_labels_file(now=t0 + 0.5)  # within the interval: not even stat'ed
         assert rt.poll_labels_file(now=t0 + 1.01)
         assert not rt.poll_labels_file(now=t0 + 2.1)  # unchanged stamp: not re-read
@@ -313,7 +313,7 @@ def test_a_failed_label_encoding_keeps_the_labels_in_effect_and_is_retried(
         encoder = FailingEncoder(rt.model.label_embeddings, errors)
         monkeypatch.setattr(rt.model, "label_embeddings", encoder)
         write(path, labels_text(SET_B), tick)
-        assert rt.poll_labels_file(now=rt._next_check)
+        assert rt.poll_labels_file(now=rt.watch.next_check)
         t0 = 100.0
         step = runtimes.LABELS_CHECK_S
         with caplog.at_level(logging.ERROR, logger="stages.runtimes"):
@@ -361,7 +361,7 @@ def test_label_encoding_does_not_swallow_interrupts(tmp_path, cache, monkeypatch
         encoder = FailingEncoder(rt.model.label_embeddings, [error()])
         monkeypatch.setattr(rt.model, "label_embeddings", encoder)
         write(path, labels_text(SET_B), tick)
-        assert rt.poll_labels_file(now=rt._next_check)
+        assert rt.poll_labels_file(now=rt.watch.next_check)
         with pytest.raises(error):
             rt.apply_pending_labels()
         assert rt.labels == SET_A and rt.label_errors == 0

@@ -87,7 +87,7 @@ def test_pose_image_unreadable_image_exit_2(tiny, tmp_path, capsys):
 
 
 def _hf_ref(model, rgb: np.ndarray, box: list[float]) -> dict:
-    """A ref case from HF's processor and torch model (spec §6's tensors)."""
+    """A ref case from HF's processor and torch model (docs/pose.md's tensors)."""
     from transformers import Sapiens2ImageProcessor
 
     proc = Sapiens2ImageProcessor(size={"height": 64, "width": 48})

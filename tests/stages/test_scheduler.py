@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from stages.scheduler import (
     BatchScheduler,
     ContextLRU,
-    Job,
     ModelProfile,
+    QueuedJob,
     SchedulerError,
     SimClock,
     simulate,
@@ -65,8 +65,8 @@ def device_s(batch) -> float:
     return COST[batch.model] + batch.switch_s
 
 
-def job(model: str, camera: str, payload, deadline_ns: int, **kw) -> Job:
-    return Job(model=model, camera=camera, payload=payload, deadline_ns=deadline_ns, **kw)
+def job(model: str, camera: str, payload, deadline_ns: int, **kw) -> QueuedJob:
+    return QueuedJob(model=model, camera=camera, payload=payload, deadline_ns=deadline_ns, **kw)
 
 
 # -- profiles and the context model ------------------------------------------------------
@@ -175,7 +175,7 @@ def test_complete_rejects_wrong_output_count_and_out_of_order_reports():
 def test_any_workload_batches_exactly_never_mixes_models_and_never_returns_stale(arrivals):
     clock = SimClock()
     sched = BatchScheduler(profiles(max_wait_ms=80.0), clock=clock)
-    submitted: dict[int, Job] = {}
+    submitted: dict[int, QueuedJob] = {}
 
     def submitter(n, model, cam, budget_ms, t):
         def submit():

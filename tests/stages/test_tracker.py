@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.optimize import linear_sum_assignment
 
-from stages.scheduler import BatchScheduler, Job, ModelProfile, SimClock, simulate
+from stages.scheduler import BatchScheduler, ModelProfile, QueuedJob, SimClock, simulate
 from stages.tracker import (
     PersonTracker,
     TrackerError,
@@ -253,7 +253,7 @@ def test_four_cameras_three_people_every_track_refreshed_within_bound():
             trackers[cam].update(boxes, np.full(3, 0.9), ts)
             for track in trackers[cam].pose_queue():
                 sched.submit(
-                    Job(
+                    QueuedJob(
                         model="sapiens2",
                         camera=cam,
                         payload=(track.track_id, ts),

@@ -68,7 +68,7 @@ def _strip_prefix(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _stage_starts(
     shapes: list[tuple[int, int, bool]], k: int, units: tuple[int, ...] | None
 ) -> set[int]:
-    """The units that open a stage, i.e. have stride 2, in the IR layout (spec a.7).
+    """The units that open a stage, i.e. have stride 2, in the IR layout (docs/face-id.md).
 
     shapes: per unit (input width, depth, has a conv shortcut); k: the head Linear's input
     size (width·s·s after the body); units: units per stage from the model's config, if any.

@@ -1,6 +1,5 @@
 """Writes an AdaFace IR network as a taconite-adaface bundle (version 1) for the simulated NPU,
-in the record format IRON's export_ir18.py / export_ir101.py write (specs/adaface-clip-align.md
-a.2; docs/adaface-bundle.md).
+in the record format IRON's export_ir18.py / export_ir101.py write (docs/adaface-bundle.md).
 
 The network comes as a cvlface-style state dict (numpy arrays) or as the IrProgram that
 npu.models.adaface.checkpoint.lower_iresnet makes of one (BatchNorms folded, stride 2 as a stride-1
@@ -95,7 +94,8 @@ def _padded_weight(step: Conv, ict: int) -> np.ndarray:
 def record_forward(
     program: IrProgram, input_chw: np.ndarray, max_icg: int = DEFAULT_MAX_ICG
 ) -> np.ndarray:
-    """The NPU numerics of spec a.3 on the host, in CHW: float32 [c <= 8, h, w] -> float32 [n].
+    """The NPU numerics (docs/adaface-bundle.md) on the host, in CHW: float32 [c <= 8, h, w]
+    -> float32 [n].
 
     Each conv group's partial is the exact (float64) sum of bf16 products, rounded to float32
     and then bf16 (the simulator's conv kernel), summed over groups in float32 and rounded to

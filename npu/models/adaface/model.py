@@ -1,7 +1,7 @@
 """AdaFace IR-18 / IR-101 (cvlface iresnet) as a program of taconite-adaface steps.
 
-The network of spec adaface-clip-align.md a.7 (cvlface's `Backbone` with `BasicBlockIR`
-units) is lowered to the step records of spec a.2: `affine` (a unit's leading BN),
+The network of docs/face-id.md (cvlface's `Backbone` with `BasicBlockIR`
+units) is lowered to the step records of docs/adaface-bundle.md: `affine` (a unit's leading BN),
 `conv` (stride 1, BN folded into its weights) + `prelu_bias` or `bias`, `subsample` (stride
 2), `add` and `head` (BN2d + Linear + BN1d folded into one f32 mat-vec). The cpu backend
 (`AdaFaceCpu`) runs that program in float32, each conv as im2col + `ops.gemm`, matching the

@@ -445,7 +445,7 @@ class AdafaceBundle:
     def colour_order(self) -> ColourOrder:
         """The channel order embed() expects: npucam's `colour_order` param if the bundle
         has one (adaface_export writes the model's), else "rgb" (cvlface preprocessing, as
-        taconite documents it; spec Q1)."""
+        taconite documents it; docs/face-id.md)."""
         return self._colour_order
 
     def fingerprint(self) -> str:

@@ -17,7 +17,7 @@ def convert_colour(crop: np.ndarray, have: ColourOrder, want: ColourOrder) -> np
 
 
 def embedder_input(crop: np.ndarray, have: ColourOrder, want: ColourOrder = "rgb") -> np.ndarray:
-    """An aligned crop -> the AdaFace/cvlface input ((x/255) - 0.5)/0.5, CHW (spec a.4).
+    """An aligned crop -> the AdaFace/cvlface input ((x/255) - 0.5)/0.5, CHW (docs/face-id.md).
 
     crop: uint8 [H, W, 3] with channels in `have` order; want: the order the embedder
     expects (the model's colour_order()). Returns float32 [3, H, W] in [-1, 1].

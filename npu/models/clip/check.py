@@ -1,5 +1,5 @@
 """`clip check`: run a bundle-loaded CLIP against its self-test records with the upstream
-gates (spec b.9): tokenizer cases, preprocessing, tower embeddings vs fp32 and the NPU app,
+gates (docs/clip.md): tokenizer cases, preprocessing, tower embeddings vs fp32 and the NPU app,
 zero-shot and end to end.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 from npu.models.clip.model import ClipInputError, ClipModel
 from npu.models.clip.post import logits_and_probs, softmax
 
-# (gate vs fp32, gate vs the Python NPU app), minimum row cosine, per spec b.9
+# (gate vs fp32, gate vs the Python NPU app), minimum row cosine, per docs/clip.md
 IMAGE_COS_GATE = (0.999, 0.999)
 TEXT_COS_GATE = (0.998, 0.999)
 PROB_GATE = 0.03
@@ -36,7 +36,7 @@ def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def check_bundle(model: ClipModel, read_rgb: Any) -> list[CheckLine]:
-    """Run a bundle-loaded model against its tok_test and refset records (spec b.9).
+    """Run a bundle-loaded model against its tok_test and refset records (docs/clip.md).
 
     read_rgb(path) -> uint8 RGB [H, W, 3] decodes the reference image files (the caller's
     image decoder: npu knows no file formats). Gates: tokenizer ids equal; PNG pixels 0

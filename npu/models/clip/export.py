@@ -1,10 +1,10 @@
 """Write an HF CLIPModel checkpoint as a CLIP bundle in taconite-clip's record layout, for the
-simulated NPU (spec b.2, b.7).
+simulated NPU (docs/clip.md).
 
 The records are the ones taconite-clip reads: `gemm {v,t}_{qkv,o,fc1,fc2} M= K= N= b_bytes=
 ctx= insts=` with K x N exactly dim x 3·dim, dim x dim, dim x N1, N1 x dim, and `op
 {v,t}_{mha,addln} xclbin= insts= name=`. IRON's packed weight layout and its kernels'
-geometry are unpublished (spec Q3, Q7), so the parts only the simulator reads are npucam's:
+geometry are unpublished (docs/clip.md), so the parts only the simulator reads are npucam's:
 B is npu.sim's bfp16ebs8 packing with the tiling in `tile_n= tile_k= ct_k=`, biases and the
 fc1 GELU are `bias=` / `epilogue=` fields, and the op records carry `kind=` plus geometry
 (npu.sim_clip). The numerics follow b.7: LN1 / LN2 affines folded into qkv / fc1, fc2's bias
@@ -66,7 +66,7 @@ def gemm_tiling(k: int, n: int) -> dict[str, int]:
 
 
 def _mlp_weights(fc1: GemmWeights, fc2: GemmWeights) -> tuple[GemmWeights, GemmWeights]:
-    """fc1 / fc2 with fc2's bias moved onto an extra fc1 column (spec b.7 step 6)."""
+    """fc1 / fc2 with fc2's bias moved onto an extra fc1 column (docs/clip.md)."""
     dim, mlp = fc1.w.shape
     n1 = _round_up(mlp + 1, MLP_ALIGN)
     w1 = np.zeros((dim, n1), np.float32)

@@ -1,6 +1,6 @@
 """CLIP's two towers as HF CLIPModel's get_image_features / get_text_features.
 
-The forwards follow taconite-clip's layout (spec b.5-b.7): host glue in float32 numpy (patch
+The forwards follow taconite-clip's layout (docs/clip.md): host glue in float32 numpy (patch
 embedding, ln_pre, token + position embeddings, pooling, ln_post / ln_final, projections)
 around a `TowerLayers` backend that runs one tower's transformer layers over a pass's rows.
 `OpsLayers` is that backend over npu.ops (the cpu backend: every projection a `gemm` by key
@@ -41,7 +41,7 @@ from pipeline.errors import NpucamError
 
 @dataclass(frozen=True)
 class HostWeights:
-    """Host-side float32 tensors (spec b.2 names): the non-GEMM parts of both towers."""
+    """Host-side float32 tensors (docs/clip.md names): the non-GEMM parts of both towers."""
 
     v_patch_w: np.ndarray  # [dim, 3·p·p], columns in (channel, ky, kx) order
     v_cls: np.ndarray  # [dim]

@@ -1,4 +1,4 @@
-"""A CLIP bundle (spec b.2) on a device, replaying taconite-clip's tower schedule (spec b.7).
+"""A CLIP bundle on a device, replaying taconite-clip's tower schedule (docs/clip.md).
 
 Per tower the device holds the bf16 residual stream in two buffers xa / xb, one A and one C
 buffer per GEMM record (run once per M-row chunk over sub-buffer views; fc2 reads fc1's C in

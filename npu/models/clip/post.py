@@ -13,7 +13,7 @@ class ZeroShotError(NpucamError):
 
 
 def _normalise_rows(x: np.ndarray) -> np.ndarray:
-    """Each row times 1/max(‖row‖, 1e-12) (spec b.8), in float64 for the norm."""
+    """Each row times 1/max(‖row‖, 1e-12) (docs/clip.md), in float64 for the norm."""
     norm = np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=-1, keepdims=True))
     return (x / np.maximum(norm, 1e-12)).astype(np.float32)
 
@@ -40,7 +40,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def label_probabilities(
     image_embed: np.ndarray, text_embeds: np.ndarray, logit_scale: float
 ) -> np.ndarray:
-    """CLIP zero-shot (spec b.8): softmax over labels of logit_scale · cos(image, text).
+    """CLIP zero-shot (docs/clip.md): softmax over labels of logit_scale · cos(image, text).
 
     image_embed: float [D]; text_embeds: float [L, D]; logit_scale: the exp'd scale (100 for
     the released models). Returns float32 [L], summing to 1.

@@ -17,7 +17,7 @@ from npu.ops import GemmWeights, NumpyOps
 def deconv_weights(wt: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
     """ConvTranspose2d(k4 s2 p1) weight [C, C_out, 4, 4] -> the 4-phase GEMM B [4C, 4·C_out].
 
-    B[(2dx+dy)·C + ci, (2a+b)·C_out + co] = Wt[ci, co, 3-2dy-a, 3-2dx-b] (spec §4), rows
+    B[(2dx+dy)·C + ci, (2a+b)·C_out + co] = Wt[ci, co, 3-2dy-a, 3-2dx-b] (docs/pose.md), rows
     multiplied by scale[ci] when a preceding norm weight is folded in.
     """
     c, c_out = wt.shape[:2]

@@ -23,10 +23,10 @@ class ModelError(NpucamError):
 
 @dataclass(frozen=True)
 class Config:
-    """Sapiens2-Pose sizes, named as the bundle params of spec §1.2."""
+    """Sapiens2-Pose sizes, named as the bundle params of docs/pose.md"""
 
     D: int
-    I: int  # noqa: E741 (the spec's name for the MLP width)
+    I: int  # noqa: E741 (the bundle param's name for the MLP width)
     layers: int
     heads: int
     hd: int
@@ -157,7 +157,7 @@ class Config:
     def from_params(
         cls, params: Mapping[str, str | Sequence[str]], where: str = "params"
     ) -> Config:
-        """From bundle params (spec §1.2): name -> value text (or its whitespace-split fields).
+        """From bundle params (docs/pose.md): name -> value text (or its whitespace-split fields).
 
         Lists are comma-separated; flip_pairs is "a:b,c:d,...".
         """

@@ -52,15 +52,15 @@ def write_sim_bundle(
 ) -> Path:
     """Write a cpu-backend model as a bundle the simulated NPU runs; returns its directory.
 
-    Records follow spec §1.2 (gemm keys patch, qkv<width>, o, gu, down, d<j>, c<j>, pred; one
+    Records follow docs/pose.md (gemm keys patch, qkv<width>, o, gu, down, d<j>, c<j>, pred; one
     mha), weights are packed with npu.sim.pack_gemm_b (bfp16ebs8, bias as bf16 after it), and
-    host tensors are f32. IRON's real packing is unpublished (spec open question 1), so B and
+    host tensors are f32. IRON's real packing is unpublished (docs/pose.md), so B and
     A are zero-padded here to flm.GEMM's K % 512 and N % 128; the host pads A and drops the
     extra C columns. version 2 leaves the down and deconv biases to the host.
     refs: validation cases {name: {rgb uint8 [h, w, 3], box [4], pixels [3, H, W], features
-    [gh*gw, D], heatmaps [K, Hh, Wh], keypoints [K, 2], scores [K]}} written as spec §6's
+    [gh*gw, D], heatmaps [K, Hh, Wh], keypoints [K, 2], scores [K]}} written as docs/pose.md's
     `ref <name> w= h=` records and ref.<name>.* tensors.
-    strided: write the head's records in taconite-sapiens2's strided form (spec §1.2, §4):
+    strided: write the head's records in taconite-sapiens2's strided form (docs/pose.md):
     d<j> reads A at lda = 2C with K = 4C (zero-padded to K % 512; the padding rows of B are
     zero) over rows = (h0+1)(w0+2); c<j> and pred write C at c_stride = N + 128 > N (so the
     host's crop to C_out is exercised); all with rows, a_elems and c_elems.
@@ -133,7 +133,7 @@ def write_sim_bundle(
 
 
 def _head_strides(cfg: Config) -> dict[str, tuple[int | None, int]]:
-    """Head op key -> (lda or None for K, GEMM rows) of the strided record form (spec §4)."""
+    """Head op key -> (lda or None for K, GEMM rows) of the strided record form (docs/pose.md)."""
     out: dict[str, tuple[int | None, int]] = {}
     c, h0, w0 = cfg.D, cfg.gh, cfg.gw
     for j, c_out in enumerate(cfg.up):

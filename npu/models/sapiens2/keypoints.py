@@ -2,7 +2,7 @@
 
 The list is Goliath's 344 points with the 36 teeth (344-ids 220-255) removed, so a 308-index
 equals the 344-id below 220 and the 344-id - 36 above 255. "left"/"l_" is the subject's
-left. Reference: sapiens keypoints308.py (KP308 in spec sapiens2 §7; the same data as
+left. Reference: sapiens keypoints308.py (KP308 in docs/pose.md; the same data as
 facebookresearch/sapiens goliath.py): keypoint names, `swap` names and `skeleton_info`.
 """
 
@@ -149,7 +149,7 @@ NAMES: tuple[str, ...] = (
 )
 INDEX: dict[str, int] = {name: i for i, name in enumerate(NAMES)}
 
-# Index ranges (spec §7). 63-69 (olecranon, cubital fossa, acromion, neck) are arm and neck
+# Index ranges (docs/pose.md). 63-69 (olecranon, cubital fossa, acromion, neck) are arm and neck
 # points, so they are body here although taconite colours [63, 308) as face.
 GROUPS: dict[str, tuple[int, ...]] = {
     "body": tuple(range(0, 15)) + tuple(range(63, 70)),

@@ -1,6 +1,6 @@
 """Sapiens2-Pose forward: 3 x H x W crops -> K x H/4 x W/4 heatmaps, over the op interface.
 
-Backbone (spec sapiens2 §3): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm,
+Backbone (docs/pose.md): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm,
 2-D RoPE on patch tokens, (GQA) attention, SwiGLU MLP, final RMSNorm. Head (§4): transposed
 convs as one 4-phase GEMM each, InstanceNorm + SiLU, 1x1 convs, predictor. Every projection
 is `ops.gemm` by key and attention is `ops.mha`; the host glue here is shared by all backends.
@@ -69,7 +69,7 @@ def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def deconv_pairs(x: np.ndarray) -> np.ndarray:
-    """The strided deconv GEMM's A buffer for x float32 [h0, w0, C] (spec §4).
+    """The strided deconv GEMM's A buffer for x float32 [h0, w0, C] (docs/pose.md).
 
     Row y·(w0+2) + x is X2[y][x] = [xp[y][x] | xp[y+1][x]] of x zero-padded by 1, for
     y in [0, h0], x in [0, w0+1], plus one zero row past the end: float32

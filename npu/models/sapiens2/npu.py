@@ -32,7 +32,7 @@ class _PaddedGemms:
     """The op interface over a bundle's padded GEMMs: A is zero-padded to the record's K and
     C cut to the model's N (the host side of the padding write_sim_bundle applies).
 
-    strided: the deconv keys whose records read A at lda = 2C (spec §4); the forward calls
+    strided: the deconv keys whose records read A at lda = 2C (docs/pose.md); the forward calls
     gemm_strided(key, deconv_pairs(x), rows) for them.
     """
 

@@ -2,7 +2,7 @@
 
 Argmax (first maximum), one DARK/UDP Newton step on the log of the max-preserving Gaussian
 blur (kernel 11, sigma 2, zero borders), mapped back through the crop window. Reference:
-transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (spec sapiens2 §5).
+transformers 5.23.0 models/sapiens2/image_processing_sapiens2.py (docs/pose.md).
 
 The blur is evaluated only at the 3x3 neighbourhood of each argmax, each value from its
 11x11 zero-padded window (separably). The max-preserving rescale by s = max(m)/max(blur(m))

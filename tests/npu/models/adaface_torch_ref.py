@@ -1,4 +1,4 @@
-"""A torch IR network per spec a.7 (cvlface's Backbone / BasicBlockIR), for tests only.
+"""A torch IR network per docs/face-id.md (cvlface's Backbone / BasicBlockIR), for tests only.
 
 Built here, independently of npu.models.adaface, with random weights and random BatchNorm
 statistics, so the numpy forward's BN folding and step lowering are actually exercised.

@@ -1,4 +1,4 @@
-"""The cpu AdaFace forward against a torch IR network (spec a.7) built in the test.
+"""The cpu AdaFace forward against a torch IR network (docs/face-id.md) built in the test.
 
 Tolerance: cosine >= 0.99999 (the issue's gate). Both run in float32; BN folding and the
 im2col GEMM order change rounding only, so in practice the cosine is ~1 - 1e-9.

@@ -1,5 +1,5 @@
 """npu/models/adaface_steps.py + adaface_export.py + npu/sim_conv.py: a tiny IR network built in
-torch (spec a.7), exported as a bundle in taconite-adaface's record format, replayed on the
+torch (docs/face-id.md), exported as a bundle in taconite-adaface's record format, replayed on the
 simulated NPU; the self-check, load-time checks and the context LRU."""
 
 from __future__ import annotations
@@ -308,8 +308,8 @@ def test_context_lru_smaller_than_the_kernel_count_evicts_and_stays_correct(
 
 def test_full_hwctx_table_is_shared_with_other_users(tiny, tmp_path):
     """A machine-wide table of only 2 contexts (as if other processes held the rest) under the
-    default cap of 16: creation fails like CREATE_HWCTX, the LRU evicts and retries (spec a.5),
-    and the forward is still exact."""
+    default cap of 16: creation fails like CREATE_HWCTX, the LRU evicts and retries
+    (docs/adaface-bundle.md), and the forward is still exact."""
     _, _, path = tiny
     dev = SimDevice(registry_dir=tmp_path / "hw", hwctx_limit=2)
     model = AdafaceBundle.load(path, dev)
@@ -336,7 +336,8 @@ def test_exporter_refuses_bad_groups(tmp_path):
 def test_conv_dispatches_go_through_the_xrt_device_protocol(tiny, tmp_path, monkeypatch):
     """On XrtDevice (over the recording fake pyxrt, which computes nothing): one launch per
     `conv` record with opcode 3, the record's instruction stream and (input, weights, output)
-    BOs sized as spec a.3 says; one hardware context per distinct kernel, created once."""
+    BOs sized as docs/adaface-bundle.md says; one hardware context per distinct kernel, created
+    once."""
     import importlib.util
     import sys
 

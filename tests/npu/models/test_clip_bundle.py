@@ -3,7 +3,7 @@ replayed on the simulated NPU and, for the call sequence, on a recording fake py
 
 Tolerances: the device path rounds activations and the residual stream to bf16 and weights to
 bfp16ebs8 (8-bit mantissas shared per 8 values), so embeddings follow the float32 cpu
-forward to cosine >= 0.999 (spec b.9's tower gate); observed >= 0.9998 on this model.
+forward to cosine >= 0.999 (docs/clip.md's tower gate); observed >= 0.9998 on this model.
 """
 
 from __future__ import annotations

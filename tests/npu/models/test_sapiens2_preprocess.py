@@ -1,7 +1,7 @@
 """npu.models.sapiens2.preprocess.crop_persons against HF Sapiens2's crop_and_resize (torch
 grid_sample).
 
-Tolerance: max |diff| <= 1e-4 on the normalised crop (the spec's bar; the sample points are
+Tolerance: max |diff| <= 1e-4 on the normalised crop (docs/pose.md's bar; the sample points are
 bit-identical, so what remains is float32 summation order, about 1e-6 here).
 """
 

@@ -12,7 +12,7 @@ def test_astronaut_is_one_person_whose_box_holds_her_face(astronaut_bgr):
     face = BlazeFace("short").detect(astronaut_bgr)
     d = BlazePosePerson().detect(astronaut_bgr)
     assert len(d) == 1
-    assert d.scores[0] > 0.7  # field-notes §3: 0.81
+    assert d.scores[0] > 0.7  # docs/architecture.md: 0.81
     x, y, w, h = d.boxes[0]
     assert w > 300 and h > 300  # she fills most of the 512x512 image
     fx, fy, fw, fh = face.boxes[0]

@@ -1,7 +1,8 @@
-"""YuNet's row layout -> Detections, and clear errors without a model.
+"""YuNet's row layout -> DetectorOutput, and clear errors without a model.
 
-No YuNet weights ship in any wheel here (field-notes §3), so the detector itself is only
-tested for its error paths; the row mapping is tested on rows in FaceDetectorYN's layout.
+No YuNet weights ship in any wheel here (docs/architecture.md, "Assets"), so the detector
+itself is only tested for its error paths; the row mapping is tested on rows in FaceDetectorYN's
+layout.
 """
 
 from __future__ import annotations
