@@ -45,9 +45,6 @@ class OneEuroFilter:
         self._t: float | None = None
         self._raw = self._out = self._dx = None
 
-    def reset(self) -> None:
-        self._t = None
-
     def __call__(self, t: float, x: np.ndarray) -> np.ndarray:
         """t: seconds, increasing; x: float array -> float64 array of x's shape, filtered."""
         x = np.asarray(x, dtype=np.float64)

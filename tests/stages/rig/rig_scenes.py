@@ -192,7 +192,7 @@ def observe(cams: list[Camera], points: np.ndarray, rng, noise_px: float = 1.0) 
 
 def corrupt(observed: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One view per (person, keypoint), at random, made occluded (confidence 0.1) or wrong
-    (moved 60-300 px, confidence kept). Returns (observations, occluded, wrong), the masks
+    (moved 80-300 px, confidence kept). Returns (observations, occluded, wrong), the masks
     bool [V, P, K]."""
     v, p, k, _ = observed.shape
     out = observed.copy()
@@ -202,7 +202,7 @@ def corrupt(observed: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray, np.ndarr
     occluded = pick & ~wrong
     out[..., 2][occluded] = 0.1
     angle = rng.uniform(0, 2 * np.pi, wrong.sum())
-    step = rng.uniform(60, 300, wrong.sum())
+    step = rng.uniform(80, 300, wrong.sum())
     out[..., 0][wrong] += step * np.cos(angle)
     out[..., 1][wrong] += step * np.sin(angle)
     return out, occluded, wrong
