@@ -24,6 +24,7 @@ from stages.rig.calibration import Calibration, CalibrationError, Camera
 
 MIN_INTRINSIC_VIEWS = 3  # Zhang's method needs 3 views of a plane for a full camera matrix
 MAX_IMAGES = 5000  # per camera
+BOARD_TO_WORLD = np.diag([1.0, -1.0, -1.0])  # the world of world_view, in board coordinates
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ def calibrate_rig(
     fix_k3: bool = True,
 ) -> RigCalibration:
     """Calibrate a rig. The world frame is camera 0's, or with `world_view` = f the board's in
-    capture f (x, y along the board, z = 0 on it; metres as the board's lengths)."""
+    capture f: origin at its first corner, x along its corner rows, z out of its face (y =
+    -board y), metres as the board's lengths."""
     if not isinstance(board, Charuco):
         raise CalibrationError(
             "extrinsics need a ChArUco board: a checkerboard's corners have no identity under "
@@ -261,7 +263,9 @@ def calibrate_rig(
     r_world, t_world = np.eye(3), np.zeros(3)  # world -> camera 0
     if world_view is not None:
         b = boards[ba_views.index(world_view)]
-        r_world, t_world = Rotation.from_rotvec(b[:3]).as_matrix(), b[3:]
+        # board x, y flipped to x, -y: z then points out of the board's face, up for a board
+        # lying on the floor (Pose2Sim turns its board frame the same way)
+        r_world, t_world = Rotation.from_rotvec(b[:3]).as_matrix() @ BOARD_TO_WORLD, b[3:]
     out, reports = {}, []
     for c, cam in enumerate(cameras):
         r_c = Rotation.from_rotvec(cams[c, :3]).as_matrix()

@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 
 from stages.rig.board import Charuco, Checkerboard
+from stages.rig.calibrate import BOARD_TO_WORLD
 from stages.rig.calibration import Camera
 
 BOARD = Charuco((7, 5), square_length=0.08, marker_length=0.06)
@@ -49,7 +50,7 @@ def camera(name, centre, target, size, focal, rng, k1_range=(-0.15, 0.05)) -> Ca
 
 @dataclass
 class BoardScene:
-    cameras: list[Camera]  # truth, world = the board's frame in capture 0
+    cameras: list[Camera]  # truth, in the world calibrate_rig(world_view=0) defines
     images: list[list[np.ndarray]]  # [camera][capture] uint8 gray
 
 
@@ -122,8 +123,9 @@ def board_scene(
             img = cv2.GaussianBlur(img, (0, 0), 0.6) + rng.normal(0, noise, img.shape)
             row.append(np.clip(img, 0, 255).astype(np.uint8))
         images.append(row)
-    # the truth in board 0's frame: x_cam = R (R0 x + t0) + t
+    # the truth in calibrate_rig's world of world_view=0: x_cam = R (R0 F x + t0) + t
     rot0, t0 = poses[0]
+    rot0 = rot0 @ BOARD_TO_WORLD
     truth = [
         Camera(
             c.name,

@@ -1,5 +1,5 @@
 """Boards and their corners in an image (stages/rig/board.py), on the rendered ChArUco rig of
-conftest.py, whose world frame is the board's in capture 0: its object points are world points.
+conftest.py, whose world frame is the board's in capture 0 turned z-up (BOARD_TO_WORLD).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from rig_scenes import BOARD
 
 from stages.rig.board import Charuco, Checkerboard
-from stages.rig.calibrate import detect_views
+from stages.rig.calibrate import BOARD_TO_WORLD, detect_views
 from stages.rig.calibration import CalibrationError
 
 
@@ -17,7 +17,8 @@ def test_charuco_corners_land_on_the_true_projections(charuco_rig):
     for cam, images in zip(charuco_rig.cameras, charuco_rig.images, strict=True):
         view = BOARD.detect(images[0])
         assert len(view.ids) == len(BOARD.object_points)  # the frontal view shows every corner
-        err = np.linalg.norm(cam.project(BOARD.object_points[view.ids]) - view.image_points, axis=1)
+        world = BOARD.object_points[view.ids] @ BOARD_TO_WORLD  # its own inverse
+        err = np.linalg.norm(cam.project(world) - view.image_points, axis=1)
         assert err.max() < 0.3
 
 

@@ -51,6 +51,7 @@ def test_rig_calibration_recovers_intrinsics_and_extrinsics(scene, views):
         assert np.linalg.norm(got.translation - truth.translation) < 0.01
         assert angle_deg(got.extrinsics[:, :3], truth.extrinsics[:, :3]) < 0.5
         assert report.shared_views >= 15 and report.rms < 0.5
+        assert got.centre[2] > 0.5  # world z points out of the board's face, at the cameras
     assert rig.calibration.metadata == {"adjusted": True, "error": rig.rms}
 
 
