@@ -22,6 +22,7 @@ from stages.rig.calibration import Camera
 MAX_COST_PX = 20.0  # gate on a pair's median epipolar distance
 MIN_CONFIDENCE = 0.3
 MIN_SHARED = 10  # keypoints confident in both views needed to score a pair
+MAX_PEOPLE = 64  # per camera: a pair costs O(Na Nb K)
 
 
 class AssociationError(NpucamError):
@@ -92,6 +93,8 @@ def associate(
                 f"camera {cam.name!r}: people must be [N, K, 3] with one K for all cameras, "
                 f"got {p.shape}"
             )
+        if len(p) > MAX_PEOPLE:
+            raise AssociationError(f"camera {cam.name!r}: {len(p)} people, at most {MAX_PEOPLE}")
         arrays.append(p)
     cost_of = {}  # scored pairs; a pair without enough common keypoints has no say
     for va, vb in combinations(range(len(cameras)), 2):

@@ -74,7 +74,7 @@ def detect_views(
             views.append(board.detect(image))
         except CalibrationError as exc:
             raise CalibrationError(f"camera {name!r} image {i}: {exc}") from None
-        h, w = image.shape[:2]
+        h, w = np.shape(image)[:2]
         if size is None:
             size = (w, h)
         elif (w, h) != size:
@@ -152,29 +152,75 @@ def calibrate_rig(
         raise CalibrationError(f"a rig needs at least 2 cameras with distinct names, got {names}")
     if intrinsics is None:
         intrinsics = [calibrate_intrinsics(board, c, fix_k3) for c in cameras]
-    n_cams = len(cameras)
+    elif len(intrinsics) != len(cameras):
+        raise CalibrationError(f"{len(intrinsics)} intrinsics for {len(cameras)} cameras")
     pose = {
         (c, f): _board_pose(board, v, intrinsics[c])
         for c, cam in enumerate(cameras)
         for f, v in enumerate(cam.views)
         if v is not None
     }
-    seen: dict[int, list[int]] = {}
+    seen: dict[int, list[int]] = {}  # capture -> the cameras that see the board in it
     for c, f in pose:
         seen.setdefault(f, []).append(c)
+    if world_view is not None and world_view not in seen:
+        raise CalibrationError(f"world_view {world_view}: no camera sees the board in that view")
+    cam_pose = _camera_tree(pose, seen, names)
+    ba_views = sorted(f for f, cs in seen.items() if len(cs) >= 2 or f == world_view)
+    board_pose = []  # board -> camera 0, the medoid of what each camera saw
+    for f in ba_views:
+        guesses = []
+        for c in seen[f]:
+            (r_c, t_c), (r_bc, t_bc) = cam_pose[c], pose[c, f]
+            guesses.append((r_c.T @ r_bc, r_c.T @ (t_bc - t_c)))
+        board_pose.append(_medoid(guesses))
+    lenses = [
+        Camera(c.name, c.size, i.matrix, i.distortions, np.zeros(3), np.zeros(3))
+        for c, i in zip(cameras, intrinsics, strict=True)
+    ]
+    obs = sorted(
+        ((c, i, cameras[c].views[f]) for i, f in enumerate(ba_views) for c in seen[f]),
+        key=lambda o: o[:2],
+    )
+    cams, boards, sq = _bundle_adjust(board, lenses, obs, cam_pose, board_pose)
 
-    # camera -> camera 0 poses along a maximum spanning tree of the shared-view graph (Prim)
+    r_world, t_world = np.eye(3), np.zeros(3)  # world -> camera 0
+    if world_view is not None:
+        b = boards[ba_views.index(world_view)]
+        # board x, y flipped to x, -y: z then points out of the board's face, up for a board
+        # lying on the floor (Pose2Sim turns its board frame the same way)
+        r_world, t_world = Rotation.from_rotvec(b[:3]).as_matrix() @ BOARD_TO_WORLD, b[3:]
+    out, reports = {}, []
+    for c, (lens, intr) in enumerate(zip(lenses, intrinsics, strict=True)):
+        r_c = Rotation.from_rotvec(cams[c, :3]).as_matrix()
+        out[f"cam_{c + 1:02d}"] = Camera(
+            lens.name,
+            lens.size,
+            intr.matrix,
+            intr.distortions,
+            Rotation.from_matrix(r_c @ r_world).as_rotvec(),
+            r_c @ t_world + cams[c, 3:],
+        )
+        shared = [len(v.ids) for cc, _, v in obs if cc == c]
+        reports.append(
+            CameraReport(lens.name, intr.views, intr.rms, len(shared), float(np.sqrt(sq[c].mean())))
+        )
+    rms = float(np.sqrt(np.concatenate(sq).mean()))
+    return RigCalibration(Calibration(out, {"adjusted": True, "error": rms}), tuple(reports), rms)
+
+
+def _camera_tree(pose: dict, seen: dict[int, list[int]], names: list[str]) -> dict:
+    """Camera 0 -> camera c poses (R, t) along a maximum spanning tree of the shared-view graph
+    (Prim's), each edge the medoid of the relative poses its shared views give."""
+    n_cams = len(names)
     cam_pose = {0: (np.eye(3), np.zeros(3))}
     while len(cam_pose) < n_cams:
-        best = max(
-            (
-                (sum(a in cs and b in cs for cs in seen.values()), a, b)
-                for a in cam_pose
-                for b in range(n_cams)
-                if b not in cam_pose
-            ),
+        count, a, b = max(
+            (sum(a in cs and b in cs for cs in seen.values()), a, b)
+            for a in cam_pose
+            for b in range(n_cams)
+            if b not in cam_pose
         )
-        count, a, b = best
         if count == 0:
             lost = [names[c] for c in range(n_cams) if c not in cam_pose]
             linked = [names[c] for c in cam_pose]
@@ -191,43 +237,24 @@ def calibrate_rig(
         r_ab, t_ab = _medoid(rel)
         r_a, t_a = cam_pose[a]
         cam_pose[b] = (r_ab @ r_a, r_ab @ t_a + t_ab)
+    return cam_pose
 
-    ba_views = sorted(f for f, cs in seen.items() if len(cs) >= 2 or f == world_view)
-    if world_view is not None and world_view not in seen:
-        raise CalibrationError(f"world_view {world_view}: no camera sees the board in that view")
-    board_pose = []  # board -> camera 0
-    for f in ba_views:
-        guesses = []
-        for c in seen[f]:
-            r_c, t_c = cam_pose[c]
-            r_bc, t_bc = pose[c, f]
-            guesses.append((r_c.T @ r_bc, r_c.T @ (t_bc - t_c)))
-        board_pose.append(_medoid(guesses))
 
-    obs = [(c, i, f) for i, f in enumerate(ba_views) for c in seen[f]]
-    obs.sort()
-    obs_cam = np.concatenate([np.full(len(cameras[c].views[f].ids), c) for c, _, f in obs])
-    obs_board = np.concatenate([np.full(len(cameras[c].views[f].ids), i) for c, i, f in obs])
-    obj = np.concatenate([board.object_points[cameras[c].views[f].ids] for c, _, f in obs])
-    img = np.concatenate([cameras[c].views[f].image_points for c, _, f in obs])
+def _bundle_adjust(board: Board, lenses: list[Camera], obs: list, cam_pose: dict, board_pose):
+    """Refine every camera pose but camera 0's (it fixes the gauge) and every board pose.
+    obs: (camera, board index, BoardView), sorted by camera. Returns camera poses [C, 6] and
+    board poses [B, 6] (rotation vector, translation) and each camera's squared residuals."""
+    n_cams = len(lenses)
+    obs_cam = np.concatenate([np.full(len(v.ids), c) for c, _, v in obs])
+    obs_board = np.concatenate([np.full(len(v.ids), i) for _, i, v in obs])
+    obj = np.concatenate([board.object_points[v.ids] for _, _, v in obs])
+    img = np.concatenate([v.image_points for _, _, v in obs])
     bounds = np.searchsorted(obs_cam, np.arange(n_cams + 1))
-    lenses = [
-        Camera(
-            names[c],
-            cameras[c].size,
-            intrinsics[c].matrix,
-            intrinsics[c].distortions,
-            np.zeros(3),
-            np.zeros(3),
-        )
-        for c in range(n_cams)
-    ]
-    n_cam_params = 6 * (n_cams - 1)  # camera 0 is held: it fixes the gauge
+    n_cam_params = 6 * (n_cams - 1)
 
-    def unpack(x: np.ndarray):
+    def unpack(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cams = np.vstack([np.zeros((1, 6)), x[:n_cam_params].reshape(-1, 6)])
-        boards = x[n_cam_params:].reshape(-1, 6)
-        return cams, boards
+        return cams, x[n_cam_params:].reshape(-1, 6)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         cams, boards = unpack(x)
@@ -236,7 +263,7 @@ def calibrate_rig(
         world = np.einsum("nij,nj->ni", r_board[obs_board], obj) + boards[obs_board, 3:]
         local = np.einsum("nij,nj->ni", r_cam[obs_cam], world) + cams[obs_cam, 3:]
         proj = np.concatenate(
-            [lenses[c].project(local[bounds[c] : bounds[c + 1]]) for c in range(n_cams)]
+            [lens.project(local[bounds[c] : bounds[c + 1]]) for c, lens in enumerate(lenses)]
         )
         return (proj - img).ravel()
 
@@ -257,37 +284,6 @@ def calibrate_rig(
     rows = np.concatenate([np.repeat(row, 6), np.repeat(row[free], 6)])
     sparsity = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(row), len(x0)))
     fit = least_squares(residuals, x0, jac_sparsity=sparsity, method="trf", x_scale="jac")
-    cams, boards = unpack(fit.x)
     sq = (fit.fun.reshape(-1, 2) ** 2).sum(1)
-
-    r_world, t_world = np.eye(3), np.zeros(3)  # world -> camera 0
-    if world_view is not None:
-        b = boards[ba_views.index(world_view)]
-        # board x, y flipped to x, -y: z then points out of the board's face, up for a board
-        # lying on the floor (Pose2Sim turns its board frame the same way)
-        r_world, t_world = Rotation.from_rotvec(b[:3]).as_matrix() @ BOARD_TO_WORLD, b[3:]
-    out, reports = {}, []
-    for c, cam in enumerate(cameras):
-        r_c = Rotation.from_rotvec(cams[c, :3]).as_matrix()
-        rotation = r_c @ r_world
-        translation = r_c @ t_world + cams[c, 3:]
-        out[f"cam_{c + 1:02d}"] = Camera(
-            cam.name,
-            cam.size,
-            intrinsics[c].matrix,
-            intrinsics[c].distortions,
-            Rotation.from_matrix(rotation).as_rotvec(),
-            translation,
-        )
-        mine = obs_cam == c
-        reports.append(
-            CameraReport(
-                cam.name,
-                intrinsics[c].views,
-                intrinsics[c].rms,
-                sum(1 for cc, _, _ in obs if cc == c),
-                float(np.sqrt(sq[mine].mean())),
-            )
-        )
-    rms = float(np.sqrt(sq.mean()))
-    return RigCalibration(Calibration(out, {"adjusted": True, "error": rms}), tuple(reports), rms)
+    cams, boards = unpack(fit.x)
+    return cams, boards, [sq[bounds[c] : bounds[c + 1]] for c in range(n_cams)]

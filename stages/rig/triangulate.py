@@ -4,10 +4,11 @@ rejection by reprojection error, as Pose2Sim's triangulation_from_best_cameras.
 Each 2D keypoint is undistorted to normalized coordinates (Camera.normalize); its two DLT rows
 (x P3 - P1, y P3 - P2 with P = [R | t]) are weighted by its confidence, as Pose2Sim's
 weighted_triangulation; the system is solved in its inhomogeneous form (X4 = 1, Hartley &
-Sturm's Linear-LS) by batched 3x3 normal equations. Rejection, Pose2Sim's rule: while the
-mean reprojection error over the views used exceeds the threshold, try every subset with one
-more view left out, keep the one with the least error, and stop when fewer than min_views
-would remain; a keypoint whose error never gets under the threshold is not triangulated.
+Sturm's Linear-LS) by batched 3x3 normal equations. Reprojection errors are pixels of the
+undistorted image. Rejection, Pose2Sim's rule: while the mean reprojection error over the
+views used exceeds the threshold, try every subset with one more view left out, keep the one
+with the least error, and stop when fewer than min_views would remain; a keypoint whose error
+never gets under the threshold is not triangulated.
 """
 
 from __future__ import annotations
@@ -32,10 +33,15 @@ class TriangulationError(NpucamError):
 
 @dataclass(frozen=True)
 class Triangulation:
-    points: np.ndarray  # float64 [P, K, 3] world (m); NaN where not triangulated
-    confidence: np.ndarray  # float32 [P, K] mean confidence of the views used; 0 where none
-    error: np.ndarray  # float32 [P, K] mean reprojection error (px) of the views used; NaN
-    used: np.ndarray  # bool [P, K, V] the views each point was triangulated from
+    """points float64 [P, K, 3] world (m), NaN where not triangulated; confidence float32
+    [P, K], the mean of the views used (0 where none); error float32 [P, K], the mean
+    reprojection error of the views used (undistorted px, NaN where not triangulated); used
+    bool [P, K, V], the views each point was triangulated from."""
+
+    points: np.ndarray
+    confidence: np.ndarray
+    error: np.ndarray
+    used: np.ndarray
 
 
 def triangulate(

@@ -91,3 +91,5 @@ def test_people_arrays_of_the_wrong_shape_name_the_camera():
         associate(cams, people_arrays)
     with pytest.raises(AssociationError, match="3 people arrays for 4 cameras"):
         associate(cams, people_arrays[:3])
+    with pytest.raises(AssociationError, match="camera 'cam1': 65 people, at most 64"):
+        associate(cams, [np.zeros((1, 5, 3)), np.zeros((65, 5, 3))] + [np.zeros((0, 5, 3))] * 2)
