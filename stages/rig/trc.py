@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.models import keypoints308  # the one import of keypoint metadata in stages/rig
+from npu.models.sapiens2 import keypoints as keypoints308
 from pipeline.errors import NpucamError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npu.models import keypoints308
+from npu.models.sapiens2 import keypoints as keypoints308
 from stages.rig.trc import TrcError, format_trc, write_trc
 
 
