@@ -244,9 +244,10 @@ class Dark(MapStage):
             if face is not None:
                 with tracks.lock:
                     tracks.pose_faces.append(face)
-        if tag is not None:  # the tracker's word: time since the pose it had before
+        if tag is not None and tag.tracked:  # the tracker's word: since its previous pose
             since_ms = None if tag.since_previous_ns is None else tag.since_previous_ns / 1e6
-        else:  # no tracker in this run (a split config): the age detect saw
+        else:  # no tracker in this run (a split config), or the track expired while its
+            # pose ran (the tracker forgot it): the age detect saw when it made the job
             since_ms = None if job.pose_age_s is None else job.pose_age_s * 1e3
         return [
             PoseResult(
