@@ -42,6 +42,7 @@ from pipeline.security import Curve, SocketSecurity
 from stages.align import blazeface_alignment_points
 from stages.detectors.detections import Detections as FaceDetections
 from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.preview import PreviewFrame, PreviewTap, run_taps
 from stages.tracker import PersonTracker, PoseTag, iou_matrix
 
 CROP_SIZE = (1024, 768)
@@ -912,12 +913,17 @@ class Detect(Stage):
         loop = asyncio.get_running_loop()
         wanted = self.options.cameras
         worker = ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}")
+        previews = _preview_targets(self.context, out)
         try:
             await loop.run_in_executor(worker, self.load)
             async for frame in inbox:
                 if wanted is not None and frame.camera not in wanted:
                     await out.send(frame)
                     continue
+                for tap, queue in previews:
+                    # never waits nor evicts a result: a full inbox skips this preview
+                    if tap.due(frame.camera, frame.capture_ts_ns) and len(queue) < queue.size:
+                        queue.put_nowait(PreviewFrame.of(frame))
                 start = time.perf_counter()
                 try:
                     items = await loop.run_in_executor(worker, self.process, frame)
@@ -936,6 +942,12 @@ class Detect(Stage):
             closed = loop.run_in_executor(worker, self.close)
             worker.shutdown(wait=False)
             await asyncio.shield(closed)
+
+
+def _preview_targets(context: Any, out: Outbox) -> list[tuple[PreviewTap, BoundedQueue]]:
+    """The publish stages among detect's targets that want previews, with their inboxes."""
+    taps = run_taps(context)
+    return [(taps[name], queue) for name, _, queue in out.targets if name in taps]
 
 
 def _job_fields(frame: Frame) -> dict:
