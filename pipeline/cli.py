@@ -17,6 +17,7 @@ from pipeline.errors import NpucamError
 # Add a module here once it exists; each registers one or more top-level subcommands.
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands",
+    "pipeline.view.commands",
     "npu.bundle_commands",
     "npu.device_commands",
     "stages.face_commands",
