@@ -1,10 +1,12 @@
 """docs/examples/subscriber.mjs, the Node.js subscriber of docs/protocol.md, against the demo:
 it decodes every kind, and each value it prints (dtype, shape, leading values, sums, exact ns
-timestamps, the JPEG's own size) equals what pipeline.wire decodes from the same message."""
+timestamps, the JPEG's own size) equals what pipeline.wire decodes from the same message. The
+shorter Node.js example in docs/protocol.md runs beside it and prints the poses."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +40,10 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(demo_confi
     assert node, "no node: run `make setup-test`"
     assert (EXAMPLE.parent / "node_modules" / "zeromq").is_dir(), "run `make setup-test`"
     config, endpoint = demo_config
+    doc = (REPO / "docs" / "protocol.md").read_text()
+    doc_example = tmp_path / "pose.mjs"
+    doc_example.write_text(re.search(r"```js\n(.*?)```", doc, re.S).group(1))
+    (tmp_path / "node_modules").symlink_to(EXAMPLE.parent / "node_modules")
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -59,17 +65,26 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(demo_confi
         stderr=subprocess.PIPE,
         text=True,
     )
-    ours: dict[tuple[str, int], wire.Message] = {}
+    doc_js = subprocess.Popen(
+        [node, str(doc_example), endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # (topic, seq, publish_ts) names one message: a frame can have several poses, faces, labels
+    ours: dict[tuple[str, int, str], wire.Message] = {}
     try:
         end = time.monotonic() + NODE_SECONDS + 10
         while js.poll() is None and time.monotonic() < end:
             if sub.poll(100):
                 msg = wire.decode(sub.recv_multipart())
-                ours.setdefault((msg.topic, msg.header["seq"]), msg)
+                ours[msg.topic, msg.header["seq"], str(msg.header["publish_ts"])] = msg
         js_code = js.wait(timeout=10)
         js_err = js.stderr.read()
     finally:
         js.kill()
+        doc_js.kill()
+        doc_out, doc_err = doc_js.communicate(timeout=10)
         out.close()
         run.send_signal(signal.SIGTERM)
         run.wait(timeout=15)
@@ -88,7 +103,7 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(demo_confi
             assert line["meta"]["consistent"] and line["meta"]["keypoints"] == 308
             colours = {g["name"]: g["color"] for g in docs_meta["pose"]["groups"]}
             assert line["meta"]["colours"] == colours
-        msg = ours.get((line["topic"], line["seq"]))
+        msg = ours.get((line["topic"], line["seq"], line["publish_ts"]))
         if msg is None:
             continue  # published before the Python subscriber joined
         matched += 1
@@ -114,3 +129,23 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(demo_confi
         if line["kind"] == "det":
             assert line["det"]["labels"] == h["labels"] and line["det"]["width"] == h["width"]
     assert matched >= 0.9 * len(lines), (matched, len(lines))
+
+    poses = doc_out.splitlines()
+    ours_poses = {
+        (t, seq, msg.header["track_id"]): msg
+        for (t, seq, _), msg in ours.items()
+        if t.startswith("pose/")
+    }
+    assert poses, doc_err
+    for line in poses:
+        m = re.fullmatch(
+            r"pose/(\w+) seq (\d+) track (\d+): 308 keypoints, nose at "
+            r"\((-?\d+\.\d), (-?\d+\.\d)\), lag (\d+\.\d) ms",
+            line,
+        )
+        assert m, line
+        msg = ours_poses.get((f"pose/{m[1]}", int(m[2]), int(m[3])))
+        if msg is not None:
+            x, y = msg.arrays["keypoints"][0, :2]  # nose is keypoint 0
+            # printed to 0.1 px (JS rounds ties up, Python to even: compare within 0.05)
+            assert abs(float(m[4]) - x) <= 0.0501 and abs(float(m[5]) - y) <= 0.0501, line
