@@ -82,4 +82,4 @@ format: setup-test
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache docs/examples/node_modules
