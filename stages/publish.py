@@ -9,8 +9,8 @@ zmq.Again and is counted as a `queue_full` drop of that camera.
 XPUB, unlike PUB, hands every subscribe/unsubscribe to the application, and libzmq holds
 them in an unbounded queue until read: publish reads them while it waits for subscribers and
 then drains them every SUBSCRIPTION_DRAIN_S for as long as it runs, so subscribers that come
-and go cost no memory. A subscription that matches `meta` gets the meta message at once (a
-last-value cache: every new subscriber receives it, stages.meta); those matching
+and go cost no memory. Subscriptions that match `meta` get the meta message after each read
+(a last-value cache: every new subscriber receives it, stages.meta); those matching
 `preview/<camera>` turn that camera's preview on (stages.preview).
 
 With `[security]` (or a stage's `security` table) both sockets run CURVE through
@@ -86,6 +86,7 @@ class Publish(Stage):
                 options.preview_fps, cameras
             )
         self._meta: list | None = None
+        self._meta_due = False  # a subscription matching `meta` arrived since the last send
         self._plain: zmq.Socket | None = None
 
     @classmethod
@@ -159,6 +160,7 @@ class Publish(Stage):
             if await sock.poll(100, zmq.POLLIN):  # 100 ms: notice the pipeline stopping
                 event = await sock.recv()
                 self._subscription(event)
+                self._send_meta()
                 seen += event[:1] == b"\x01"
         if wanted:
             log.info("publish %s: %d subscriber(s) joined", self.name, seen)
@@ -172,6 +174,7 @@ class Publish(Stage):
             with contextlib.suppress(zmq.Again):
                 while True:
                     self._subscription(plain.recv(NOBLOCK))
+            self._send_meta()
 
     def _subscription(self, event: bytes) -> None:
         """One XPUB notification (byte 1 subscribe / 0 unsubscribe, then the prefix)."""
@@ -179,7 +182,13 @@ class Publish(Stage):
         subscribe, prefix = event[:1] == b"\x01", event[1:]
         if self.tap is not None:
             self.tap.subscription(subscribe, prefix)
-        if subscribe and b"meta".startswith(prefix) and self._meta is not None:
+        self._meta_due |= subscribe and b"meta".startswith(prefix)
+
+    def _send_meta(self) -> None:
+        """The meta message, once for every subscription to it read since the last call: a
+        subscriber that subscribes in a loop costs everyone at most one meta a drain period."""
+        if self._meta_due and self._meta is not None:
+            self._meta_due = False
             with contextlib.suppress(zmq.Again):
                 self._plain.send_multipart(self._meta, NOBLOCK)
 

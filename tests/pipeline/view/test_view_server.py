@@ -142,3 +142,54 @@ def test_the_view_relays_to_pages_and_subscribes_only_while_one_is_open(monkeypa
     assert malformed == 1
     assert refused == {"second page": 503, "foreign host": 403, "foreign origin": 403}
     assert "/static/view.js" in page
+
+
+def test_the_view_reads_a_curve_publisher_with_the_subscribe_key_flags(write_config, tmp_path):
+    """As `npucam view --server-key --client-key`: pipeline.security's client keys."""
+    from engine_stages import start
+
+    from pipeline import security
+
+    keys = tmp_path / "keys"
+    for name in ("server", "viewer"):
+        security.generate_keys(name, keys)
+    (keys / "allowed").mkdir()
+    (keys / "allowed" / "viewer.key").write_bytes((keys / "viewer.key").read_bytes())
+    path = write_config(
+        f"""
+        [security]
+        server_secret_key = "{keys / "server.key_secret"}"
+        authorized_clients = "{keys / "allowed"}"
+        [metrics]
+        stats_interval_s = 0
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=64&height=48&fps=20"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        """
+    )
+
+    async def main():
+        pipeline, task = await start(path, duration=20)
+        publish = pipeline.stages["publish"]
+        await asyncio.wait_for(publish.bound.wait(), 5)
+        curve = security.client_curve(keys / "server.key", keys / "viewer.key_secret")
+        view = ViewServer(publish.endpoint, ["det/"], curve, "127.0.0.1", 0)
+        await view.start()
+        topics = []
+        async with aiohttp.ClientSession() as http, http.ws_connect(view.url + "ws") as ws:
+            while topics.count("det/card") < 3:
+                msg = await asyncio.wait_for(ws.receive(), 10)
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    topics.append(wire.decode(unpack(msg.data)).topic)
+        await view.close()
+        pipeline.stop()
+        return await task, topics
+
+    code, topics = asyncio.run(main())
+    assert code == 0
+    assert "det/card" in topics and set(topics) <= {"meta", "det/card"}
