@@ -21,7 +21,8 @@ def register(subparsers) -> None:
         "--topic",
         action="append",
         metavar="PREFIX",
-        help="topic prefix to show, repeatable (default: all; `meta` is always read)",
+        help="topic prefix to show, repeatable (default: all), subscribed only while a page "
+        "is open; `meta` is always read",
     )
     p.add_argument(
         "--bind",

@@ -252,9 +252,11 @@ function render(cam, now) {
       const text = isPerson ? personText(cam, track, now) : faceText(cam, track, now);
       if (text) tag(g, text, x1, isPerson ? y1 : y2 + 16, colour);
     });
+    // a pose is drawn while its track is in the frame's det; with no tracked box at all
+    // (a config without a person detector in this process), every recent pose
     for (const [track, pose] of cam.poses) {
       if (now - pose.at > POSE_KEEP_MS) cam.poses.delete(track);
-      else if (tracks.has(track) && skeleton(g, pose, s)) skeletons += 1;
+      else if ((tracks.has(track) || tracks.size === 0) && skeleton(g, pose, s)) skeletons += 1;
     }
     for (const { msg, at } of cam.untrackedFaces) {
       if (now - at > LABEL_KEEP_MS) continue;
