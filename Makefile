@@ -27,7 +27,21 @@ $(VENV)/.test: $(VENV)/.runtime pyproject.toml
 
 setup: $(VENV)/.runtime .cache/npucam/.fetched
 
-setup-test: $(VENV)/.test .cache/npucam/.fetched
+# The view's browser test drives Debian's chromium through chromedriver, and the Node.js
+# subscriber example (docs/examples) needs node and its npm packages (npm ci: the zeromq
+# package ships its prebuilt addon). apt-get runs only when a program is missing (as root).
+CHROMIUM := /usr/bin/chromium /usr/bin/chromedriver
+NODE_MODULES := docs/examples/node_modules/.package-lock.json
+
+$(CHROMIUM):
+	apt-get update -q
+	apt-get install -y --no-install-recommends chromium chromium-driver
+
+$(NODE_MODULES): docs/examples/package.json docs/examples/package-lock.json
+	command -v npm >/dev/null || (apt-get update -q && apt-get install -y --no-install-recommends nodejs npm)
+	cd docs/examples && npm ci --no-audit --no-fund
+
+setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES)
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
@@ -68,4 +82,4 @@ format: setup-test
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache docs/examples/node_modules

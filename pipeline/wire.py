@@ -1,9 +1,11 @@
 """The ZeroMQ output contract: multipart `[topic, header JSON, *binary parts]` (docs/protocol.md).
 
 The header carries the schema version `v`, `kind`, `camera`, `seq`, `capture_ts` and
-`publish_ts` (wall clock, ns), `backend`, `model`, `synthetic`, kind-specific fields, and
-`parts`: one descriptor per binary part with its name, dtype, shape and byte order, so a
-subscriber in any language can rebuild each array without knowing npucam.
+`publish_ts` (wall clock, ns; also as decimal strings `capture_ts_str`, `publish_ts_str`,
+since ns integers exceed the 2^53 a JSON reader with doubles holds exactly), `backend`,
+`model`, `synthetic`, kind-specific fields, and `parts`: one descriptor per binary part with
+its name, dtype, shape and byte order, so a subscriber in any language can rebuild each array
+without knowing npucam.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ COMMON_FIELDS = (
     "model",
     "synthetic",
 )
+TIMESTAMP_FIELDS = ("capture_ts", "publish_ts")  # ns integers, each also sent as `<key>_str`
 DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "uint32", "int64", "float32", "float64")
 # Encoded images (preview JPEGs) travel as uint8 [nbytes] with "encoding": "jpeg".
 ENCODINGS = ("jpeg",)
@@ -79,7 +82,8 @@ def encode(
     arrays: Sequence[tuple[str, np.ndarray]] = (),
     encodings: dict[str, str] | None = None,
 ) -> list:
-    """[topic, header JSON, *parts]; header gets `v` and the `parts` descriptors.
+    """[topic, header JSON, *parts]; header gets `v`, the string forms of its ns timestamps
+    and the `parts` descriptors.
 
     arrays: named numpy arrays in wire order; each is sent C-contiguous, in native byte order.
     encodings: part name -> encoding ("jpeg") for parts that hold an encoded image.
@@ -87,6 +91,9 @@ def encode(
     encodings = encodings or {}
     contiguous = [(name, np.ascontiguousarray(a)) for name, a in arrays]
     full = {"v": SCHEMA_VERSION, **header}
+    for key in TIMESTAMP_FIELDS:
+        if key in header:
+            full[f"{key}_str"] = str(header[key])
     full["parts"] = [part_descriptor(n, a, encodings.get(n)) for n, a in contiguous]
     parts: list = [topic.encode(), json.dumps(full, separators=(",", ":")).encode()]
     parts.extend(a.data if a.nbytes else b"" for _, a in contiguous)

@@ -16,7 +16,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -30,6 +30,7 @@ from stages.align import blazeface_alignment_points
 from stages.box_receiver import BoxReceiver
 from stages.detectors.detections import DetectorOutput
 from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.preview import PreviewFrame, PreviewTap, run_taps
 from stages.tracker import PersonTracker, iou_matrix
 from stages.tracks import CameraTracks, TrackRegistry
 
@@ -122,6 +123,8 @@ class Detect(Stage):
         self.tracks = TrackRegistry.of(context)
         self._last_clip_ns: dict[str, int] = {}
         self._last_face_ns: dict[str, int] = {}
+        # person = "none": faces are tracked themselves, so a face still carries a track id
+        self._face_trackers: dict[str, PersonTracker] = {}
         self._loaded = False
         self.model = "+".join(m for m in (self._person_model(), self._face_model()) if m)
 
@@ -241,21 +244,33 @@ class Detect(Stage):
             self.receiver.close()
             self.receiver = None
 
+    def _tracker(self, camera: str) -> PersonTracker:
+        t = self.options.tracker
+        return PersonTracker(
+            camera,
+            high_score=t.high_score,
+            low_score=t.low_score,
+            new_track_score=t.new_track_score,
+            match_iou=t.match_iou,
+            low_match_iou=t.low_match_iou,
+            lost_buffer_s=t.lost_buffer_s,
+        )
+
     def camera_tracks(self, camera: str) -> CameraTracks:
         tracks = self.tracks.get(camera)
         if tracks is None:
-            t = self.options.tracker
-            tracker = PersonTracker(
-                camera,
-                high_score=t.high_score,
-                low_score=t.low_score,
-                new_track_score=t.new_track_score,
-                match_iou=t.match_iou,
-                low_match_iou=t.low_match_iou,
-                lost_buffer_s=t.lost_buffer_s,
-            )
-            tracks = self.tracks.add(camera, tracker)
+            tracks = self.tracks.add(camera, self._tracker(camera))
         return tracks
+
+    def _face_track_ids(self, frame: Frame, faces: DetectorOutput) -> list[int | None]:
+        """Track ids of faces tracked on their own (no person detector), by face index."""
+        tracker = self._face_trackers.get(frame.camera)
+        if tracker is None:
+            tracker = self._face_trackers[frame.camera] = self._tracker(frame.camera)
+        ids: list[int | None] = [None] * len(faces)
+        for tb in tracker.update(_xywh_to_xyxy(faces.boxes), faces.scores, frame.capture_ts_ns):
+            ids[tb.detection] = tb.track_id
+        return ids
 
     def _persons(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """Person boxes float32 [N, 4] xywh and scores float32 [N] of one frame."""
@@ -354,13 +369,18 @@ class Detect(Stage):
         face_ids: list[int | None] = []
         if faces is not None:
             person_xyxy = _xywh_to_xyxy(person_xywh)
+            own_ids = self._face_track_ids(frame, faces) if o.person == "none" else None
             want_faces = (
                 o.faces
                 and len(faces) > 0
                 and self._due(self._last_face_ns, frame, o.face_interval_s)
             )
             for i in range(len(faces)):
-                track_id = _containing_track(faces.boxes[i], person_xyxy, ids)
+                track_id = (
+                    own_ids[i]
+                    if own_ids is not None
+                    else _containing_track(faces.boxes[i], person_xyxy, ids)
+                )
                 face_ids.append(track_id)
                 if not want_faces:
                     continue
@@ -445,12 +465,17 @@ class Detect(Stage):
         loop = asyncio.get_running_loop()
         wanted = self.options.cameras
         worker = ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}")
+        previews = _preview_targets(self.context, out)
         try:
             await loop.run_in_executor(worker, self.load)
             async for frame in inbox:
                 if wanted is not None and frame.camera not in wanted:
                     await out.send(frame)
                     continue
+                for tap, queue in previews:
+                    # never waits nor evicts a result: a full inbox skips this preview
+                    if tap.due(frame.camera, frame.capture_ts_ns) and len(queue) < queue.size:
+                        queue.put_nowait(PreviewFrame.of(frame))
                 start = time.perf_counter()
                 try:
                     items = await loop.run_in_executor(worker, self.process, frame)
@@ -469,6 +494,12 @@ class Detect(Stage):
             closed = loop.run_in_executor(worker, self.close)
             worker.shutdown(wait=False)
             await asyncio.shield(closed)
+
+
+def _preview_targets(context: Any, out: Outbox) -> list[tuple[PreviewTap, BoundedQueue]]:
+    """The publish stages among detect's targets that want previews, with their inboxes."""
+    taps = run_taps(context)
+    return [(taps[name], queue) for name, _, queue in out.targets if name in taps]
 
 
 def _job_fields(frame: Frame) -> dict:

@@ -43,7 +43,7 @@ class PostprocessError(NpucamError):
 
 class DarkOptions(StageOptions):
     kernel: int = Field(BLUR_KERNEL, ge=3)  # DARK's Gaussian blur kernel (odd)
-    # face jobs from each 308-keypoint pose's 5 face points (npu.models.keypoints308), sent
+    # face jobs from each 308-keypoint pose's 5 face points (npu.models.sapiens2.keypoints), sent
     # on by the detect stage of the same run with its next frame of that camera
     face_points: bool = False
     face_min_score: float = Field(0.3, ge=0)  # every point used must score above this
@@ -100,9 +100,10 @@ class Dark(MapStage):
             if face is not None:
                 with tracks.lock:
                     tracks.pose_faces.append(face)
-        if tag is not None:  # the tracker's word: time since the pose it had before
+        if tag is not None and tag.tracked:  # the tracker's word: since its previous pose
             since_ms = None if tag.since_previous_ns is None else tag.since_previous_ns / 1e6
-        else:  # no tracker in this run (a split config): the age detect saw
+        else:  # no tracker in this run (a split config), or the track expired while its
+            # pose ran (the tracker forgot it): the age detect saw when it made the job
             since_ms = None if job.pose_age_s is None else job.pose_age_s * 1e3
         return [
             PoseResult(

@@ -9,7 +9,9 @@ zmq.Again and is counted as a `queue_full` drop of that camera.
 XPUB, unlike PUB, hands every subscribe/unsubscribe to the application, and libzmq holds
 them in an unbounded queue until read: publish reads them while it waits for subscribers and
 then drains them every SUBSCRIPTION_DRAIN_S for as long as it runs, so subscribers that come
-and go cost no memory.
+and go cost no memory. Subscriptions that match `meta` get the meta message after each read
+(a last-value cache: every new subscriber receives it, stages.meta); those matching
+`preview/<camera>` turn that camera's preview on (stages.preview).
 
 With `[security]` (or a stage's `security` table) both sockets run CURVE through
 pipeline.security: a binding socket admits only the allow-listed client keys, a connecting
@@ -35,6 +37,7 @@ from pipeline.errors import NpucamError
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, Result, now_ns
 from pipeline.queues import BoundedQueue, camera_of
+from stages import meta, preview
 from stages.frame_wire import encode_frame
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,8 @@ class PublishOptions(StageOptions):
     sndhwm: int = Field(1000, ge=1)
     linger_ms: int = Field(1000, ge=0)
     frame_meta: bool = True  # a Frame that reaches publish goes out as det/<camera>, no boxes
-    preview: bool = False  # JPEG of each Frame on preview/<camera>
+    preview: bool = False  # JPEGs on preview/<camera> while a subscriber wants them
+    preview_fps: float = Field(5.0, gt=0)  # at most this many per camera a second
     preview_quality: int = Field(80, ge=1, le=100)
     preview_max_width: int = Field(640, ge=16)
     stats: bool = True  # the `stats` topic every [metrics] stats_interval_s
@@ -65,7 +69,7 @@ class Publish(Stage):
     """Results -> ZeroMQ PUB, topics `<kind>/<camera>` and `stats`."""
 
     kind = "publish"
-    accepts = (Result, Frame)
+    accepts = (Result, Frame, preview.PreviewFrame)
     Options = PublishOptions
 
     def __init__(self, name, options, context) -> None:
@@ -75,6 +79,15 @@ class Publish(Stage):
         self.guard: security.SocketSecurity | None = None
         self._stats_seq = 0
         self.subscription_messages = 0  # subscribe/unsubscribe notifications read from XPUB
+        self.tap: preview.PreviewTap | None = None
+        if options.preview:
+            cameras = [c.name for c in context.config.cameras]
+            self.tap = preview.run_taps(context)[name] = preview.PreviewTap(
+                options.preview_fps, cameras
+            )
+        self._meta: list | None = None
+        self._meta_due = False  # a subscription matching `meta` arrived since the last send
+        self._plain: zmq.Socket | None = None
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
@@ -88,7 +101,8 @@ class Publish(Stage):
         sock = ctx.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
-        sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, even a repeated topic
+        # every subscribe and unsubscribe, even of a topic another subscriber has
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
         try:
             guard.bind(sock, self.options.bind)
         except zmq.ZMQError as exc:
@@ -103,8 +117,10 @@ class Publish(Stage):
         log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
         # A NOBLOCK send or recv never waits, so it goes through a plain (synchronous) view of
         # the socket: no Future per message.
-        plain = zmq.Socket.shadow(sock.underlying)
+        self._plain = plain = zmq.Socket.shadow(sock.underlying)
         send = plain.send_multipart
+        self._meta = self._meta_message()
+        self._warn_if_no_previews()
         interval = self.context.config.metrics.stats_interval_s
         tasks: list[asyncio.Task] = []
         if self.options.stats and interval > 0:
@@ -117,6 +133,9 @@ class Publish(Stage):
                 try:
                     if isinstance(item, Result):
                         send(wire.encode_result(item, now_ns()), NOBLOCK)
+                    elif isinstance(item, preview.PreviewFrame):
+                        if self.tap is not None and self.tap.wanted(item.camera):
+                            send(await self._preview_message(item), NOBLOCK)
                     else:
                         for parts in await self._frame_messages(item):
                             send(parts, NOBLOCK)
@@ -140,7 +159,8 @@ class Publish(Stage):
         while seen < wanted and not inbox.closed:
             if await sock.poll(100, zmq.POLLIN):  # 100 ms: notice the pipeline stopping
                 event = await sock.recv()
-                self.subscription_messages += 1
+                self._subscription(event)
+                self._send_meta()
                 seen += event[:1] == b"\x01"
         if wanted:
             log.info("publish %s: %d subscriber(s) joined", self.name, seen)
@@ -153,31 +173,73 @@ class Publish(Stage):
             await asyncio.sleep(SUBSCRIPTION_DRAIN_S)
             with contextlib.suppress(zmq.Again):
                 while True:
-                    plain.recv(NOBLOCK)
-                    self.subscription_messages += 1
+                    self._subscription(plain.recv(NOBLOCK))
+            self._send_meta()
+
+    def _subscription(self, event: bytes) -> None:
+        """One XPUB notification (byte 1 subscribe / 0 unsubscribe, then the prefix)."""
+        self.subscription_messages += 1
+        subscribe, prefix = event[:1] == b"\x01", event[1:]
+        if self.tap is not None:
+            self.tap.subscription(subscribe, prefix)
+        self._meta_due |= subscribe and b"meta".startswith(prefix)
+
+    def _send_meta(self) -> None:
+        """The meta message, once for every subscription to it read since the last call: a
+        subscriber that subscribes in a loop costs everyone at most one meta a drain period."""
+        if self._meta_due and self._meta is not None:
+            self._meta_due = False
+            with contextlib.suppress(zmq.Again):
+                self._plain.send_multipart(self._meta, NOBLOCK)
+
+    def _meta_message(self) -> list:
+        ts = now_ns()
+        header = {
+            "kind": "meta",
+            "camera": "",
+            "seq": 0,
+            "capture_ts": ts,
+            "publish_ts": ts,
+            "backend": "none",
+            "model": "none",
+            "synthetic": False,
+            "meta": meta.run_meta(self.context.config),
+        }
+        return wire.encode("meta", header)
+
+    def _warn_if_no_previews(self) -> None:
+        config = self.context.config
+        index = config.stage_names.index(self.name)
+        if self.tap is not None and not preview.frame_producers(config, index):
+            log.warning(
+                "publish %s: preview = true, but no stage sends it frames (only a capture "
+                "stage or a detect stage can): preview/ stays empty",
+                self.name,
+            )
 
     async def _frame_messages(self, item: Frame) -> list[list]:
         messages = []
         if self.options.frame_meta:
             messages.append(wire.encode_result(Detections.without_detector(item), now_ns()))
-        if self.options.preview:
-            jpeg, (h, w) = await asyncio.to_thread(self._preview_jpeg, item.image)
-            header = {
-                "kind": "preview",
-                "camera": item.camera,
-                "seq": item.seq,
-                "capture_ts": item.capture_ts_ns,
-                "publish_ts": now_ns(),
-                "backend": "none",
-                "model": "none",
-                "synthetic": False,
-                "width": w,
-                "height": h,
-            }
-            messages.append(
-                wire.encode(f"preview/{item.camera}", header, [("jpeg", jpeg)], {"jpeg": "jpeg"})
-            )
+        if self.tap is not None and self.tap.due(item.camera, item.capture_ts_ns):
+            messages.append(await self._preview_message(item))
         return messages
+
+    async def _preview_message(self, item: Frame | preview.PreviewFrame) -> list:
+        jpeg, (h, w) = await asyncio.to_thread(self._preview_jpeg, item.image)
+        header = {
+            "kind": "preview",
+            "camera": item.camera,
+            "seq": item.seq,
+            "capture_ts": item.capture_ts_ns,
+            "publish_ts": now_ns(),
+            "backend": "none",
+            "model": "none",
+            "synthetic": False,
+            "width": w,
+            "height": h,
+        }
+        return wire.encode(f"preview/{item.camera}", header, [("jpeg", jpeg)], {"jpeg": "jpeg"})
 
     def _preview_jpeg(self, image):
         """image: uint8 [H, W, 3] BGR -> (JPEG bytes as uint8 [n], (h, w) after downscale)."""

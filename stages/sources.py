@@ -579,7 +579,7 @@ class CameraReader:
 
     def stats(self) -> dict:
         """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, fps,
-        last_grab_ns, frame_size [H, W], health, last_error, source."""
+        last_grab_ns (and as a string), frame_size [H, W], health, last_error, source."""
         now = time.monotonic()
         with self._lock:
             grabs = [t for t in self._grabs if now - t <= FPS_WINDOW_S]
@@ -590,6 +590,8 @@ class CameraReader:
             **self._counts,
             "fps": round(fps, 2),
             "last_grab_ns": self._last_grab_ns,
+            # exact for readers whose JSON numbers are doubles (docs/protocol.md)
+            "last_grab_ns_str": None if self._last_grab_ns is None else str(self._last_grab_ns),
             "frame_size": list(self._frame_size) if self._frame_size else None,
             "health": self.health,
             "last_error": self._last_error,

@@ -140,12 +140,15 @@ class TrackedBox:
 @dataclass(frozen=True, slots=True)
 class PoseTag:
     """What a pose result carries about its track: the capture time of the frame the pose
-    came from, its age at publish time, and the time since the track's previous pose."""
+    came from, its age at publish time, and the time since the track's previous pose;
+    tracked is False when the track had expired before its pose finished (the tracker no
+    longer knows its previous pose, so since_previous_ns is None)."""
 
     track_id: int
     capture_ts_ns: int
     age_ns: int
     since_previous_ns: int | None
+    tracked: bool = True
 
 
 class PersonTracker:
@@ -325,4 +328,5 @@ class PersonTracker:
             capture_ts_ns=capture_ts_ns,
             age_ns=at_ns - capture_ts_ns,
             since_previous_ns=None if previous is None else capture_ts_ns - previous,
+            tracked=track is not None,
         )

@@ -60,3 +60,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def demo_config(tmp_path, free_port) -> tuple[Path, str]:
+    """configs/demo.toml as shipped, publishing on its own free port: (path, endpoint). Its
+    relative bundle and gallery paths find nothing from tmp_path, as on a fresh clone, so it
+    runs the synthetic models."""
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    text = (Path(__file__).resolve().parents[1] / "configs" / "demo.toml").read_text()
+    bind = 'bind = "tcp://127.0.0.1:5560"'
+    assert text.count(bind) == 1, "configs/demo.toml no longer binds 5560 once"
+    path = tmp_path / "demo.toml"
+    path.write_text(text.replace(bind, f'bind = "{endpoint}"'))
+    return path, endpoint

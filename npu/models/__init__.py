@@ -40,6 +40,8 @@ class ModelSpec:
       a device; model_id(model, path) -> the id results carry.
     synthetic: module path of its synthetic-weight stand-in (npu.models.synthetic reads it),
       or None when it has none.
+    wire_meta() -> the facts a subscriber needs to read this model's results (its section of
+      the `meta` message, docs/protocol.md), or None.
     export_batch(model, bundle_dir) -> items per device pass (bundle_dir None on cpu);
       default_batch: the same for the released bundles, when no model is loaded (planning).
     """
@@ -53,6 +55,7 @@ class ModelSpec:
     model_id: Callable[[Any, Path], str] = field(default=lambda model, path: path.name)
     export_batch: Callable[[Any, Path | None], int] = field(default=lambda model, path: 1)
     default_batch: int = 1
+    wire_meta: Callable[[], dict] | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

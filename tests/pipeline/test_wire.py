@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import wire
-from pipeline.messages import Detections, Frame
+from pipeline.messages import Detections, Frame, Result
 
 
 def det() -> Detections:
@@ -112,3 +112,15 @@ def test_decode_raises_only_wire_error_whatever_the_bytes(parts, header):
     for candidate in (parts, [b"t", json.dumps(header).encode(), *parts]):
         with contextlib.suppress(wire.WireError):
             wire.decode(candidate)
+
+
+def test_ns_timestamps_also_travel_as_exact_decimal_strings():
+    """A JSON reader whose numbers are doubles (JavaScript) rounds ~1.8e18 ns; the strings
+    keep every digit."""
+    capture, publish = 1_796_117_511_479_224_351, 1_796_117_511_479_224_999
+    result = Result(kind="det", camera="c", seq=1, capture_ts_ns=capture, deadline_ns=capture)
+    header = json.loads(wire.encode_result(result, publish)[1])
+    assert (header["capture_ts_str"], header["publish_ts_str"]) == (str(capture), str(publish))
+    as_double = json.loads(wire.encode_result(result, publish)[1], parse_int=float)
+    assert int(as_double["capture_ts"]) != capture  # what JSON.parse would see
+    assert int(as_double["capture_ts_str"]) == capture

@@ -64,6 +64,7 @@ def config_text(endpoint: str) -> str:
         bind = "{endpoint}"
         sndhwm = 20
         preview = true
+        preview_fps = {FPS}  # every frame: the traffic that fills a stuck subscriber's buffers
         preview_max_width = 960
         inbox = {{ size = 8, policy = "drop_oldest" }}
     """

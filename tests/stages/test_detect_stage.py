@@ -504,3 +504,22 @@ def test_the_demo_wiring_with_a_fake_infer_delivers_every_result_kind(write_conf
     # one track: each pose after the first reports the time since the previous one
     assert poses[0].since_previous_ms is None
     assert all(p.since_previous_ms and p.since_previous_ms > 0 for p in poses[1:])
+
+
+def test_faces_without_a_person_detector_carry_their_own_stable_track(tmp_path):
+    """The kiosk (person = "none"): each face is tracked itself, so det's track_ids and the
+    face jobs (hence face/ messages) name the same track on every frame."""
+    cap = cv2.VideoCapture(str(asset_path("carphone_pristine.mp4")))
+    stage = make_stage(tmp_path, person="none", pose=False)
+    t0 = now_ns()
+    ids = set()
+    for seq in range(8):
+        ok, image = cap.read()
+        assert ok
+        det, poses, faces, _ = split(stage.process(frame(image, seq, t0)))
+        assert det.labels == ("face",) and not poses, f"frame {seq}: {det.labels}"
+        (fj,) = faces
+        assert isinstance(fj.track_id, int) and fj.track_id == det.extra["track_ids"][0]
+        ids.add(fj.track_id)
+    cap.release()
+    assert len(ids) == 1

@@ -329,3 +329,21 @@ def test_each_inferred_kind_reaches_exactly_its_own_postprocess_inbox():
         "face_match": [FaceInferred],
         "clip_labels": [ClipInferred],
     }
+
+
+def test_dark_keeps_since_previous_when_the_track_expired_while_its_pose_ran(tmp_path):
+    """A person who leaves the frame while their second pose is on the device: the tracker
+    forgets the track, but the pose still comes from a track that had a pose before."""
+    ctx = context(tmp_path)
+    tracker = PersonTracker("cam", lost_buffer_s=0.5)
+    t0 = now_ns()
+    (tb,) = tracker.update(np.array([[10, 20, 40, 80]]), np.array([0.9]), t0)
+    tracks = TrackRegistry.of(ctx).add("cam", tracker)
+    tracks.finish_pose(tb.track_id, t0, t0)  # its first pose
+    maps, _ = peaked_heatmaps(3, 24, 18)
+    item = pose_item(maps, (50, 50, 40, 40), track_id=tb.track_id)  # made 0.5 s after it
+    tracker.pose_started(tb.track_id)
+    tracker.update(np.zeros((0, 4)), np.zeros(0), t0 + 2_000_000_000)  # gone 2 s: expired
+    assert tracker.track(tb.track_id) is None
+    (result,) = Dark("dark", DarkOptions(), ctx).process(item)
+    assert result.since_previous_ms == pytest.approx(500.0)

@@ -55,7 +55,9 @@ def test_two_file_cameras_reach_a_subscriber_with_monotonic_seq_and_valid_header
     assert code == 0
     det = {"bikes": [], "carphone": []}
     stats = []
-    for m in messages:
+    assert messages[0].topic == "meta"  # what every new subscriber receives first
+    assert [m.topic for m in messages].count("meta") == 1
+    for m in messages[1:]:
         h = m.header
         if m.topic == "stats":
             stats.append(h)

@@ -19,6 +19,7 @@ import zmq.auth
 from engine_stages import receive, start
 
 from pipeline import security, wire
+from stages.meta import contract
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +108,7 @@ def test_only_an_authorised_curve_subscriber_receives(write_config, keys):
     assert code == 0
     messages = [wire.decode(m) for m in got.pop("authorised")]
     det = [m for m in messages if m.topic == "det/card"]
-    assert len(det) >= 3 and {m.topic for m in messages} == {"det/card", "stats"}
+    assert len(det) >= 3 and {m.topic for m in messages} == {"meta", "det/card", "stats"}
     assert got == {"plain": [], "unknown key": [], "wrong server": []}
     assert rejected >= 1  # the unknown key reached the ZAP allow-list and was refused
 
@@ -187,7 +188,7 @@ def test_an_eavesdropper_sees_plaintext_only_without_curve(write_config, keys, c
     code, got, seen = asyncio.run(main())
     assert code == 0 and len(got) >= 3  # the subscriber got the messages through the tap
     header = b'"camera":"card"'
-    assert header in got[0][1]
+    assert header in next(m for m in got if m[0] == b"det/card")[1]
     assert (header in seen) is not curve
 
 
@@ -214,7 +215,8 @@ def _forge_camera(chunk: bytes, offset: int) -> bytes:
 @pytest.mark.parametrize("curve", [True, False])
 def test_a_tamperer_in_the_middle_is_detected_only_with_curve(write_config, keys, curve):
     path = _publish_config(write_config, keys, secure=curve)
-    tamper = _FlipOnce(at=4096) if curve else _forge_camera
+    # past the meta message every subscriber gets first: the flip lands in det/ traffic
+    tamper = _FlipOnce(at=len(json.dumps(contract())) + 4096) if curve else _forge_camera
 
     async def main():
         pipeline, task = await start(path, duration=2.5)
@@ -238,7 +240,7 @@ def test_a_tamperer_in_the_middle_is_detected_only_with_curve(write_config, keys
 
     code, got, tap = asyncio.run(main())
     assert code == 0
-    cameras = [wire.decode(m).header["camera"] for m in got if m[0] != b"stats"]
+    cameras = [wire.decode(m).header["camera"] for m in got if m[0] not in (b"stats", b"meta")]
     if curve:
         # The altered ciphertext fails its MAC: the subscriber's libzmq hangs up (a protocol
         # error; 4.3.5 does not reconnect after one). Nothing altered is delivered.
@@ -365,8 +367,9 @@ def test_npucam_subscribe_with_client_key_flags(write_config, keys):
         await asyncio.wait_for(publish.bound.wait(), 5)
         ep = publish.endpoint
         good = await _subscribe(
-            ep, "--server-key", server_key, "--client-key", str(keys["client"][1]), "--count", "3"
-        )
+            ep, "--server-key", server_key, "--client-key", str(keys["client"][1]), "--count", "3",
+            "--topic", "det/",
+        )  # fmt: skip
         bad = await _subscribe(
             ep, "--server-key", server_key, "--client-key", str(keys["rogue"][1]), "--timeout", "1"
         )

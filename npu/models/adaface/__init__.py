@@ -35,4 +35,9 @@ MODEL = ModelSpec(
     synthetic="npu.models.adaface.synthetic",
     model_id=lambda model, path: model.model() or path.name,
     export_batch=lambda model, bundle_dir: bundle_batch(bundle_dir),
+    wire_meta=lambda: {
+        "model": "adaface",
+        "embedding_dim": 512,
+        "embedding": "L2-normalised; compare faces by dot product",
+    },
 )

@@ -35,4 +35,5 @@ MODEL = ModelSpec(
     synthetic="npu.models.clip.synthetic",
     export_batch=lambda model, bundle_dir: int(model.towers.v_batch),
     default_batch=4,
+    wire_meta=lambda: {"probabilities": "softmax over the labels of the message, in their order"},
 )

@@ -26,6 +26,12 @@ def _from_bundle(path: Path, device: Any) -> Any:
     return from_bundle(path, device)
 
 
+def _wire_meta() -> dict:
+    from npu.models.sapiens2.keypoints import wire_meta
+
+    return wire_meta()
+
+
 MODEL = ModelSpec(
     name="sapiens2",
     kind="pose",
@@ -34,4 +40,5 @@ MODEL = ModelSpec(
     from_bundle=_from_bundle,
     synthetic="npu.models.sapiens2.synthetic",
     export_batch=lambda model, bundle_dir: bundle_batch(bundle_dir),
+    wire_meta=_wire_meta,
 )

@@ -257,3 +257,40 @@ def face_points(keypoints: np.ndarray, min_score: float = 0.3) -> np.ndarray | N
         else:
             return None
     return out
+
+
+# One colour per keypoint group (#rrggbb) for drawing: points take their group's colour, and an
+# edge the group it lies in (an edge between body and hands or feet is drawn in the limb's).
+GROUP_COLOURS: dict[str, str] = {
+    "body": "#00e676",
+    "feet": "#ff9100",
+    "hands": "#2979ff",
+    "face": "#ff4081",
+}
+
+
+def _edge_group(group_of: list[str], a: int, b: int) -> str:
+    """The group an edge is drawn in: its points' own, or the limb's when one is body."""
+    ga, gb = group_of[a], group_of[b]
+    if ga == gb:
+        return ga
+    return gb if ga == "body" else ga
+
+
+def wire_meta() -> dict:
+    """The pose section of the `meta` message (docs/protocol.md, docs/meta.json): keypoint
+    names, groups with colours, and skeleton edges with the group each is drawn in."""
+    group_of = [""] * len(NAMES)
+    for group, indices in GROUPS.items():
+        for i in indices:
+            group_of[i] = group
+    return {
+        "model": "sapiens2",
+        "keypoint_set": "sapiens2-308",
+        "count": len(NAMES),
+        "columns": ["x", "y", "score"],
+        "names": list(NAMES),
+        "group_of": group_of,
+        "groups": [{"name": g, "color": GROUP_COLOURS[g], "count": len(GROUPS[g])} for g in GROUPS],
+        "skeleton": [[a, b, _edge_group(group_of, a, b)] for a, b in SKELETON],
+    }

@@ -1,0 +1,65 @@
+"""`npucam view ENDPOINT`: serve the live page of a pipeline's PUB endpoint (loopback default).
+
+Exits 0 on SIGINT/SIGTERM, 2 (pipeline.cli) for a bad --bind, key file or endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from pipeline import security
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "view", help="a live page of a pipeline's results (boxes, skeletons, identities, stats)"
+    )
+    p.add_argument("endpoint", help="the pipeline's PUB endpoint, e.g. tcp://127.0.0.1:5560")
+    p.add_argument(
+        "--topic",
+        action="append",
+        metavar="PREFIX",
+        help="topic prefix to show, repeatable (default: all), subscribed only while a page "
+        "is open; `meta` is always read",
+    )
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1:8560",
+        metavar="HOST:PORT",
+        help="where the page is served (default 127.0.0.1:8560; port 0 picks a free one)",
+    )
+    p.add_argument(
+        "--server-key",
+        metavar="FILE",
+        help="CURVE: the publisher's public key file (NAME.key); needs --client-key",
+    )
+    p.add_argument(
+        "--client-key",
+        metavar="FILE",
+        help="CURVE: this viewer's key pair (NAME.key_secret), on the publisher's allow-list",
+    )
+    p.set_defaults(func=cmd_view)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from pipeline.view.server import ViewServer, parse_bind, serve  # aiohttp: only for `view`
+
+    if (args.server_key is None) != (args.client_key is None):
+        raise security.SecurityError(["view: CURVE needs both --server-key and --client-key"])
+    curve = None
+    if args.server_key is not None:
+        curve = security.client_curve(args.server_key, args.client_key)
+    host, port = parse_bind(args.bind)
+    server = ViewServer(args.endpoint, args.topic or [""], curve, host, port)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(server, stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,427 @@
+// npucam view: decodes the messages the server relays (the wire contract, docs/protocol.md)
+// and draws each camera: the latest preview frame, and over it the det boxes of that frame
+// (joined by seq), track ids, each track's latest pose as its skeleton coloured by keypoint
+// group (from the `meta` message), face identities with their similarity, CLIP labels, and
+// the camera's fps, lag, drops by reason and device busy from `stats`.
+
+const PERSON_COLOUR = "#ffeb3b";
+const FACE_COLOUR = "#00e5ff";
+const params = new URLSearchParams(location.search);
+const MIN_SCORE = Number(params.get("min_score") ?? 0.3); // keypoints drawn above this
+const WIDTH = 640; // canvas width in px; the height keeps the frame's aspect
+const DETS_KEPT = 64; // det messages kept per camera to join a frame by seq
+const POSE_KEEP_MS = 3000; // a track's pose is drawn this long after it arrived
+const LABEL_KEEP_MS = 10000; // face identities and CLIP labels
+const FRAME_FRESH_MS = 2000; // older frames: boxes follow the latest det instead
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+const DTYPES = {
+  uint8: [Uint8Array, "getUint8"], int8: [Int8Array, "getInt8"],
+  uint16: [Uint16Array, "getUint16"], int16: [Int16Array, "getInt16"],
+  uint32: [Uint32Array, "getUint32"], int32: [Int32Array, "getInt32"],
+  int64: [BigInt64Array, "getBigInt64"],
+  float32: [Float32Array, "getFloat32"], float64: [Float64Array, "getFloat64"],
+};
+
+// One relayed message: u32 n, n u32 lengths, then [topic, header JSON, *parts] (little end).
+export function decode(buffer) {
+  const view = new DataView(buffer);
+  const n = view.getUint32(0, true);
+  let offset = 4 * (n + 1);
+  const raw = [];
+  for (let i = 0; i < n; i++) {
+    const length = view.getUint32(4 * (i + 1), true);
+    raw.push(new Uint8Array(buffer, offset, length));
+    offset += length;
+  }
+  if (n < 2 || offset !== buffer.byteLength) throw new Error("not a relayed message");
+  const text = new TextDecoder();
+  const topic = text.decode(raw[0]);
+  const header = JSON.parse(text.decode(raw[1]));
+  const descs = header.parts ?? [];
+  if (descs.length !== n - 2) throw new Error(`${topic}: ${descs.length} parts described, ${n - 2} sent`);
+  const arrays = {};
+  descs.forEach((d, i) => { arrays[d.name] = decodePart(topic, d, raw[i + 2]); });
+  return { topic, header, arrays };
+}
+
+function decodePart(topic, d, bytes) {
+  const entry = DTYPES[d.dtype];
+  if (!entry) throw new Error(`${topic}: ${d.name}: unknown dtype ${d.dtype}`);
+  const [Ctor, getter] = entry;
+  const count = d.shape.reduce((a, b) => a * b, 1);
+  if (bytes.byteLength !== count * Ctor.BYTES_PER_ELEMENT) {
+    throw new Error(`${topic}: ${d.name}: ${bytes.byteLength} bytes for shape ${d.shape}`);
+  }
+  let data;
+  if (Ctor.BYTES_PER_ELEMENT === 1 || (d.byteorder === "little") === LITTLE_ENDIAN) {
+    data = new Ctor(bytes.slice().buffer); // a copy starts aligned
+  } else {
+    const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    data = new Ctor(count);
+    for (let i = 0; i < count; i++) data[i] = v[getter](i * Ctor.BYTES_PER_ELEMENT, d.byteorder === "little");
+  }
+  return { data, shape: d.shape, encoding: d.encoding };
+}
+
+// Exact lag in ms from the string forms of the ns timestamps (numbers lose the last digits).
+function lagMs(h) {
+  return Number(BigInt(h.publish_ts_str) - BigInt(h.capture_ts_str)) / 1e6;
+}
+
+const state = { meta: null, cameras: new Map(), stats: null, synthetic: false, view: null };
+
+class Camera {
+  constructor(name) {
+    this.name = name;
+    this.section = document.createElement("section");
+    this.section.className = "camera";
+    this.section.dataset.camera = name;
+    const title = document.createElement("h2");
+    title.textContent = name;
+    const stack = document.createElement("div");
+    stack.className = "stack";
+    this.frameCanvas = document.createElement("canvas");
+    this.frameCanvas.className = "frame";
+    this.overlay = document.createElement("canvas");
+    this.overlay.className = "overlay";
+    stack.append(this.frameCanvas, this.overlay);
+    this.statsBox = document.createElement("div");
+    this.statsBox.className = "stats";
+    this.section.append(title, stack, this.statsBox);
+    document.getElementById("waiting")?.remove();
+    const main = document.getElementById("cameras");
+    const after = [...main.children].find((c) => c.dataset.camera > name);
+    main.insertBefore(this.section, after ?? null);
+    this.frame = null; // {bitmap, seq, width, height, at}
+    this.frameDirty = false;
+    this.dets = new Map(); // seq -> det message
+    this.latestDet = null;
+    this.poses = new Map(); // track id -> {keypoints, count, at}
+    this.faces = new Map(); // track id -> {identity, similarity, reason, at}
+    this.untrackedFaces = []; // face messages without a track: [{msg, at}]
+    this.clips = new Map(); // track id, or "frame" -> {label, probability, at}
+    this.counts = { frames: 0, boxes: 0, skeletons: 0, renders: 0 };
+    this.lastDrawn = { boxes: 0, skeletons: 0 };
+  }
+
+  det(msg) {
+    this.dets.set(msg.header.seq, msg);
+    if (this.dets.size > DETS_KEPT) this.dets.delete(this.dets.keys().next().value);
+    if (!this.latestDet || msg.header.seq >= this.latestDet.header.seq) this.latestDet = msg;
+  }
+
+  // The det drawn: the shown frame's own (joined by seq), else the latest one before it;
+  // the latest det when there is no recent frame.
+  detToDraw(now) {
+    if (!this.frame || now - this.frame.at > FRAME_FRESH_MS) return this.latestDet;
+    const own = this.dets.get(this.frame.seq);
+    if (own) return own;
+    let best = null;
+    for (const [seq, msg] of this.dets) if (seq <= this.frame.seq && (!best || seq > best.header.seq)) best = msg;
+    return best ?? this.latestDet;
+  }
+}
+
+function camera(name) {
+  let cam = state.cameras.get(name);
+  if (!cam) {
+    cam = new Camera(name);
+    state.cameras.set(name, cam);
+  }
+  return cam;
+}
+
+function handle(msg) {
+  const h = msg.header;
+  if (h.synthetic && !state.synthetic) {
+    state.synthetic = true;
+    document.getElementById("synthetic").hidden = false;
+  }
+  const now = performance.now();
+  switch (h.kind) {
+    case "meta":
+      state.meta = h.meta;
+      legend();
+      for (const name of h.meta.cameras ?? []) camera(name);
+      break;
+    case "stats":
+      state.stats = h.stats;
+      for (const name of Object.keys(h.stats.cameras ?? {})) camera(name);
+      break;
+    case "det":
+      camera(h.camera).det(msg);
+      break;
+    case "pose":
+      camera(h.camera).poses.set(h.track_id, { keypoints: msg.arrays.keypoints.data, count: h.count, at: now });
+      break;
+    case "face":
+      if (h.track_id === null) {
+        const faces = camera(h.camera).untrackedFaces;
+        faces.push({ msg, at: now });
+        if (faces.length > 16) faces.shift();
+      } else {
+        camera(h.camera).faces.set(h.track_id, { identity: h.identity, similarity: h.similarity, reason: h.reason, at: now });
+      }
+      break;
+    case "clip":
+      camera(h.camera).clips.set(h.track_id ?? "frame", { label: h.top_label, probability: h.top_probability, at: now });
+      break;
+    case "preview":
+      preview(camera(h.camera), msg, now);
+      return;
+    default:
+      return; // a kind this page does not know: ignored, as the protocol asks
+  }
+  scheduleRender();
+}
+
+function preview(cam, msg, now) {
+  const seq = msg.header.seq;
+  const blob = new Blob([msg.arrays.jpeg.data], { type: "image/jpeg" });
+  createImageBitmap(blob).then((bitmap) => {
+    if (cam.frame && cam.frame.seq > seq) return bitmap.close(); // an older one decoded late
+    cam.frame?.bitmap.close();
+    cam.frame = { bitmap, seq, width: msg.header.width, height: msg.header.height, at: now };
+    cam.frameDirty = true;
+    scheduleRender();
+  }, () => {});
+}
+
+let renderPending = false;
+function scheduleRender() {
+  if (renderPending) return;
+  renderPending = true;
+  requestAnimationFrame(() => {
+    renderPending = false;
+    const now = performance.now();
+    for (const cam of state.cameras.values()) render(cam, now);
+    header();
+  });
+}
+
+function fit(cam, det) {
+  const size = cam.frame ?? (det && { width: det.header.width, height: det.header.height });
+  if (!size || !size.width) return false;
+  const w = WIDTH;
+  const h = Math.round((WIDTH * size.height) / size.width);
+  for (const c of [cam.frameCanvas, cam.overlay]) {
+    if (c.width !== w || c.height !== h) {
+      c.width = w;
+      c.height = h;
+      cam.frameDirty = true;
+    }
+  }
+  return true;
+}
+
+function render(cam, now) {
+  const det = cam.detToDraw(now);
+  if (!fit(cam, det)) return;
+  const W = cam.overlay.width;
+  const H = cam.overlay.height;
+  if (cam.frameDirty) {
+    const f = cam.frameCanvas.getContext("2d");
+    f.fillStyle = "#000";
+    f.fillRect(0, 0, W, H);
+    if (cam.frame) {
+      f.drawImage(cam.frame.bitmap, 0, 0, W, H);
+      cam.counts.frames += 1;
+    }
+    cam.frameDirty = false;
+  }
+  const g = cam.overlay.getContext("2d");
+  g.clearRect(0, 0, W, H);
+  let boxes = 0;
+  let skeletons = 0;
+  if (det) {
+    const s = W / det.header.width;
+    const tracks = new Set();
+    const b = det.arrays.boxes.data;
+    const ids = det.header.track_ids ?? [];
+    det.header.labels.forEach((label, i) => {
+      const track = ids[i] ?? null;
+      const isPerson = label === "person";
+      if (isPerson && track !== null) tracks.add(track);
+      const colour = isPerson ? PERSON_COLOUR : FACE_COLOUR;
+      const [x1, y1, x2, y2] = [b[4 * i] * s, b[4 * i + 1] * s, b[4 * i + 2] * s, b[4 * i + 3] * s];
+      g.lineWidth = 2;
+      g.strokeStyle = colour;
+      g.strokeRect(x1, y1, x2 - x1, y2 - y1);
+      boxes += 1;
+      const text = isPerson ? personText(cam, track, now) : faceText(cam, track, now);
+      if (text) tag(g, text, x1, isPerson ? y1 : y2 + 16, colour);
+    });
+    // a pose is drawn while its track is in the frame's det; with no tracked box at all
+    // (a config without a person detector in this process), every recent pose
+    for (const [track, pose] of cam.poses) {
+      if (now - pose.at > POSE_KEEP_MS) cam.poses.delete(track);
+      else if ((tracks.has(track) || tracks.size === 0) && skeleton(g, pose, s)) skeletons += 1;
+    }
+    for (const { msg, at } of cam.untrackedFaces) {
+      if (now - at > LABEL_KEEP_MS) continue;
+      const [x1, y1, x2, y2] = Array.from(msg.arrays.box.data, (v) => v * s);
+      g.strokeStyle = FACE_COLOUR;
+      g.strokeRect(x1, y1, x2 - x1, y2 - y1);
+      boxes += 1;
+      tag(g, identityText(msg.header), x1, y2 + 16, FACE_COLOUR);
+    }
+  }
+  cam.counts.boxes += boxes;
+  cam.counts.skeletons += skeletons;
+  cam.counts.renders += 1;
+  cam.lastDrawn = { boxes, skeletons };
+  cam.overlay.dataset.boxes = String(boxes);
+  cam.overlay.dataset.skeletons = String(skeletons);
+  cam.statsBox.textContent = statsText(cam, det);
+}
+
+function personText(cam, track, now) {
+  if (track === null) return "";
+  const clip = cam.clips.get(track);
+  const label = clip && now - clip.at < LABEL_KEEP_MS ? `  ${clip.label} ${clip.probability.toFixed(2)}` : "";
+  return `#${track}${label}`;
+}
+
+function faceText(cam, track, now) {
+  const face = track === null ? null : cam.faces.get(track);
+  if (!face || now - face.at > LABEL_KEEP_MS) return track === null ? "" : `#${track}`;
+  return `#${track} ${identityText(face)}`;
+}
+
+function identityText(f) {
+  return f.identity !== null ? `${f.identity} ${f.similarity.toFixed(2)}` : `unknown (${f.reason}) ${f.similarity.toFixed(2)}`;
+}
+
+function tag(g, text, x, y, colour) {
+  g.font = "12px sans-serif";
+  y = Math.min(Math.max(y, 15), g.canvas.height - 1); // inside the canvas
+  x = Math.max(0, x);
+  const w = g.measureText(text).width + 6;
+  g.fillStyle = "rgba(0, 0, 0, 0.65)";
+  g.fillRect(x, y - 14, w, 15);
+  g.fillStyle = colour;
+  g.fillText(text, x + 3, y - 3);
+}
+
+// One pose: the edges, then the points, each in its keypoint group's colour from meta.
+function skeleton(g, pose, s) {
+  const pm = state.meta?.pose;
+  if (!pm || pose.count !== pm.count) return false;
+  const kp = pose.keypoints;
+  const colour = Object.fromEntries(pm.groups.map((grp) => [grp.name, grp.color]));
+  const ok = (k) => kp[3 * k + 2] > MIN_SCORE;
+  g.lineWidth = 2;
+  for (const [a, b, group] of pm.skeleton) {
+    if (!ok(a) || !ok(b)) continue;
+    g.strokeStyle = colour[group];
+    g.beginPath();
+    g.moveTo(kp[3 * a] * s, kp[3 * a + 1] * s);
+    g.lineTo(kp[3 * b] * s, kp[3 * b + 1] * s);
+    g.stroke();
+  }
+  for (let k = 0; k < pm.count; k++) {
+    if (!ok(k)) continue;
+    const group = pm.group_of[k];
+    g.fillStyle = colour[group];
+    g.beginPath();
+    g.arc(kp[3 * k] * s, kp[3 * k + 1] * s, group === "face" ? 1.5 : 3, 0, 2 * Math.PI);
+    g.fill();
+  }
+  return true;
+}
+
+function deviceBusy() {
+  const out = [];
+  for (const [stage, st] of Object.entries(state.stats?.stages ?? {})) {
+    const busy = st.gauges?.device_busy_fraction;
+    if (busy !== undefined) out.push(`${(100 * busy).toFixed(1)}% (${stage})`);
+  }
+  return out.join(", ");
+}
+
+function statsText(cam, det) {
+  const c = state.stats?.cameras?.[cam.name];
+  const lines = [];
+  const lag = det ? `${lagMs(det.header).toFixed(1)} ms` : "-";
+  lines.push(`fps ${c ? c.fps.toFixed(1) : "-"}  lag ${lag}  ${c ? c.health : ""}`);
+  const drops = {};
+  for (const st of Object.values(state.stats?.stages ?? {})) {
+    for (const [reason, n] of Object.entries(st.drops?.[cam.name] ?? {})) drops[reason] = (drops[reason] ?? 0) + n;
+  }
+  const dropText = Object.entries(drops).map(([r, n]) => `${r} ${n}`).join("  ");
+  lines.push(`drops ${dropText || "0"}`);
+  lines.push(`device busy ${deviceBusy() || "-"}`);
+  const frameClip = cam.clips.get("frame");
+  if (frameClip) lines.push(`frame: ${frameClip.label} ${frameClip.probability.toFixed(2)}`);
+  return lines.join("\n");
+}
+
+function header() {
+  const v = state.view;
+  const status = document.getElementById("status");
+  if (v) {
+    const age = v.last_message_age_s === null ? "no message yet" : `last message ${v.last_message_age_s} s ago`;
+    status.textContent = `${v.endpoint}: ${v.received} messages, ${v.malformed} malformed, ${v.dropped} dropped by this page; ${age}`;
+  }
+  const busy = deviceBusy();
+  document.getElementById("device").textContent = busy ? `device busy ${busy}` : "";
+}
+
+function legend() {
+  const items = [["person box", PERSON_COLOUR], ["face box", FACE_COLOUR]];
+  for (const grp of state.meta.pose.groups) items.push([`${grp.name} keypoints`, grp.color]);
+  const footer = document.getElementById("legend");
+  footer.replaceChildren(...items.map(([name, colour]) => {
+    const span = document.createElement("span");
+    const swatch = document.createElement("i");
+    swatch.style.background = colour;
+    span.append(swatch, name);
+    return span;
+  }));
+}
+
+let decodeErrors = 0;
+function connect() {
+  const ws = new WebSocket(`ws://${location.host}/ws`);
+  ws.binaryType = "arraybuffer";
+  ws.onmessage = (event) => {
+    if (typeof event.data === "string") {
+      state.view = JSON.parse(event.data).view;
+      header();
+      return;
+    }
+    let msg;
+    try {
+      msg = decode(event.data);
+    } catch (err) {
+      decodeErrors += 1;
+      if (decodeErrors <= 5) console.warn("npucam view: skipped a message:", err.message);
+      return;
+    }
+    handle(msg);
+  };
+  ws.onclose = () => {
+    document.getElementById("status").textContent = "disconnected from the view server; retrying...";
+    setTimeout(connect, 1000);
+  };
+}
+
+// For tests and the console: per camera what was drawn, and pixels of one colour drawn.
+window.npucamView = {
+  state,
+  counts() {
+    return Object.fromEntries([...state.cameras].map(([name, cam]) => [name, { ...cam.counts, last: cam.lastDrawn }]));
+  },
+  overlayPixels(name, hex) {
+    const cam = state.cameras.get(name);
+    if (!cam || !cam.overlay.width) return 0;
+    const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+    const px = cam.overlay.getContext("2d").getImageData(0, 0, cam.overlay.width, cam.overlay.height).data;
+    let n = 0;
+    for (let i = 0; i < px.length; i += 4) if (px[i] === r && px[i + 1] === g && px[i + 2] === b && px[i + 3] === 255) n += 1;
+    return n;
+  },
+};
+
+connect();

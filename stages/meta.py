@@ -1,0 +1,65 @@
+"""The `meta` topic: what a subscriber in any language needs to label and draw the results.
+
+Each registered model's facts (ModelSpec.wire_meta: Sapiens2's 308 keypoint names, groups,
+group colours and skeleton edges from npu/models/sapiens2/keypoints.py; AdaFace's embedding;
+CLIP's probabilities) and the face landmark orders; docs/meta.json is the same data as a file
+(`python -m stages.meta > docs/meta.json` writes it). The publish stage sends it, with the
+run's cameras and models, to every new subscriber (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from npu import models
+from pipeline.config import Config
+
+META_VERSION = 1
+
+FACE_LANDMARKS: dict[str, list[str]] = {
+    "yunet": ["image-left eye", "image-right eye", "nose", "image-left mouth corner",
+              "image-right mouth corner"],
+    "sapiens2": ["image-left eye", "image-right eye", "nose", "image-left mouth corner",
+                 "image-right mouth corner"],
+    "blazeface": ["image-left eye", "image-right eye", "nose", "mouth centre"],
+}  # fmt: skip
+
+
+def contract() -> dict:
+    """The static meta content (docs/meta.json): each registered model's facts under its
+    result kind (ModelSpec.wire_meta), with the face landmark orders of every landmark source."""
+    out: dict = {"meta_version": META_VERSION}
+    for name in models.names():
+        spec = models.spec(name)
+        if spec.wire_meta is not None:
+            out[spec.kind] = spec.wire_meta()
+    if "face" in out:
+        out["face"]["landmarks"] = FACE_LANDMARKS
+    return out
+
+
+def run_meta(config: Config) -> dict:
+    """contract() plus this run's cameras and, per infer stage, its backend and models."""
+    infer = []
+    for name, stage in zip(config.stage_names, config.stages, strict=True):
+        if stage.kind != "infer":
+            continue
+        opts = stage.options
+        enabled = [
+            m
+            for m in models.names()
+            if isinstance(opts.get(m), dict) and opts[m].get("enabled", False)
+        ]
+        infer.append({"stage": name, "backend": opts.get("backend"), "models": enabled})
+    return {**contract(), "cameras": [c.name for c in config.cameras], "infer": infer}
+
+
+def main() -> int:
+    json.dump(contract(), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
