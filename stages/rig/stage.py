@@ -203,7 +203,9 @@ class Rig3D(Stage):
         """Publish the posed groups that are done, oldest capture first; a group not done
         and still within its wait holds the later ones back."""
         self.groups.expire()
-        plans = sorted(self.groups.posed_groups(), key=lambda g: min(v[1] for v in g.views.values()))
+        plans = sorted(
+            self.groups.posed_groups(), key=lambda g: min(v[1] for v in g.views.values())
+        )
         for plan in plans:
             got = self._results.get(plan.id, {})
             expected = plan.expected()

@@ -56,6 +56,7 @@ def run(grouped: bool, seconds: int = 20):
         for camera in OTHERS:
             ts = k * S // 30
             events.append((ts + 1 * MS, submit(camera, 0, ts, None)))
+
     def done(batch, returned) -> None:
         for job, _ in returned:
             camera, track, ts, _ = job.payload
