@@ -14,6 +14,15 @@ import numpy as np
 from pipeline.messages import Result
 
 
+# what the meta message says of pose3d (docs/meta.json): the columns of `points`, its unit, and
+# where the keypoint names and skeleton are (the 2D model's, under meta.pose)
+WIRE_META = {
+    "columns": ["x", "y", "z", "confidence"],
+    "units": "m",
+    "keypoints_from": "pose",
+}
+
+
 def _empty(*shape: int, dtype=np.float32) -> np.ndarray:
     return np.zeros(shape, dtype)
 
