@@ -13,7 +13,6 @@ import numpy as np
 
 from pipeline.messages import Result
 
-
 # what the meta message says of pose3d (docs/meta.json): the columns of `points`, its unit, and
 # where the keypoint names and skeleton are (the 2D model's, under meta.pose)
 WIRE_META = {
