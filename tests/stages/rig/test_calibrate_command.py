@@ -21,7 +21,7 @@ import zmq
 from pipeline.cli import main
 from pipeline.messages import Frame, now_ns
 from stages.frame_wire import encode_frame
-from stages.rig.calibration import read_calibration
+from stages.rig.calibration import Calibration, read_calibration, write_calibration
 
 NPUCAM = Path(sys.executable).parent / "npucam"
 BOARD_ARGS = ["--squares", "7x5", "--square-length", "0.08", "--marker-length", "0.06"]
@@ -190,3 +190,21 @@ def test_live_and_recorded_cameras_cannot_be_mixed(tmp_path, capsys):
     args = ["calibrate", "--camera", "a=usb:0", "--camera", f"b=images:{tmp_path}"]
     code = main([*args, "--out", str(tmp_path / "c.toml")])
     assert code == 2 and "are live and b recorded" in capsys.readouterr().err
+
+
+def test_given_lenses_calibrate_the_poses_only(charuco_rig, tmp_path, folders, capsys):
+    lenses = tmp_path / "lenses.toml"
+    write_calibration(
+        lenses, Calibration({f"cam_{i + 1:02d}": c for i, c in enumerate(charuco_rig.cameras)})
+    )
+    code, err = calibrate(
+        tmp_path, folders, capsys, "--intrinsics", str(lenses), "--world-view", "0"
+    )
+    assert code == 0, err
+    got = read_calibration(tmp_path / "Calib.toml")
+    for truth, cam in zip(charuco_rig.cameras, got.cameras.values(), strict=True):
+        assert np.array_equal(cam.matrix, truth.matrix)  # the given lens, as given
+        assert np.linalg.norm(cam.translation - truth.translation) < 0.01
+    small = {"cam0": [cv2.resize(i, (480, 360)) for i in folders["cam0"]], "cam1": folders["cam1"]}
+    code, err = calibrate(tmp_path / "small", small, capsys, "--intrinsics", str(lenses))
+    assert code == 2 and "camera 'cam0': its images are 480x360 but" in err
