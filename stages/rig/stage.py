@@ -193,9 +193,11 @@ class Rig3D(Stage):
                 await asyncio.to_thread(self._write_trc)
 
     def _take(self, item: PoseResult) -> None:
+        if item.camera not in self.groups.cameras:
+            return  # another camera's pose (dark sends every camera's)
         group = self.groups.group_of(item.camera, item.seq)
         if group is None:
-            self.counts["late_poses"] += 1  # no posed group of this rig (left, or never)
+            self.counts["late_poses"] += 1  # its group has left, or was never posed
             return
         self._results[group][item.camera, item.track_id] = item
 
