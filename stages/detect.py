@@ -5,6 +5,9 @@ ZeroMQ: stages.box_receiver) are tracked per camera (stages.tracker, shared with
 stage through stages.tracks.TrackRegistry); faces come from BlazeFace or YuNet, in the frame
 or inside each person box. Each frame gives a Detections message (det/<camera>) and the jobs
 of stages.jobs: PoseJobs for the tracks whose pose is oldest, FaceJobs, rate-limited ClipJobs.
+A camera of a rig (a rig3d stage, stages.rig.groups) is posed by the rig instead: each frame
+is placed in its rig's group, and only frames of posed groups get pose jobs, one per tracked
+person (the largest boxes first, up to the rig's max_people), tagged with the group.
 Detectors run in the stage's own worker thread (LiteRT interpreters stay on the thread that
 made them).
 """
@@ -31,6 +34,7 @@ from stages.box_receiver import BoxReceiver
 from stages.detectors.detections import DetectorOutput
 from stages.jobs import ClipJob, FaceJob, PoseJob
 from stages.preview import PreviewFrame, PreviewTap, run_taps
+from stages.rig.groups import RigGroups, RigRegistry, RigTag
 from stages.tracker import PersonTracker, iou_matrix
 from stages.tracks import CameraTracks, TrackRegistry
 
@@ -121,6 +125,7 @@ class Detect(Stage):
         self.face_detector = None
         self.receiver: BoxReceiver | None = None
         self.tracks = TrackRegistry.of(context)
+        self.rigs = RigRegistry.of(context)
         self._last_clip_ns: dict[str, int] = {}
         self._last_face_ns: dict[str, int] = {}
         # person = "none": faces are tracked themselves, so a face still carries a track id
@@ -326,6 +331,12 @@ class Detect(Stage):
         faces = self._faces(frame.image, person_xywh)
         ids = [None] * len(person_scores)
         tracks = self.camera_tracks(frame.camera)
+        rig = self.rigs.of_camera(frame.camera)
+        rig_tag = None
+        if rig is not None:
+            rig_tag = rig.place(
+                frame.camera, frame.seq, frame.capture_ts_ns, frame.deadline_ns, (int(w), int(h))
+            )
         pose_jobs: list[PoseJob] = []
         clip_jobs: list[ClipJob] = []
         with tracks.lock:
@@ -336,32 +347,15 @@ class Detect(Stage):
                 ids[tb.detection] = tb.track_id
             boxes_of = {tb.track_id: tb.box for tb in tracked}
             tracks.expire_poses(now_ns())
-            if o.pose and o.pose_jobs_per_frame:
+            if o.pose and rig_tag is not None:
+                pose_jobs = self._rig_pose_jobs(frame, tracks, boxes_of, rig, rig_tag)
+            elif o.pose and rig is None and o.pose_jobs_per_frame:
                 for track in tracks.tracker.pose_queue():
                     if len(pose_jobs) == o.pose_jobs_per_frame:
                         break
                     if track.track_id not in boxes_of:
                         continue  # lost this frame: no box to pose
-                    since = track.pose_ts_ns
-                    pose_jobs.append(
-                        PoseJob(
-                            **_job_fields(frame),
-                            track_id=track.track_id,
-                            box_xywh=_xyxy_to_xywh(boxes_of[track.track_id]),
-                            score=track.score,
-                            image=frame.image,
-                            pose_age_s=None
-                            if since is None
-                            else (frame.capture_ts_ns - since) / 1e9,
-                        )
-                    )
-                    tracks.tracker.pose_started(track.track_id)
-                    retry = o.pose_retry_s
-                    tracks.pose_deadlines[track.track_id] = (
-                        frame.deadline_ns
-                        if retry is None
-                        else min(frame.deadline_ns, frame.capture_ts_ns + round(retry * 1e9))
-                    )
+                    pose_jobs.append(self._pose_job(frame, tracks, track, boxes_of))
             if o.clip != "off":
                 clip_jobs = self._clip_jobs(frame, boxes_of, w, h)
 
@@ -402,6 +396,8 @@ class Detect(Stage):
                         landmark_source=source,
                     )
                 )
+        if rig_tag is not None:
+            rig.posed(frame.camera, frame.seq, [j.track_id for j in pose_jobs])
         if o.faces:
             with tracks.lock:
                 face_jobs.extend(tracks.pose_faces)
@@ -429,6 +425,47 @@ class Detect(Stage):
             extra={"track_ids": ids + face_ids},
         )
         return [det, *pose_jobs, *face_jobs, *clip_jobs]
+
+    def _pose_job(
+        self, frame: Frame, tracks: CameraTracks, track, boxes_of: dict, group: RigTag | None = None
+    ) -> PoseJob:
+        """A pose job for a track with a box in this frame, marked started in its tracker
+        (call holding tracks.lock)."""
+        since = track.pose_ts_ns
+        job = PoseJob(
+            **_job_fields(frame),
+            track_id=track.track_id,
+            box_xywh=_xyxy_to_xywh(boxes_of[track.track_id]),
+            score=track.score,
+            image=frame.image,
+            pose_age_s=None if since is None else (frame.capture_ts_ns - since) / 1e9,
+            group=group,
+        )
+        tracks.tracker.pose_started(track.track_id)
+        retry = self.options.pose_retry_s
+        tracks.pose_deadlines[track.track_id] = (
+            frame.deadline_ns
+            if retry is None
+            else min(frame.deadline_ns, frame.capture_ts_ns + round(retry * 1e9))
+        )
+        return job
+
+    def _rig_pose_jobs(
+        self, frame: Frame, tracks: CameraTracks, boxes_of: dict, rig: RigGroups, tag: RigTag
+    ) -> list[PoseJob]:
+        """A posed group's frame: a job for every person tracked in it, the largest boxes
+        first, up to the rig's max_people (call holding tracks.lock)."""
+
+        def area(track_id: int) -> float:
+            x1, y1, x2, y2 = boxes_of[track_id]
+            return float((x2 - x1) * (y2 - y1))
+
+        chosen = sorted(boxes_of, key=lambda t: (-area(t), t))[: rig.max_people]
+        return [
+            self._pose_job(frame, tracks, tracks.tracker.track(t), boxes_of, tag)
+            for t in chosen
+            if tracks.tracker.track(t) is not None
+        ]
 
     @staticmethod
     def _due(last_ns: dict[str, int], frame: Frame, interval_s: float) -> bool:

@@ -495,6 +495,7 @@ class Infer(Stage):
                 priority=rt.priority(item),
                 key=rt.schedule_key(item),
                 capture_ts_ns=item.capture_ts_ns,
+                group=item.group,
             )
         )
         self._sync_drops()

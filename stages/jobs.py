@@ -10,6 +10,7 @@ costs a frame reference instead of a 9 MB float crop.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,9 @@ class Job:
     capture_ts_ns: int
     deadline_ns: int
     frame_size: tuple[int, int] = (0, 0)  # (width, height) of the source frame
+    # jobs the scheduler runs together, one shared priority (a rig's views of one instant:
+    # stages.rig.groups.RigTag); None for a job of its own
+    group: Hashable | None = None
 
     def expired(self, at_ns: int | None = None) -> bool:
         """True once the job is past its camera's staleness budget."""

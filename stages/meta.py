@@ -2,9 +2,9 @@
 
 Each registered model's facts (ModelSpec.wire_meta: Sapiens2's 308 keypoint names, groups,
 group colours and skeleton edges from npu/models/sapiens2/keypoints.py; AdaFace's embedding;
-CLIP's probabilities) and the face landmark orders; docs/meta.json is the same data as a file
-(`python -m stages.meta > docs/meta.json` writes it). The publish stage sends it, with the
-run's cameras and models, to every new subscriber (docs/protocol.md).
+CLIP's probabilities), the face landmark orders and how to read pose3d; docs/meta.json is the
+same data as a file (`python -m stages.meta > docs/meta.json` writes it). The publish stage
+sends it, with the run's cameras, models and rigs, to every new subscriber (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 
 from npu import models
 from pipeline.config import Config
+from stages.rig.pose3d import WIRE_META as POSE3D_META
 
 META_VERSION = 1
 
@@ -36,11 +37,13 @@ def contract() -> dict:
             out[spec.kind] = spec.wire_meta()
     if "face" in out:
         out["face"]["landmarks"] = FACE_LANDMARKS
+    out["pose3d"] = dict(POSE3D_META)
     return out
 
 
 def run_meta(config: Config) -> dict:
-    """contract() plus this run's cameras and, per infer stage, its backend and models."""
+    """contract() plus this run's cameras, per infer stage its backend and models, and per
+    rig3d stage its rig and the rig's cameras (the columns of a pose3d message's `used`)."""
     infer = []
     for name, stage in zip(config.stage_names, config.stages, strict=True):
         if stage.kind != "infer":
@@ -52,7 +55,17 @@ def run_meta(config: Config) -> dict:
             if isinstance(opts.get(m), dict) and opts[m].get("enabled", False)
         ]
         infer.append({"stage": name, "backend": opts.get("backend"), "models": enabled})
-    return {**contract(), "cameras": [c.name for c in config.cameras], "infer": infer}
+    rigs = [
+        {"rig": s.options.get("rig"), "cameras": list(s.options.get("cameras", [])), "stage": n}
+        for n, s in zip(config.stage_names, config.stages, strict=True)
+        if s.kind == "rig3d"
+    ]
+    return {
+        **contract(),
+        "cameras": [c.name for c in config.cameras],
+        "infer": infer,
+        "rigs": rigs,
+    }
 
 
 def main() -> int:

@@ -100,6 +100,9 @@ class QueuedJob:
         `queue_full`, as a `latest` queue drops the item a newer one replaces.
     capture_ts_ns: the capture time of the job's frame, which orders jobs of one key; None
         (unknown): the newer submission supersedes.
+    group: optional; jobs of one group (a rig's views of one instant) share one priority (the
+        lowest of theirs) and, once one of them has been dispatched, the rest go first
+        wherever fairness allows, so they run back to back.
     enqueue_ns: set by `submit`.
     """
 
@@ -110,6 +113,7 @@ class QueuedJob:
     priority: int = 0
     key: Hashable | None = None
     capture_ts_ns: int | None = None
+    group: Hashable | None = None
     enqueue_ns: int = 0
 
 
@@ -294,6 +298,10 @@ class _Candidate:
     min_deadline_ns: int
     lead_served: float
     model_served: float
+    continues_group: bool  # holds a job of a group already started
+
+
+MAX_GROUPS = 256  # groups whose priority and start the scheduler remembers
 
 
 class BatchScheduler:
@@ -388,6 +396,9 @@ class BatchScheduler:
         self._model_virtual = 0.0
         self._in_flight: list[Batch] = []
         self._head_start_ns = 0  # when the first batch in flight started (or starts)
+        # group -> its shared priority; and the groups with a job dispatched, newest last
+        self._group_priority: OrderedDict[Hashable, int] = OrderedDict()
+        self._started_groups: OrderedDict[Hashable, None] = OrderedDict()
         self._seq = 0
         self.stats = SchedulerStats(started_ns=clock())
         for name, p in self.profiles.items():
@@ -408,6 +419,8 @@ class BatchScheduler:
             self._drop(job, "stale")
             return False
         queue = self._queues[job.model]
+        if job.group is not None:
+            self._share_priority(job, queue)
         if job.key is not None:
             ts = job.capture_ts_ns
             same = [queued for queued in queue if queued.key == job.key]
@@ -433,6 +446,7 @@ class BatchScheduler:
                 first.deadline_ns = job.deadline_ns
                 first.priority = job.priority
                 first.capture_ts_ns = job.capture_ts_ns
+                first.group = job.group
                 return True
         if len(queue) >= profile.queue_size:
             if profile.queue_policy == "reject_new":
@@ -446,6 +460,18 @@ class BatchScheduler:
         job.enqueue_ns = now
         queue.append(job)
         return True
+
+    def _share_priority(self, job: QueuedJob, queue: list[QueuedJob]) -> None:
+        """A group's jobs all take the lowest priority any of them came with."""
+        shared = min(self._group_priority.get(job.group, job.priority), job.priority)
+        self._group_priority[job.group] = shared
+        self._group_priority.move_to_end(job.group)
+        while len(self._group_priority) > MAX_GROUPS:
+            self._group_priority.popitem(last=False)
+        job.priority = shared
+        for queued in queue:
+            if queued.group == job.group:
+                queued.priority = shared
 
     def _replaced(self, job: QueuedJob) -> None:
         # Its result will never come: counted per camera like every drop (queue_full, as a
@@ -642,18 +668,35 @@ class BatchScheduler:
     ) -> _Candidate:
         """The batch this model would run now from `queued`: jobs taken camera by camera,
         least served camera first (charging each taken job its share of the batch cost), and
-        within a camera by (priority, deadline, arrival)."""
+        within a camera by (priority, deadline, arrival). A job of a group already started
+        goes first: in its camera, and across cameras among those within the fairness window
+        of the least served."""
         cost = self._cost[profile.name]
         switch = self._switch_s(profile)
+        started = self._started_groups
         by_camera: dict[str, list[QueuedJob]] = {}
-        for job in sorted(queued, key=lambda j: (j.priority, j.deadline_ns, j.enqueue_ns)):
+        for job in sorted(
+            queued,
+            key=lambda j: (j.group not in started, j.priority, j.deadline_ns, j.enqueue_ns),
+        ):
             by_camera.setdefault(job.camera, []).append(job)
         served = {c: self._served.get(c, 0.0) for c in by_camera}
         lead = min(served.values())
         share = cost / profile.batch_size
         jobs: list[QueuedJob] = []
         while len(jobs) < profile.batch_size and by_camera:
-            camera = min(by_camera, key=lambda c: (served[c], c))
+            floor = min(served[c] for c in by_camera)
+            camera = min(
+                by_camera,
+                key=lambda c: (
+                    not (
+                        by_camera[c][0].group in started
+                        and served[c] <= floor + self.fairness_window_s
+                    ),
+                    served[c],
+                    c,
+                ),
+            )
             jobs.append(by_camera[camera].pop(0))
             if not by_camera[camera]:
                 del by_camera[camera]
@@ -668,6 +711,7 @@ class BatchScheduler:
             min_deadline_ns=min(job.deadline_ns for job in jobs),
             lead_served=lead,
             model_served=self._model_served[profile.name],
+            continues_group=any(j.group in started for j in jobs),
         )
 
     def _choose(self, candidates: list[_Candidate], latest_start_ns: int) -> _Candidate:
@@ -682,11 +726,18 @@ class BatchScheduler:
         if not self.prefer_resident:
             return min(
                 eligible,
-                key=lambda c: (c.lead_served, c.model_served, c.min_deadline_ns, c.profile.name),
+                key=lambda c: (
+                    not c.continues_group,
+                    c.lead_served,
+                    c.model_served,
+                    c.min_deadline_ns,
+                    c.profile.name,
+                ),
             )
         best = min(
             eligible,
             key=lambda c: (
+                not c.continues_group,
                 c.switch_s > 0,
                 c.lead_served,
                 c.model_served,
@@ -736,6 +787,10 @@ class BatchScheduler:
         self._model_virtual = max(self._model_virtual, chosen.model_served)
         self._model_served[profile.name] += chosen.cost_s / profile.share
         for job in chosen.jobs:
+            if job.group is not None:
+                self._started_groups[job.group] = None
+                while len(self._started_groups) > MAX_GROUPS:
+                    self._started_groups.popitem(last=False)
             charge = chosen.cost_s / profile.batch_size / self._weight(job.camera)
             self._served[job.camera] = self._served.get(job.camera, 0.0) + charge
             wait = (now - job.enqueue_ns) / _NS

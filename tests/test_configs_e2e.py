@@ -80,7 +80,9 @@ def test_demo_publishes_det_pose_face_and_clip_for_both_cameras():
         assert h["top_label"] in h["labels"]
 
 
-@pytest.mark.parametrize("config", ["configs/multicam-pose.toml", "configs/face-kiosk.toml"])
+@pytest.mark.parametrize(
+    "config", ["configs/multicam-pose.toml", "configs/face-kiosk.toml", "configs/multicam-3d.toml"]
+)
 def test_configs_validate(config):
     out = subprocess.run(
         [str(NPUCAM), "validate", config], cwd=REPO, capture_output=True, text=True, timeout=60

@@ -1,5 +1,6 @@
 // A subscriber in Node.js (npm `zeromq` v6), written from docs/protocol.md alone: it decodes
-// every kind (det, pose, face, clip, preview, stats, meta) and prints one JSON line each.
+// every kind (det, pose, pose3d, face, clip, preview, stats, meta) and prints one JSON line
+// each.
 //
 //   cd docs/examples && npm ci
 //   node docs/examples/subscriber.mjs tcp://127.0.0.1:5560 [--seconds S] [--count N]
@@ -63,11 +64,18 @@ function jpegSize(bytes) {
   return null;
 }
 
+// The first values (NaN prints as null), the sum of the finite ones and how many are not
+// finite (pose3d marks points not triangulated with NaN).
 function summary(values) {
   const head = Array.from(values.slice(0, 6), Number);
   let sum = 0;
-  for (const v of values) sum += Number(v);
-  return { n: values.length, head, sum };
+  let nonfinite = 0;
+  for (const v of values) {
+    const x = Number(v);
+    if (Number.isFinite(x)) sum += x;
+    else nonfinite += 1;
+  }
+  return { n: values.length, head, sum, nonfinite };
 }
 
 const sock = new Subscriber({ receiveHighWaterMark: 1000 });
@@ -103,6 +111,8 @@ try {
       const p = meta.pose;
       line.meta = {
         keypoints: p.count,
+        rigs: meta.rigs ?? [],
+        pose3d_columns: meta.pose3d?.columns ?? null,
         consistent: p.names.length === p.count && p.group_of.length === p.count
           && p.skeleton.every(([a, b, g]) => a < p.count && b < p.count && p.groups.some((x) => x.name === g)),
         colours: Object.fromEntries(p.groups.map((g) => [g.name, g.color])),
@@ -115,6 +125,27 @@ try {
         track_id: h.track_id, count: h.count, meta_count: meta ? meta.pose.count : null,
         nose: nose >= 0 ? [k[3 * nose], k[3 * nose + 1], k[3 * nose + 2]] : null,
         since_previous_ms: h.since_previous_ms,
+      };
+    } else if (h.kind === "pose3d") {
+      // points [P, K, 4] (x, y, z in m, confidence; NaN where not triangulated), error [P, K]
+      // px, used [P, K, V] (V = h.cameras): person p's keypoint k is at 4 (p K + k)
+      const [P, K] = h.parts[0].shape;
+      const V = h.cameras.length;
+      const pts = arrays.points;
+      const people = h.person_ids.map((id, p) => {
+        let triangulated = 0;
+        let views = 0;
+        for (let k = 0; k < K; k++) {
+          if (Number.isFinite(pts[4 * (p * K + k)])) triangulated += 1;
+          for (let v = 0; v < V; v++) views += arrays.used[(p * K + k) * V + v];
+        }
+        return { id, tracks: h.tracks[p], triangulated, views };
+      });
+      line.pose3d = {
+        rig: h.rig, cameras: h.cameras, count: h.count, P, keypoints: h.keypoints,
+        meta_count: meta ? meta.pose.count : null, views: h.views, missing: h.missing,
+        skew_ms: h.skew_ms, skew_ns: h.skew_ns, people,
+        rig_cameras: meta ? (meta.rigs ?? []).find((r) => r.rig === h.rig)?.cameras ?? null : null,
       };
     } else if (h.kind === "det") {
       line.det = { width: h.width, height: h.height, labels: h.labels, track_ids: h.track_ids ?? null };

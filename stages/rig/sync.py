@@ -39,6 +39,7 @@ class FrameGroup:
     views: dict[str, View]
     missing: tuple[str, ...] = ()
     opened_at: int = field(default=0, repr=False)  # clock ns
+    id: int = -1  # the grouper's count of groups opened before this one
 
     @property
     def first_ts(self) -> int:
@@ -87,9 +88,17 @@ class FrameGrouper:
         self._open: list[FrameGroup] = []  # by first_ts
         self._latest: dict[str, int] = {}  # camera -> latest capture_ts delivered
         self._released_first: int | None = None
+        self._opened = 0
 
     def add(self, camera: str, seq: int, capture_ts: int, item: object = None) -> list[FrameGroup]:
         """Take one frame; returns the groups that closes, in capture order."""
+        return self.place(camera, seq, capture_ts, item)[1]
+
+    def place(
+        self, camera: str, seq: int, capture_ts: int, item: object = None
+    ) -> tuple[FrameGroup | None, list[FrameGroup]]:
+        """Take one frame: (the group it joined or opened, None if it came late; the groups
+        that closes, in capture order, which may include its own)."""
         if camera not in self.cameras:
             raise SyncError(f"camera {camera!r} is not in the rig ({', '.join(self.cameras)})")
         view = View(camera, seq, capture_ts, item)
@@ -101,6 +110,7 @@ class FrameGrouper:
             and max(g.last_ts, capture_ts) - min(g.first_ts, capture_ts) <= tol
         ]
         released = self._released_first
+        group = None
         if released is not None and capture_ts < released:
             self.late += 1  # joining any group would release it out of order
         elif fits:
@@ -109,10 +119,12 @@ class FrameGrouper:
         elif released is not None and capture_ts <= released + tol:
             self.late += 1  # its place was in the group released last
         else:
-            self._open.append(FrameGroup({camera: view}, opened_at=self.clock()))
+            group = FrameGroup({camera: view}, opened_at=self.clock(), id=self._opened)
+            self._opened += 1
+            self._open.append(group)
         self._open.sort(key=lambda g: g.first_ts)
         self._latest[camera] = max(self._latest.get(camera, capture_ts), capture_ts)
-        return self.expire()
+        return group, self.expire()
 
     def expire(self) -> list[FrameGroup]:
         """Release the groups closed by now (call at next_deadline); in capture order."""

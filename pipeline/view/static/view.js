@@ -2,7 +2,9 @@
 // and draws each camera: the latest preview frame, and over it the det boxes of that frame
 // (joined by seq), track ids, each track's latest pose as its skeleton coloured by keypoint
 // group (from the `meta` message), face identities with their similarity, CLIP labels, and
-// the camera's fps, lag, drops by reason and device busy from `stats`.
+// the camera's fps, lag, drops by reason and device busy from `stats`. Each rig's latest
+// pose3d message is drawn as 3D skeletons in an orthographic view of the calibration's world
+// (drag to turn it, wheel to zoom; ?up=z, -y or y names the world's up axis, default z).
 
 const PERSON_COLOUR = "#ffeb3b";
 const FACE_COLOUR = "#00e5ff";
@@ -14,6 +16,10 @@ const POSE_KEEP_MS = 3000; // a track's pose is drawn this long after it arrived
 const LABEL_KEEP_MS = 10000; // face identities and CLIP labels
 const FRAME_FRESH_MS = 2000; // older frames: boxes follow the latest det instead
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+const UP = params.get("up") ?? "z"; // the world axis drawn up: z (a board on the floor), -y, y
+const RIG_WIDTH = 480;
+const RIG_HEIGHT = 360;
+const POSE3D_KEEP_MS = 5000; // a rig's people are drawn this long after their message
 
 const DTYPES = {
   uint8: [Uint8Array, "getUint8"], int8: [Int8Array, "getInt8"],
@@ -69,7 +75,7 @@ function lagMs(h) {
   return Number(BigInt(h.publish_ts_str) - BigInt(h.capture_ts_str)) / 1e6;
 }
 
-const state = { meta: null, cameras: new Map(), stats: null, synthetic: false, view: null };
+const state = { meta: null, cameras: new Map(), rigs: new Map(), stats: null, synthetic: false, view: null };
 
 class Camera {
   constructor(name) {
@@ -123,6 +129,162 @@ class Camera {
   }
 }
 
+// One rig's 3D view: the latest pose3d message, turned by dragging.
+class Rig {
+  constructor(name) {
+    this.name = name;
+    this.section = document.createElement("section");
+    this.section.className = "camera rig";
+    this.section.dataset.rig = name;
+    const title = document.createElement("h2");
+    title.textContent = `rig ${name} (3D)`;
+    this.canvas = document.createElement("canvas");
+    this.canvas.className = "rig3d";
+    this.canvas.width = RIG_WIDTH;
+    this.canvas.height = RIG_HEIGHT;
+    this.statsBox = document.createElement("div");
+    this.statsBox.className = "stats";
+    this.section.append(title, this.canvas, this.statsBox);
+    document.getElementById("waiting")?.remove();
+    document.getElementById("rigs").append(this.section);
+    this.msg = null;
+    this.at = 0;
+    this.yaw = -0.6; // radians about the up axis
+    this.pitch = 0.35; // radians above the horizon
+    this.zoom = 1;
+    this.counts = { messages: 0, skeletons: 0, renders: 0, points: 0 };
+    let drag = null;
+    this.canvas.addEventListener("pointerdown", (e) => {
+      drag = { x: e.clientX, y: e.clientY };
+      this.canvas.setPointerCapture(e.pointerId);
+    });
+    this.canvas.addEventListener("pointermove", (e) => {
+      if (!drag) return;
+      this.yaw += (e.clientX - drag.x) * 0.01;
+      this.pitch = Math.max(-1.5, Math.min(1.5, this.pitch + (e.clientY - drag.y) * 0.01));
+      drag = { x: e.clientX, y: e.clientY };
+      scheduleRender();
+    });
+    this.canvas.addEventListener("pointerup", () => { drag = null; });
+    this.canvas.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      this.zoom = Math.max(0.2, Math.min(10, this.zoom * Math.exp(-e.deltaY * 0.001)));
+      scheduleRender();
+    }, { passive: false });
+  }
+
+  update(msg, now) {
+    this.msg = msg;
+    this.at = now;
+    this.counts.messages += 1;
+  }
+}
+
+function rig(name) {
+  let r = state.rigs.get(name);
+  if (!r) {
+    r = new Rig(name);
+    state.rigs.set(name, r);
+  }
+  return r;
+}
+
+// World (x, y, z) -> (right, depth, up) for the chosen up axis.
+function worldAxes(x, y, z) {
+  if (UP === "-y") return [x, z, -y];
+  if (UP === "y") return [x, -z, y];
+  return [x, y, z];
+}
+
+function renderRig(r, now) {
+  const g = r.canvas.getContext("2d");
+  const W = r.canvas.width;
+  const H = r.canvas.height;
+  g.fillStyle = "#000";
+  g.fillRect(0, 0, W, H);
+  const msg = r.msg && now - r.at <= POSE3D_KEEP_MS ? r.msg : null;
+  const pm = state.meta?.pose;
+  const people = [];
+  if (msg && pm) {
+    const [P, K] = msg.arrays.points.shape;
+    const pts = msg.arrays.points.data;
+    for (let p = 0; p < P && K === pm.count; p++) {
+      const points = [];
+      for (let k = 0; k < K; k++) {
+        const o = 4 * (p * K + k);
+        const ok = Number.isFinite(pts[o]) && pts[o + 3] > 0;
+        points.push(ok ? worldAxes(pts[o], pts[o + 1], pts[o + 2]) : null);
+      }
+      people.push({ id: msg.header.person_ids[p], points });
+    }
+  }
+  // centre on the people (or the origin), scale to fit 2 m or their extent
+  const all = people.flatMap((q) => q.points.filter((v) => v));
+  const centre = [0, 1, 2].map((i) => (all.length ? all.reduce((a, v) => a + v[i], 0) / all.length : 0));
+  let extent = 2;
+  for (const v of all) for (let i = 0; i < 3; i++) extent = Math.max(extent, 2 * Math.abs(v[i] - centre[i]));
+  const scale = (r.zoom * 0.8 * Math.min(W, H)) / extent;
+  const [cy, sy, cp, sp] = [Math.cos(r.yaw), Math.sin(r.yaw), Math.cos(r.pitch), Math.sin(r.pitch)];
+  const project = (v) => {
+    const [a, b, c] = [v[0] - centre[0], v[1] - centre[1], v[2] - centre[2]];
+    const right = a * cy - b * sy;
+    const depth = a * sy + b * cy;
+    return [W / 2 + scale * right, H / 2 - scale * (c * cp + depth * sp)];
+  };
+  // the world's origin and axes, 0.5 m each: x red, y green, z blue
+  const o = project(worldAxes(0, 0, 0));
+  [[[0.5, 0, 0], "#e53935"], [[0, 0.5, 0], "#43a047"], [[0, 0, 0.5], "#1e88e5"]].forEach(([d, colour]) => {
+    const e = project(worldAxes(...d));
+    g.strokeStyle = colour;
+    g.lineWidth = 1;
+    g.beginPath();
+    g.moveTo(...o);
+    g.lineTo(...e);
+    g.stroke();
+  });
+  let skeletons = 0;
+  let drawnPoints = 0;
+  if (pm) {
+    const colour = Object.fromEntries(pm.groups.map((grp) => [grp.name, grp.color]));
+    for (const person of people) {
+      const screen = person.points.map((v) => v && project(v));
+      g.lineWidth = 2;
+      for (const [a, b, group] of pm.skeleton) {
+        if (!screen[a] || !screen[b]) continue;
+        g.strokeStyle = colour[group];
+        g.beginPath();
+        g.moveTo(...screen[a]);
+        g.lineTo(...screen[b]);
+        g.stroke();
+      }
+      let top = null;
+      screen.forEach((s, k) => {
+        if (!s) return;
+        drawnPoints += 1;
+        const group = pm.group_of[k];
+        g.fillStyle = colour[group];
+        g.beginPath();
+        g.arc(s[0], s[1], group === "face" ? 1 : 2.5, 0, 2 * Math.PI);
+        g.fill();
+        if (!top || s[1] < top[1]) top = s;
+      });
+      if (top) {
+        tag(g, `#${person.id}`, top[0], top[1] - 6, PERSON_COLOUR);
+        skeletons += 1;
+      }
+    }
+  }
+  r.counts.skeletons += skeletons;
+  r.counts.points += drawnPoints;
+  r.counts.renders += 1;
+  r.canvas.dataset.skeletons = String(skeletons);
+  const h = msg?.header;
+  r.statsBox.textContent = h
+    ? `group ${h.seq}: ${h.count} people, ${drawnPoints} points; skew ${h.skew_ms.toFixed(1)} ms; ` +
+      `views ${Object.keys(h.views).join(", ")}${h.missing.length ? `; missing ${h.missing.join(", ")}` : ""}`
+    : "waiting for pose3d";
+}
+
 function camera(name) {
   let cam = state.cameras.get(name);
   if (!cam) {
@@ -151,6 +313,9 @@ function handle(msg) {
       break;
     case "det":
       camera(h.camera).det(msg);
+      break;
+    case "pose3d":
+      rig(h.camera).update(msg, now);
       break;
     case "pose":
       camera(h.camera).poses.set(h.track_id, { keypoints: msg.arrays.keypoints.data, count: h.count, at: now });
@@ -196,6 +361,7 @@ function scheduleRender() {
     renderPending = false;
     const now = performance.now();
     for (const cam of state.cameras.values()) render(cam, now);
+    for (const r of state.rigs.values()) renderRig(r, now);
     header();
   });
 }
@@ -407,20 +573,32 @@ function connect() {
   };
 }
 
-// For tests and the console: per camera what was drawn, and pixels of one colour drawn.
+// Pixels of one colour (#rrggbb, opaque) on a canvas.
+function canvasPixels(canvas, hex) {
+  if (!canvas.width) return 0;
+  const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  const px = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let n = 0;
+  for (let i = 0; i < px.length; i += 4) if (px[i] === r && px[i + 1] === g && px[i + 2] === b && px[i + 3] === 255) n += 1;
+  return n;
+}
+
+// For tests and the console: per camera and rig what was drawn, and pixels of one colour.
 window.npucamView = {
   state,
   counts() {
     return Object.fromEntries([...state.cameras].map(([name, cam]) => [name, { ...cam.counts, last: cam.lastDrawn }]));
   },
+  rigCounts() {
+    return Object.fromEntries([...state.rigs].map(([name, r]) => [name, { ...r.counts, yaw: r.yaw, pitch: r.pitch }]));
+  },
   overlayPixels(name, hex) {
     const cam = state.cameras.get(name);
-    if (!cam || !cam.overlay.width) return 0;
-    const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
-    const px = cam.overlay.getContext("2d").getImageData(0, 0, cam.overlay.width, cam.overlay.height).data;
-    let n = 0;
-    for (let i = 0; i < px.length; i += 4) if (px[i] === r && px[i + 1] === g && px[i + 2] === b && px[i + 3] === 255) n += 1;
-    return n;
+    return cam ? canvasPixels(cam.overlay, hex) : 0;
+  },
+  rigPixels(name, hex) {
+    const r = state.rigs.get(name);
+    return r ? canvasPixels(r.canvas, hex) : 0;
   },
 };
 

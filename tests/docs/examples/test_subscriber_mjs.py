@@ -6,6 +6,7 @@ shorter Node.js example in docs/protocol.md runs beside it and prints the poses.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -27,11 +29,31 @@ NODE_SECONDS = 18
 
 
 def sequential_sum(values) -> float:
-    """Left-to-right float64 sum, the order the example adds in."""
+    """Left-to-right float64 sum of the finite values, the order the example adds in."""
     total = 0.0
     for v in values:
-        total += float(v)
+        if math.isfinite(float(v)):
+            total += float(v)
     return total
+
+
+def head(array) -> list[float | None]:
+    """The first six values as the example prints them (NaN as JSON null)."""
+    return [None if math.isnan(float(v)) else float(v) for v in array.ravel()[:6].tolist()]
+
+
+def assert_parts_decoded(line: dict, msg: wire.Message) -> None:
+    """Each part the example summarised is the part pipeline.wire decoded."""
+    h = msg.header
+    assert (line["capture_ts"], line["publish_ts"]) == (str(h["capture_ts"]), str(h["publish_ts"]))
+    assert line["lag_ms"] == pytest.approx((h["publish_ts"] - h["capture_ts"]) / 1e6, abs=1e-6)
+    assert set(line["parts"]) == set(msg.arrays)
+    for name, got in line["parts"].items():
+        a = msg.arrays[name]
+        assert (got["dtype"], got["shape"], got["n"]) == (a.dtype.name, list(a.shape), a.size)
+        assert got["head"] == head(a), (line["topic"], name)
+        assert got["sum"] == sequential_sum(a.ravel().tolist()), (line["topic"], name)
+        assert got["nonfinite"] == int((~np.isfinite(a.astype(np.float64))).sum())
 
 
 @pytest.mark.timeout(120)
@@ -108,17 +130,7 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(demo_confi
             continue  # published before the Python subscriber joined
         matched += 1
         h = msg.header
-        assert (line["capture_ts"], line["publish_ts"]) == (
-            str(h["capture_ts"]),
-            str(h["publish_ts"]),
-        )
-        assert line["lag_ms"] == pytest.approx((h["publish_ts"] - h["capture_ts"]) / 1e6, abs=1e-6)
-        assert set(line["parts"]) == set(msg.arrays)
-        for name, got in line["parts"].items():
-            a = msg.arrays[name]
-            assert (got["dtype"], got["shape"], got["n"]) == (a.dtype.name, list(a.shape), a.size)
-            assert got["head"] == [float(v) for v in a.ravel()[:6].tolist()], (line["topic"], name)
-            assert got["sum"] == sequential_sum(a.ravel().tolist()), (line["topic"], name)
+        assert_parts_decoded(line, msg)
         if line["kind"] == "pose":
             assert line["pose"]["count"] == line["pose"]["meta_count"] == h["count"] == 308
             assert line["parts"]["keypoints"]["shape"] == [308, 3]
@@ -149,3 +161,156 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(demo_confi
             x, y = msg.arrays["keypoints"][0, :2]  # nose is keypoint 0
             # printed to 0.1 px (JS rounds ties up, Python to even: compare within 0.05)
             assert abs(float(m[4]) - x) <= 0.0501 and abs(float(m[5]) - y) <= 0.0501, line
+
+
+RIG = "yard"
+RIG_CAMERAS = ["east", "north", "west", "south"]
+MULTICAM_SECONDS = 24
+
+
+@pytest.fixture
+def multicam_3d_config(tmp_path, free_port) -> tuple[Path, str]:
+    """configs/multicam-3d.toml as shipped, on its own free port, its calibration file found
+    where the config keeps it: (path, endpoint). No bundle is found: the synthetic model."""
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    configs = REPO / "configs"
+    text = (configs / "multicam-3d.toml").read_text()
+    bind = 'bind = "tcp://127.0.0.1:5563"'
+    calibration = 'calibration = "multicam-3d-calib.toml"'
+    assert text.count(bind) == 1 and text.count(calibration) == 1
+    text = text.replace(bind, f'bind = "{endpoint}"')
+    text = text.replace(calibration, f'calibration = "{configs / "multicam-3d-calib.toml"}"')
+    path = tmp_path / "multicam-3d.toml"
+    path.write_text(text)
+    return path, endpoint
+
+
+def check_pose3d(msg: wire.Message) -> None:
+    """One pose3d message against docs/protocol.md ("pose3d")."""
+    h, a = msg.header, msg.arrays
+    assert msg.topic == f"pose3d/{RIG}" and h["camera"] == h["rig"] == RIG
+    assert h["cameras"] == RIG_CAMERAS and h["capture_ts_str"] == str(h["capture_ts"])
+    p, k, v = h["count"], h["keypoints"], len(RIG_CAMERAS)
+    assert k == 308 and [d["name"] for d in h["parts"]] == ["points", "error", "used"]
+    assert a["points"].shape == (p, k, 4) and a["points"].dtype == np.float32
+    assert a["error"].shape == (p, k) and a["error"].dtype == np.float32
+    assert a["used"].shape == (p, k, v) and a["used"].dtype == np.uint8
+    assert set(np.unique(a["used"])) <= {0, 1}
+    assert len(h["person_ids"]) == len(h["tracks"]) == p
+    assert all(isinstance(i, int) for i in h["person_ids"])
+    for tracks in h["tracks"]:
+        assert len(tracks) >= 2 and set(tracks) <= set(RIG_CAMERAS)
+        assert all(isinstance(t, int) for t in tracks.values())
+    assert set(h["views"]) | set(h["missing"]) == set(RIG_CAMERAS)
+    assert not set(h["views"]) & set(h["missing"])
+    assert all(isinstance(s, int) for s in h["views"].values())
+    assert 0 <= h["skew_ns"] <= 100_000_000  # half the 5 fps period: the group tolerance
+    assert h["skew_ms"] == round(h["skew_ns"] / 1e6, 3) and h["filtered"] is False
+    xyz_missing = np.isnan(a["points"][..., :3]).any(-1)
+    n_used = a["used"].sum(-1)
+    assert (np.isnan(a["points"][..., :3]).all(-1) == xyz_missing).all()
+    assert (xyz_missing == (a["points"][..., 3] == 0)).all()
+    assert (xyz_missing == np.isnan(a["error"])).all()
+    assert (n_used[xyz_missing] == 0).all() and (n_used[~xyz_missing] >= 2).all()
+    assert (a["error"][~xyz_missing] <= 15.0).all()  # max_error_px
+    if h["backend"] == "sim":
+        assert h["synthetic"] is True and h["model"] == "sapiens2-synthetic"
+
+
+@pytest.mark.timeout(150)
+def test_multicam_3d_publishes_pose3d_that_the_node_subscriber_decodes(
+    multicam_3d_config, tmp_path
+):
+    node = shutil.which("node")
+    assert node, "no node: run `make setup-test`"
+    assert (EXAMPLE.parent / "node_modules" / "zeromq").is_dir(), "run `make setup-test`"
+    config, endpoint = multicam_3d_config
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, 100_000)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    run = subprocess.Popen(
+        [str(NPUCAM), "run", str(config), "--duration", str(MULTICAM_SECONDS)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out = (tmp_path / "node.jsonl").open("w")
+    js = subprocess.Popen(
+        [node, str(EXAMPLE), endpoint, "--seconds", str(MULTICAM_SECONDS - 1)],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    received: list[wire.Message] = []
+    try:
+        end = time.monotonic() + MULTICAM_SECONDS + 30
+        while run.poll() is None and time.monotonic() < end:
+            if sub.poll(100):
+                received.append(wire.decode(sub.recv_multipart()))
+        js_code = js.wait(timeout=20)
+        js_err = js.stderr.read()
+        run_err = run.stderr.read()
+    finally:
+        js.kill()
+        out.close()
+        run.kill()
+        sub.close()
+        ctx.term()
+    assert run.returncode == 0, run_err[-3000:]
+    assert js_code == 0 and "skipped" not in js_err, js_err
+    pose3d = [m for m in received if m.header["kind"] == "pose3d"]
+    assert len(pose3d) >= 3, run_err[-3000:]
+    for msg in pose3d:
+        check_pose3d(msg)
+    seqs = [m.header["seq"] for m in pose3d]
+    assert seqs == sorted(set(seqs))  # groups leave in capture order, one message each
+    # every view names its frame: join it with that camera's det message
+    dets = {(m.header["camera"], m.header["seq"]) for m in received if m.topic.startswith("det/")}
+    first = {c: min((s for cam, s in dets if cam == c), default=None) for c in RIG_CAMERAS}
+    for msg in pose3d:
+        for camera, seq in msg.header["views"].items():
+            if first[camera] is not None and seq >= first[camera]:
+                assert (camera, seq) in dets, (camera, seq)
+    (meta,) = {json.dumps(m.header["meta"]) for m in received if m.topic == "meta"}
+    meta = json.loads(meta)
+    assert meta["rigs"] == [{"rig": RIG, "cameras": RIG_CAMERAS, "stage": "rig3d"}]
+    assert meta["pose3d"]["columns"] == ["x", "y", "z", "confidence"]
+
+    ours = {(m.topic, m.header["seq"], str(m.header["publish_ts"])): m for m in received}
+    lines = [json.loads(line) for line in (tmp_path / "node.jsonl").read_text().splitlines()]
+    node_pose3d = [line for line in lines if line["kind"] == "pose3d"]
+    assert node_pose3d, js_err
+    meta_lines = [line for line in lines if line["kind"] == "meta"]
+    assert meta_lines and meta_lines[0]["meta"]["rigs"] == meta["rigs"]
+    matched = 0
+    for line in node_pose3d:
+        msg = ours.get((line["topic"], line["seq"], line["publish_ts"]))
+        if msg is None:
+            continue
+        matched += 1
+        assert line["ts_exact"]
+        assert_parts_decoded(line, msg)
+        h, got = msg.header, line["pose3d"]
+        assert (got["rig"], got["cameras"], got["count"], got["P"]) == (
+            RIG,
+            RIG_CAMERAS,
+            h["count"],
+            h["count"],
+        )
+        assert got["keypoints"] == got["meta_count"] == 308 and got["rig_cameras"] == RIG_CAMERAS
+        assert (got["views"], got["missing"], got["skew_ns"]) == (
+            h["views"],
+            h["missing"],
+            h["skew_ns"],
+        )
+        points, used = msg.arrays["points"], msg.arrays["used"]
+        for p, person in enumerate(got["people"]):
+            assert person["id"] == h["person_ids"][p] and person["tracks"] == h["tracks"][p]
+            assert person["triangulated"] == int(np.isfinite(points[p, :, 0]).sum())
+            assert person["views"] == int(used[p].sum())
+    assert matched >= 0.8 * len(node_pose3d), (matched, len(node_pose3d))

@@ -1,6 +1,7 @@
 """The live view as a user opens it: the demo config runs, `npucam view` relays it, and headless
 Chromium (Debian's chromium + chromedriver, `make setup-test`) draws both cameras' frames,
-boxes and skeletons from the stream, read back from the page and from its overlay pixels."""
+boxes and skeletons from the stream, read back from the page and from its overlay pixels; and
+a rig's pose3d messages drawn as 3D skeletons that a drag turns."""
 
 from __future__ import annotations
 
@@ -8,12 +9,19 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zmq
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+
+from pipeline import wire
 
 REPO = Path(__file__).resolve().parents[3]
 NPUCAM = Path(sys.executable).parent / "npucam"
@@ -123,3 +131,111 @@ def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(demo_con
     assert len(stats_text) == 2 and all(t.startswith("fps ") for t in stats_text), stats_text
     assert all("device busy" in t and "%" in t for t in stats_text), stats_text
     assert (tmp_path / "view.png").stat().st_size > 10_000
+
+
+def pose3d_messages(stop: threading.Event, endpoint: str) -> None:
+    """Publish meta and a rig's pose3d (two people, every keypoint triangulated) every 0.2 s
+    on endpoint, as npucam's publish stage would, until stop."""
+    from stages.meta import contract
+    from stages.rig.pose3d import Pose3DResult
+
+    rng = np.random.default_rng(5)
+    body = rng.uniform([-0.25, -0.15, 0.0], [0.25, 0.15, 1.8], (308, 3))
+    xyz = np.stack([body, body + [1.0, 0.5, 0.0]])
+    points = np.concatenate([xyz, np.full((2, 308, 1), 0.9)], -1)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    rigs = [{"rig": "hall", "cameras": ["a", "b"], "stage": "rig3d"}]
+    meta = {**contract(), "cameras": [], "infer": [], "rigs": rigs}
+    seq = 0
+    try:
+        while not stop.wait(0.2):
+            ts = time.time_ns()
+            header = {
+                "kind": "meta",
+                "camera": "",
+                "seq": 0,
+                "capture_ts": ts,
+                "publish_ts": ts,
+                "backend": "none",
+                "model": "none",
+                "synthetic": False,
+                "meta": meta,
+            }
+            pub.send_multipart(wire.encode("meta", header))
+            result = Pose3DResult(
+                camera="hall",
+                seq=seq,
+                capture_ts_ns=ts,
+                deadline_ns=ts + 10**9,
+                cameras=("a", "b"),
+                points=points.astype(np.float32),
+                error=np.ones((2, 308), np.float32),
+                used=np.ones((2, 308, 2), np.uint8),
+                person_ids=(3, 7),
+                tracks=({"a": 1, "b": 2}, {"a": 4, "b": 5}),
+                views={"a": seq, "b": seq},
+            )
+            pub.send_multipart(wire.encode_result(result, time.time_ns()))
+            seq += 1
+    finally:
+        pub.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(90)
+def test_the_page_draws_a_rigs_3d_skeletons_and_a_drag_turns_them(tmp_path, free_port):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    groups = json.loads((REPO / "docs" / "meta.json").read_text())["pose"]["groups"]
+    body = next(g["color"] for g in groups if g["name"] == "body")
+    stop = threading.Event()
+    publisher = threading.Thread(target=pose3d_messages, args=(stop, endpoint), daemon=True)
+    publisher.start()
+    view = subprocess.Popen(
+        [str(NPUCAM), "view", endpoint, "--bind", "127.0.0.1:0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    driver = None
+    try:
+        driver = browser(tmp_path / "chromium-profile")
+        driver.get(view_url(view))
+        counts, pixels = {}, 0
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            counts = driver.execute_script("return window.npucamView.rigCounts()")
+            pixels = driver.execute_script(
+                "return window.npucamView.rigPixels('hall', arguments[0])", body
+            )
+            if counts.get("hall", {}).get("skeletons", 0) > 0 and pixels > 0:
+                break
+            time.sleep(0.3)
+        canvas = driver.find_element(By.CSS_SELECTOR, "section[data-rig='hall'] canvas.rig3d")
+        before = driver.execute_script("return arguments[0].toDataURL()", canvas)
+        yaw = counts["hall"]["yaw"]
+        ActionChains(driver).click_and_hold(canvas).move_by_offset(90, 30).release().perform()
+        time.sleep(0.5)
+        turned = driver.execute_script("return window.npucamView.rigCounts()")["hall"]
+        after = driver.execute_script("return arguments[0].toDataURL()", canvas)
+        text = driver.execute_script(
+            "return arguments[0].textContent",
+            driver.find_element(By.CSS_SELECTOR, "section[data-rig='hall'] .stats"),
+        )
+        driver.save_screenshot(str(tmp_path / "rig.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        view.send_signal(signal.SIGTERM)
+        view.wait(timeout=10)
+        stop.set()
+        publisher.join(timeout=5)
+    print(f"screenshot: {tmp_path / 'rig.png'}; counts {counts}; body-colour pixels {pixels}")
+    assert counts["hall"]["messages"] > 0 and counts["hall"]["skeletons"] > 0, counts
+    assert counts["hall"]["points"] >= 2 * 308
+    assert pixels > 0, f"no pixel in the body keypoints' colour {body}"
+    assert turned["yaw"] != yaw and after != before  # the drag turned the view
+    assert text.startswith("group ") and "2 people" in text and "views a, b" in text

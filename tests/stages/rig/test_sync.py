@@ -129,3 +129,18 @@ def test_unknown_camera_and_bad_rates_are_refused():
         grouper.add("z", 0, 0)
     with pytest.raises(SyncError, match="camera 'b': fps must be a positive number"):
         FrameGrouper({"a": 30.0, "b": 0.0})
+
+
+def test_place_returns_the_group_a_frame_joined_numbered_in_opening_order():
+    clock = Clock()
+    grouper = FrameGrouper({"a": 30.0, "b": 30.0}, clock=clock)
+    first, closed = grouper.place("a", 0, 0)
+    assert closed == [] and first.id == 0 and list(first.views) == ["a"]
+    joined, closed = grouper.place("b", 0, 5 * MS)
+    assert joined is first and closed == [first] and not first.missing  # complete: it closes
+    second, _ = grouper.place("a", 1, 33 * MS)
+    assert second.id == 1
+    clock.now = 200 * MS
+    assert grouper.expire() == [second]
+    late, closed = grouper.place("b", 1, 30 * MS)  # its group has left
+    assert late is None and closed == [] and grouper.late == 1

@@ -1,0 +1,208 @@
+"""`npucam calibrate`: a rig's calibration file from a ChArUco board (or a checkerboard).
+
+`calibrate --camera NAME=URL [--camera ...] --out Calib.toml` reads each camera (any camera
+url: image folders, video files, usb:N, rtsp://..., zmq:...; stages.rig.collect), finds the
+board in its frames (stages.rig.board), calibrates each camera's lens from its views, chains
+the cameras through the captures where several see the board at once, refines every pose
+together (stages.rig.calibrate), prints per camera the views used and the reprojection RMS,
+and writes Pose2Sim's / anipose's TOML (stages.rig.calibration). One camera: its lens only,
+at the world's origin. Exit codes: 0 written, 2 an error naming the camera or argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import NAME_PATTERN
+from pipeline.errors import NpucamError
+from stages.rig import collect
+from stages.rig.board import Board, Charuco, Checkerboard
+from stages.rig.calibrate import (
+    CameraViews,
+    Intrinsics,
+    calibrate_intrinsics,
+    calibrate_rig,
+)
+from stages.rig.calibration import (
+    Calibration,
+    CalibrationError,
+    Camera,
+    read_calibration,
+    write_calibration,
+)
+from stages.sources import CameraSpec
+
+
+class CalibrateCommandError(NpucamError):
+    """An argument of `npucam calibrate` that cannot be used; names it."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate",
+        help="calibrate a rig from a ChArUco board: intrinsics, extrinsics, a Calib.toml",
+        description="Calibrate a rig's cameras from views of a ChArUco board (docs/rig.md) and "
+        "write Pose2Sim's / anipose's calibration TOML.",
+    )
+    p.add_argument(
+        "--camera",
+        action="append",
+        required=True,
+        metavar="NAME=URL",
+        help="a camera and its source (images:DIR, a video file, usb:N, rtsp://..., zmq:...); "
+        "repeat for each camera. Recorded sources pair their f-th frames; live ones are "
+        "grouped by capture time",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="the calibration file to write")
+    p.add_argument("--board", choices=("charuco", "checkerboard"), default="charuco")
+    p.add_argument("--squares", default="7x5", metavar="CxR", help="ChArUco squares (default 7x5)")
+    p.add_argument(
+        "--corners", default="8x5", metavar="CxR", help="checkerboard inner corners (8x5)"
+    )
+    p.add_argument(
+        "--square-length", type=float, default=0.08, metavar="M", help="square side, metres"
+    )
+    p.add_argument(
+        "--marker-length", type=float, default=0.06, metavar="M", help="ArUco marker side, m"
+    )
+    p.add_argument("--dictionary", default="DICT_4X4_50", help="OpenCV ArUco dictionary")
+    p.add_argument(
+        "--world-view",
+        type=int,
+        default=None,
+        metavar="F",
+        help="put the world on the board as seen in capture F (a board on the floor gives a "
+        "Z-up world); default: camera 1's frame",
+    )
+    p.add_argument(
+        "--intrinsics",
+        metavar="FILE",
+        help="take each camera's lens (matrix, distortions) from this calibration file, by "
+        "camera name, and calibrate the poses only",
+    )
+    p.add_argument("--k3", action="store_true", help="also estimate k3 (default: held at 0)")
+    p.add_argument(
+        "--every", type=int, default=1, metavar="N", help="recorded: use every N-th frame"
+    )
+    p.add_argument(
+        "--captures", type=int, default=20, metavar="N", help="live: captures to take (20)"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="live: seconds between captures; move the board meanwhile (1.0)",
+    )
+    p.add_argument(
+        "--duration", type=float, default=300.0, metavar="S", help="live: give up after S s"
+    )
+    p.add_argument(
+        "--fps", type=float, default=30.0, metavar="F", help="live: the cameras' frame rate"
+    )
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _size(text: str, option: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not m:
+        raise CalibrateCommandError(f"{option} {text!r}: expected COLUMNSxROWS, e.g. 7x5")
+    return int(m[1]), int(m[2])
+
+
+def board_of(args: argparse.Namespace) -> Board:
+    if args.board == "checkerboard":
+        return Checkerboard(_size(args.corners, "--corners"), args.square_length)
+    return Charuco(
+        _size(args.squares, "--squares"), args.square_length, args.marker_length, args.dictionary
+    )
+
+
+def camera_specs(values: list[str]) -> list[CameraSpec]:
+    specs = []
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not re.fullmatch(NAME_PATTERN, name) or not url:
+            raise CalibrateCommandError(
+                f"--camera {value!r}: expected NAME=URL, NAME of letters, digits, '_' and '-'"
+            )
+        if any(s.name == name for s in specs):
+            raise CalibrateCommandError(f"--camera {value!r}: camera {name!r} is given twice")
+        specs.append(CameraSpec(name, url, base_dir=Path.cwd()))
+    live = [s.name for s in specs if s.live]
+    if live and len(live) != len(specs):
+        recorded = [s.name for s in specs if not s.live]
+        raise CalibrateCommandError(
+            f"cameras {', '.join(live)} are live and {', '.join(recorded)} recorded: frames "
+            "can be paired by frame number (recorded) or by capture time (live), not both"
+        )
+    return specs
+
+
+def _given_intrinsics(path: str, views: list[CameraViews]) -> list[Intrinsics]:
+    calibration = read_calibration(path)
+    out = []
+    for cam in views:
+        lens = calibration.camera(cam.name)
+        if tuple(lens.size) != tuple(cam.size):
+            raise CalibrationError(
+                f"camera {cam.name!r}: its images are {cam.size[0]}x{cam.size[1]} but {path} "
+                f"calibrates it at {lens.size[0]}x{lens.size[1]}"
+            )
+        out.append(Intrinsics(lens.matrix, lens.distortions, float("nan"), 0))
+    return out
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    board = board_of(args)
+    specs = camera_specs(args.camera)
+    for option in ("every", "captures"):
+        if getattr(args, option) < 1:
+            raise CalibrateCommandError(f"--{option}: expected at least 1")
+    if specs[0].live:
+        views = collect.live(
+            board, specs, args.fps, args.captures, args.interval, args.duration, _say
+        )
+    else:
+        views = collect.recorded(board, specs, args.every, progress=_say)
+    for cam in views:
+        found = sum(v is not None for v in cam.views)
+        _say(f"{cam.name}: board found in {found} of {len(cam.views)} images")
+    fix_k3 = not args.k3
+    intrinsics = (
+        _given_intrinsics(args.intrinsics, views)
+        if args.intrinsics
+        else [calibrate_intrinsics(board, cam, fix_k3) for cam in views]
+    )
+    if len(views) == 1:
+        lens, intr = views[0], intrinsics[0]
+        camera = Camera(
+            lens.name, lens.size, intr.matrix, intr.distortions, np.zeros(3), np.zeros(3)
+        )
+        calibration = Calibration({"cam_01": camera}, {"adjusted": False, "error": intr.rms})
+        _say(
+            f"{lens.name}: intrinsics from {intr.views} views, RMS {intr.rms:.3f} px (one camera: "
+            "no extrinsics, the world is its frame)"
+        )
+    else:
+        rig = calibrate_rig(board, views, intrinsics, args.world_view, fix_k3)
+        for r in rig.cameras:
+            lens_text = (
+                f"lens from {args.intrinsics}"
+                if args.intrinsics
+                else f"intrinsics from {r.intrinsic_views} views, RMS {r.intrinsic_rms:.3f} px"
+            )
+            _say(f"{r.name}: {lens_text}; {r.shared_views} shared views, RMS {r.rms:.3f} px")
+        _say(f"bundle adjustment: RMS {rig.rms:.3f} px over {len(rig.cameras)} cameras")
+        calibration = rig.calibration
+    write_calibration(args.out, calibration)
+    _say(f"wrote {args.out}")
+    return 0
