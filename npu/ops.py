@@ -495,9 +495,7 @@ class Flat:
         self._views.clear()
 
 
-def run_gemm(
-    device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat
-) -> float:
+def run_gemm(device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat) -> float:
     """One dispatch of a GEMM over all its rows: (A view of a_elems, B, C view of c_elems)."""
     return device.run(kernel, [a.view(rec.a_elems), b, c.view(rec.c_elems)])
 

@@ -490,7 +490,8 @@ class SimStagedMha:
 
     def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
         p = self.p
-        q, k, v = (self._heads(b, c) for b, c in zip(args[:3], (p.q_col, p.k_col, p.v_col)))
+        cols = (p.q_col, p.k_col, p.v_col)
+        q, k, v = (self._heads(b, c) for b, c in zip(args[:3], cols, strict=True))
         s = np.matmul(q, k.transpose(0, 2, 1))
         e = np.exp2(s - s.max(axis=-1, keepdims=True))
         e /= e.sum(axis=-1, keepdims=True)

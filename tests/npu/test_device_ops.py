@@ -197,7 +197,7 @@ def test_a_one_dispatch_record_is_refused_by_the_m_row_chunked_ops(dev, tmp_path
         write_xclbin(bw, "gemm")
         write_gemm(bw, "g", np.zeros((K, N), np.float32), ctx="gemm", rows=300)
     with pytest.raises(OpsError, match="manifest.txt:3: rows=300; DeviceOps runs M-row chunks"):
-        DeviceOps.from_bundle(dev, Bundle.open(tmp_path / "r", version=1), gemms={"g": ("g", "g.b")})
+        DeviceOps.from_bundle(dev, Bundle.open(tmp_path / "r", 1), gemms={"g": ("g", "g.b")})
 
 
 def test_c_stride_below_n_is_refused(dev, tmp_path):

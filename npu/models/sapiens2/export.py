@@ -80,8 +80,10 @@ def record_layout(cfg: Config) -> dict[str, dict[str, int]]:
             n = use.n if use.c_stride is not None else _round_up(use.n, 16)
             c_stride = n
         lda = use.lda if use.lda is not None else out["gu"]["c_stride"]
-        out[key] = dict(M=GEMM_M, K=k, N=n, lda=lda, c_stride=c_stride, rows=rows,
-                        a_elems=(rows - 1) * lda + k, c_elems=(rows - 1) * c_stride + n)  # fmt: skip
+        out[key] = dict(
+            M=GEMM_M, K=k, N=n, lda=lda, c_stride=c_stride, rows=rows,
+            a_elems=(rows - 1) * lda + k, c_elems=(rows - 1) * c_stride + n,
+        )  # fmt: skip
     return out
 
 

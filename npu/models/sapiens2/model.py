@@ -26,6 +26,7 @@ import numpy as np
 from npu.models.sapiens2.config import Config, ModelError
 from npu.ops import LOG2E, GemmWeights, Ops
 
+
 def rope_tables(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin float32 [gh*gw, hd] of the patch tokens, as HF computes them (in float32).
 

@@ -9,7 +9,6 @@ import numpy as np
 
 from npu.models.sapiens2.config import Config
 from npu.models.sapiens2.model import KeyedOps, Sapiens2Pose, gemm_shapes, rope_tables
-
 from npu.models.synthetic import normal
 from npu.ops import GemmWeights, NumpyOps
 

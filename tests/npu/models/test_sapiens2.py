@@ -247,7 +247,7 @@ def _set_field(b, key: str, name: str, value: str) -> None:
     lines = []
     for x in (b / "manifest.txt").read_text().splitlines():
         if x.startswith(f"gemm {key} "):
-            x = " ".join(t if not t.startswith(f"{name}=") else f"{name}={value}" for t in x.split())
+            x = " ".join(f"{name}={value}" if t.startswith(f"{name}=") else t for t in x.split())
         lines.append(x)
     (b / "manifest.txt").write_text("\n".join(lines) + "\n")
 
