@@ -222,3 +222,24 @@ def test_npu_backend_without_hardware_is_a_clear_error(bundle_dir, capsys):
     code, _, err = run(["clip", "check", str(bundle_dir), "--backend", "npu"], capsys)
     assert code == 2
     assert err.startswith("npucam: error:") and ("pyxrt" in err or "accel" in err)
+
+
+def test_finding_7_clip_check_reads_ref_image_paths_with_spaces(
+    bundle_dir, sim_registry, tmp_path, capsys
+):
+    """taconite reads a ref_image path as rest(2), so a file name may hold spaces; npucam read
+    field(2) and looked for `refs/0/first`."""
+    import shutil
+
+    moved = tmp_path / "spaces"
+    shutil.copytree(bundle_dir, moved)
+    (moved / "refs/0/0.png").rename(moved / "refs/0/first  image.png")
+    manifest = moved / "manifest.txt"
+    text = manifest.read_text()
+    assert "ref_image 0 0 refs/0/0.png\n" in text
+    manifest.write_text(
+        text.replace("ref_image 0 0 refs/0/0.png", "ref_image 0 0 refs/0/first  image.png")
+    )
+    code, out, _ = run(["clip", "check", str(moved)], capsys)
+    assert code == 0, out
+    assert "[ok  ] set 0 preprocess refs/0/first  image.png: 0 of " in out

@@ -177,7 +177,7 @@ def _write(
                     raise ImageInputError(f"refset {j} image {i}: PNG encoding failed")
                 rel = f"refs/{j}/{i}.png"
                 bw.file(rel, png.tobytes())
-                bw.record("ref_image", j, i, rel)
+                bw.record("ref_image", j, i, tail=rel)  # read by rest(2), as taconite
             for i, label in enumerate(labels):
                 bw.record("ref_label", j, i, tail=label)
             pixels, ids = refset_inputs(cpu, refsets[j], template)
