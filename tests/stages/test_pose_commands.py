@@ -179,7 +179,7 @@ def layout_bundle(request, tmp_path_factory):
     """(format version, bundle, cpu model) of a reduced 0.4b / 1b layout (sapiens2_torch_ref:
     real head dim, registers, MHA/GQA mix and 308 keypoints; widths / 4, depth 3, 64 x 48
     crops) whose heatmaps peak on a bright blob, with HF ref cases."""
-    from sapiens2_torch_ref import LAYOUT_1B, LAYOUT_04B, blob_image, peaked_heatmaps
+    from sapiens2_torch_ref import LAYOUT_04B, LAYOUT_1B, blob_image, peaked_heatmaps
     from sapiens2_torch_ref import tiny_sapiens2 as build
 
     name, version = request.param

@@ -8,12 +8,11 @@ forward to cosine >= 0.999 (docs/clip.md's tower gate); observed >= 0.9998 on th
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import importlib.util
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
