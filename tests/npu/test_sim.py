@@ -424,3 +424,51 @@ def test_gemm_reads_a_at_stride_lda_and_writes_c_at_c_stride(tmp_path, reg):
     assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * mag)
     assert (out[:-1, N:] == 0xFFFF).all()
     dev.close()
+
+
+def _hold_until(reg, n, ready, release_after, bundle_dir):
+    bundle = Bundle.open(bundle_dir, version=1)
+    dev = SimDevice(registry_dir=reg, hwctx_limit=4)
+    for r in list(bundle.tagged("mha"))[:n]:
+        dev.load(kernel_spec(bundle, r))
+    ready.set()
+    import time
+
+    time.sleep(release_after)
+    dev.close()
+
+
+def test_finding_9_a_load_waits_for_a_slot_another_process_frees(tmp_path, reg):
+    """taconite-sapiens2 waits up to WAITS x 100 ms for slots other programs hold once it has
+    nothing of its own to give up; npucam failed at once."""
+    _, specs = _ctx_bundle(tmp_path / "b", 6)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=_hold_until, args=(reg, 4, ready, 0.4, tmp_path / "b"))
+    child.start()
+    try:
+        assert ready.wait(30)
+        dev = SimDevice(registry_dir=reg, hwctx_limit=4, context_waits=50, context_wait_s=0.05)
+        owned = type(specs[4])(**{**specs[4].__dict__, "owner": "sapiens2"})
+        dev.load(owned)  # the child closes after 0.4 s, within the 2.5 s bound
+        view = dev.context_view()["sapiens2"]
+        assert view.resident == (owned.context_key,) and 1 <= view.waits < 50
+        dev.close()
+    finally:
+        child.join(30)
+
+
+def test_finding_9_the_device_views_its_context_budget_per_model(tmp_path, reg, monkeypatch):
+    """Each kernel's context counts against the model that loaded it: what is resident per
+    model, who evicted whose, and the cost of a load (the sim's modelled creation time)."""
+    monkeypatch.setenv("TACONITE_CTX_CACHE", "3")
+    _, specs = _ctx_bundle(tmp_path / "b", 4)
+    owned = [type(s)(**{**s.__dict__, "owner": o}) for s, o in zip(specs, "aabb", strict=True)]
+    dev = SimDevice(registry_dir=reg, cost=CostModel(ctx_create_s=0.02))
+    for spec in owned:
+        dev.load(spec)
+    view = dev.context_view()
+    assert view["a"].resident == (owned[1].context_key,) and view["a"].evicted == {"b": 1}
+    assert view["b"].resident == (owned[2].context_key, owned[3].context_key)
+    assert (view["b"].loads, view["b"].evicted, view["b"].load_cost_s) == (2, {}, 0.02)
+    dev.close()
