@@ -13,7 +13,7 @@ from npu.models.synthetic import normal
 from npu.ops import GemmWeights, NumpyOps
 
 MODEL_ID = "sapiens2-synthetic"
-VERSION = 2  # bump when the model changes, so cached bundles are rebuilt
+VERSION = 3  # bump when the model or bundle layout changes (cached bundles are rebuilt)
 SEED = 20
 KEYPOINTS = 308
 
