@@ -472,3 +472,84 @@ def test_finding_9_the_device_views_its_context_budget_per_model(tmp_path, reg, 
     assert view["b"].resident == (owned[2].context_key, owned[3].context_key)
     assert (view["b"].loads, view["b"].evicted, view["b"].load_cost_s) == (2, {}, 0.02)
     dev.close()
+
+
+def _staged_mha(path, tokens, heads, hd, q_elems=None):
+    from npu.sim import MhaProgram
+
+    d = heads * hd
+    with BundleWriter(path, 1) as bw:
+        write_xclbin(bw, "mha")
+        bw.file("kernels/mha.bin", MhaProgram(tokens, heads, hd, 3 * d, 0, d, 2 * d, d).words())
+        bw.record("mha", q_elems=q_elems or tokens * 3 * d, k_elems=tokens * 3 * d,
+                  v_elems=tokens * 3 * d, o_elems=tokens * d, ctx="mha",
+                  insts="kernels/mha.bin")  # fmt: skip
+    bundle = Bundle.open(path, version=1)
+    return kernel_spec(bundle, next(bundle.tagged("mha")))
+
+
+def test_staged_mha_reads_q_k_v_as_column_ranges_of_one_buffer_from_offset_0(tmp_path, reg):
+    """taconite-sapiens2's attention kernel: rows [q·log2(e)/sqrt(hd) | k | v] of one buffer,
+    passed three times from its start; O token-major. Against torch's attention in f64."""
+    tokens, heads, hd = 37, 3, 16
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((tokens, heads, hd)).astype(np.float32) for _ in range(3))
+    scale = LOG2E / np.sqrt(hd)
+    stage = np.concatenate([(q * scale).reshape(tokens, -1), k.reshape(tokens, -1),
+                            v.reshape(tokens, -1)], axis=1)  # fmt: skip
+    dev = SimDevice(registry_dir=reg)
+    kern = dev.load(_staged_mha(tmp_path / "b", tokens, heads, hd))
+    buf, out = dev.alloc(stage.size * 2), dev.alloc(tokens * heads * hd * 2)
+    buf.write(f32_to_bf16(stage))
+    views = [dev.sub(buf, 0, buf.nbytes) for _ in range(3)]
+    dev.run(kern, [*views, out])
+    got = bf16_to_f32(out.array(np.uint16)).reshape(tokens, heads, hd)
+    qr, kr, vr = (round_bf16(x).transpose(1, 0, 2) for x in (q * scale, k, v))
+    want = torch_attention(qr / scale, kr, vr, 1 / np.sqrt(hd), False).transpose(1, 0, 2)
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=2e-2)
+    dev.close()
+
+
+def test_staged_mha_view_sizes_must_cover_what_the_kernel_reads(tmp_path, reg):
+    dev = SimDevice(registry_dir=reg)
+    spec = _staged_mha(tmp_path / "b", 10, 2, 8, q_elems=9 * 48 + 15)
+    with pytest.raises(DeviceError, match=r"`q_elems=447` is smaller than the 448 elements"):
+        dev.load(spec)
+    dev.close()
+
+
+def test_taconite_form_gemm_runs_all_its_rows_in_one_dispatch(tmp_path, reg):
+    """rows > M in one dispatch, A at lda < K (overlapping rows), C at c_stride > N, view
+    sizes from the record (a_elems too small is refused at load)."""
+    from npu.sim import GemmProgram, pack_gemm_b
+
+    rows, k, n, lda, c_stride = 600, 512, 64, 96, 80
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    prog = GemmProgram(64, 512, 128, False, "none", n)
+    a_elems, c_elems = (rows - 1) * lda + k, (rows - 1) * c_stride + n
+    with BundleWriter(tmp_path / "b", 1) as bw:
+        write_xclbin(bw, "gemm")
+        bw.file("kernels/g.bin", prog.words())
+        bw.tensor("g", pack_gemm_b(w, None, 64, 512, 128), "u8")
+        bw.record("gemm", "g", M=256, K=k, N=n, lda=lda, c_stride=c_stride, rows=rows,
+                  a_elems=a_elems, c_elems=c_elems, ctx="gemm", insts="kernels/g.bin")  # fmt: skip
+    bundle = Bundle.open(tmp_path / "b", version=1)
+    spec = kernel_spec(bundle, next(bundle.tagged("gemm")))
+    dev = SimDevice(registry_dir=reg)
+    kern = dev.load(spec)
+    flat = f32_to_bf16(rng.standard_normal(a_elems).astype(np.float32))
+    a, b, c = dev.alloc(a_elems * 2), dev.alloc(bundle.entry("g").nbytes), dev.alloc(c_elems * 2)
+    a.write(flat)
+    b.write(bundle.view("g"))
+    dev.run(kern, [a, b, c])
+    assert dev.sim.kernels["g"].dispatches == 1
+    rows_a = np.lib.stride_tricks.as_strided(bf16_to_f32(flat), (rows, k), (lda * 4, 4))
+    ref = rows_a.astype(np.float64) @ unpack_bfp16(bundle.view("g"), k, n, 64, 512, 128)
+    got = bf16_to_f32(np.lib.stride_tricks.as_strided(c.array(np.uint16), (rows, n),
+                                                      (c_stride * 2, 2)))  # fmt: skip
+    assert np.abs(got - ref).max() <= 2.0**-7 * np.abs(ref).max()
+    small = type(spec)(**{**spec.__dict__, "fields": {**spec.fields, "a_elems": str(a_elems - 1)}})
+    with pytest.raises(DeviceError, match=f"`a_elems={a_elems - 1}` is smaller than its 600 rows"):
+        dev.load(small)
+    dev.close()
