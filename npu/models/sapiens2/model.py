@@ -274,6 +274,12 @@ class Sapiens2Pose:
     def backend(self) -> str:
         return self.ops.backend
 
+    def close(self) -> None:
+        """Free what the backend holds (a bundle replay's kernels and buffers; cpu: nothing)."""
+        close = getattr(self.ops, "close", None)
+        if callable(close):
+            close()
+
     def heatmaps(self, crops: np.ndarray) -> np.ndarray:
         """crops: float32 [N, 3, H, W] normalised -> heatmaps float32 [N, K, Hh, Wh]."""
         cfg = self.config
