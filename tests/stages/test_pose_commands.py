@@ -18,6 +18,7 @@ from sapiens2_torch_ref import save_tiny_sapiens2  # noqa: E402
 
 from npu.models.sapiens2.checkpoint import from_pretrained
 from npu.models.sapiens2.export import write_sim_bundle
+from npu.models.sapiens2.keypoints import FLIP_PAIRS
 from npu.models.sapiens2.post import dark_keypoints
 from npu.models.sapiens2.preprocess import crop_persons
 from pipeline.cli import main  # noqa: E402
@@ -207,6 +208,9 @@ def test_pose_check_passes_on_taconite_form_bundles(layout_bundle, tmp_path, mon
             if r.tag in TACONITE_FIELDS:
                 assert set(r.kv) == TACONITE_FIELDS[r.tag], r.text
         assert b.has("0.down.bias") == (version == 2) and not b.has("d0.bias")
+        # real pairs, as taconite's Config::load needs (the 308-point list)
+        pairs = tuple(tuple(map(int, p.split(":"))) for p in b.param("flip_pairs").split(","))
+        assert pairs == FLIP_PAIRS
     assert main(["pose", "check", str(bundle)]) == 0
     out = capsys.readouterr().out
     assert "3/3 ref cases pass on sim" in out and "FAIL" not in out

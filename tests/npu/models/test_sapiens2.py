@@ -130,6 +130,9 @@ def test_config_from_hf_and_from_params_agree(tiny_sapiens2_dir):
         (lambda p: p.pop("kv_heads"), "missing param kv_heads"),
         (lambda p: p.update(D="sixty"), "param D='sixty'"),
         (lambda p: p.update(flip_pairs="1-2"), "bad pair '1-2'"),
+        # taconite's Config::load splits at "," and fails on an empty item
+        (lambda p: p.update(flip_pairs=","), "bad pair ''"),
+        (lambda p: p.update(flip_pairs=""), "bad pair ''"),
         (lambda p: p.update(kv_heads="4,3"), "kv_heads[1]=3"),
         (lambda p: p.update(mean="0.5,0.5"), "param mean has 2 values"),
     ],
