@@ -164,7 +164,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 f"; vs the Python NPU app {r['mean_err_vs_app_px']:.3f} px"
                 if "mean_err_vs_app_px" in r
                 else ""
-            )  # fmt: skip
+            )
             + ") "
             f"[{model.backend}] {'PASS' if r['pass'] else 'FAIL'}"
         )

@@ -143,7 +143,7 @@ def write_sim_bundle(
             f = layout[record]
             bias = gw.bias
             to_host = ("down" in host_bias and key.endswith(".down")) or (
-                "deconv" in host_bias and key.startswith("d")
+                "deconv" in host_bias and key[0] == "d" and key[1:].isdigit()
             )
             if to_host and bias is not None:
                 host[f"{key}.bias"] = bias

@@ -85,6 +85,10 @@ def host_uses(cfg: Config) -> dict[str, HostUse]:
     return uses
 
 
+def _is_deconv(key: str) -> bool:
+    return key[0] == "d" and key[1:].isdigit()
+
+
 def _check_gemm(rec: GemmRecord, use: HostUse, where: str) -> None:
     """BundleError naming the record's manifest line unless it fits its HostUse."""
     checks = [
@@ -96,7 +100,7 @@ def _check_gemm(rec: GemmRecord, use: HostUse, where: str) -> None:
         (rec.c_stride >= rec.n, f"c_stride={rec.c_stride} < N={rec.n}: C rows would overlap"),
         (use.c_stride is None or rec.c_stride == use.c_stride,
          f"c_stride={rec.c_stride}, but the host reads C at row stride {use.c_stride}"),
-        (not rec.key.startswith("d") or rec.c_stride == rec.n,
+        (not _is_deconv(rec.key) or rec.c_stride == rec.n,
          f"c_stride={rec.c_stride} != N={rec.n}: taconite reads a deconv's C at row stride N"),
         (rec.a_elems >= (rec.rows - 1) * rec.lda + rec.k,
          f"a_elems={rec.a_elems} is smaller than its {rec.rows} rows at lda={rec.lda}, "
