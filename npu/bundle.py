@@ -2,9 +2,9 @@
 
 Follows Brishen/taconite taconite-bundle/src/lib.rs (Manifest, Record, Store) line for line in
 grammar and error text (docs/bundles.md), with three additions: integers
-are parsed as Rust parses them (`^\\+?[0-9]+$`, not Python's int()), every path a manifest names
-must stay inside the bundle directory, and tensors.bin is mapped with np.memmap so opening a
-multi-GB bundle reads only its two text files.
+are parsed as Rust parses them (`^\\+?[0-9]+$`, not Python's int()), a path a manifest names
+may be neither absolute nor climb out with `..` (symlinked files are fine), and tensors.bin is
+mapped with np.memmap so opening a multi-GB bundle reads only its two text files.
 """
 
 from __future__ import annotations
@@ -100,10 +100,11 @@ def _parse_as(text: str, kind: type) -> Any:
 
 
 def confine(root: Path, rel: str) -> Path:
-    """root / rel, refused (ValueError with the reason) unless it stays inside root.
-
-    Refuses absolute paths, any `..` component and paths whose resolution (symlinks followed)
-    leaves root's resolution. The target need not exist.
+    """root / rel, refused (ValueError with the reason) when the manifest text would leave
+    the bundle: an absolute path or any `..` component (npucam's policy; taconite-bundle
+    joins any path). The check is on the text only: symlinks are followed when the file is
+    opened, so a bundle whose files link elsewhere (a Hugging Face cache snapshot links
+    every file into ../../blobs) loads. The target need not exist.
     """
     if not rel:
         raise ValueError("empty path")
@@ -113,14 +114,7 @@ def confine(root: Path, rel: str) -> Path:
         raise ValueError(f"path {rel} is absolute")
     if ".." in re.split(r"[/\\]", rel):
         raise ValueError(f"path {rel} climbs out with ..")
-    try:
-        base = root.resolve()
-        target = (root / rel).resolve()
-    except (OSError, RuntimeError) as exc:
-        raise ValueError(f"path {rel} does not resolve: {exc}") from None
-    if not target.is_relative_to(base):
-        raise ValueError(f"path {rel} resolves outside the bundle, to {target}")
-    return target
+    return root / rel
 
 
 @dataclass
@@ -215,7 +209,7 @@ class Record:
         return value == "1"
 
     def path(self, key: str) -> Path:
-        """Field `key=` as a path inside the bundle (resolved; refused if it escapes)."""
+        """Field `key=` as a bundle path (refused if absolute or climbing out with `..`)."""
         return self.confined(self.value(key))
 
     def confined(self, rel: str) -> Path:
@@ -231,7 +225,7 @@ class Xclbin:
     """A hardware context: an xclbin file and the kernel name inside it."""
 
     key: str
-    path: Path  # resolved, inside the bundle
+    path: Path  # bundle root / the record's path (symlinks not resolved)
     kernel: str
     line: int
 
@@ -425,7 +419,6 @@ class Bundle:
         manifest_path = root / MANIFEST
         try:
             old_layout = not manifest_path.exists() and (root / "plan.txt").exists()
-            links = [n for n in (MANIFEST, TENSORS_TXT, TENSORS_BIN) if (root / n).is_symlink()]
             has_table = (root / TENSORS_TXT).exists()
         except OSError as exc:
             raise _io_error(root, exc) from None
@@ -434,11 +427,6 @@ class Bundle:
                 f"{root}: plan.txt and no manifest.txt: this is the old plan.txt bundle layout;"
                 " re-export the bundle"
             )
-        for name in links:
-            try:
-                confine(root, name)
-            except ValueError as exc:
-                raise BundleError(f"{root}: {exc}") from None
         text = _read_text(manifest_path)
         if text.startswith("gaic ") and not has_table:
             raise BundleError(
@@ -480,7 +468,7 @@ class Bundle:
         return self.manifest.xclbin(key)
 
     def path(self, rel: str) -> Path:
-        """A bundle-relative path, resolved and refused unless it stays inside the bundle."""
+        """A bundle-relative path, refused if absolute or climbing out with `..`."""
         try:
             return confine(self.root, rel)
         except ValueError as exc:

@@ -4,7 +4,9 @@ A device loads bundle kernels, allocates host-mapped buffers (and sub-buffers cu
 root), patches instruction words and runs a kernel over an argument tuple. Kernels that
 share an (xclbin, kernel name) share one hardware context, and resident contexts live in an
 LRU capped at 16 (`TACONITE_CTX_CACHE`) with evict-and-retry when creation fails, as
-taconite's shim and taconite-adaface do (docs/device.md). `DeviceCore` holds the
+taconite's shim and taconite-adaface do, then a bounded wait for slots other processes hold,
+as taconite-sapiens2 does; each context is counted against the model that loaded it
+(docs/device.md). `DeviceCore` holds the
 bookkeeping both devices share (which kernels use which context, buffers, counters, teardown);
 each device adds only what its backend does with a context, a kernel, a buffer and a run.
 """
@@ -28,6 +30,10 @@ import numpy as np
 from pipeline.errors import NpucamError
 
 DEFAULT_CTX_CACHE = 16
+# taconite-sapiens2 npu.rs `WAITS` (50 at 465946c; 200 at 1e2c515): 100 ms waits for a slot
+# other processes hold, once this process has no context of its own left to give up.
+CONTEXT_WAITS = 50
+CONTEXT_WAIT_S = 0.1
 # ert_cmd_state values of XRT's ert.h; the simulator reports the same numbers.
 ERT_CMD_STATE_COMPLETED = 4
 ERT_CMD_STATE_ERROR = 5
@@ -80,6 +86,7 @@ class KernelSpec:
     insts: bytes
     fields: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
+    owner: str = ""
 
     @property
     def context_key(self) -> str:
@@ -121,7 +128,7 @@ def kernel_key(record: Any) -> str:
     return record.tag
 
 
-def kernel_spec(bundle: Any, record: Any) -> KernelSpec:
+def kernel_spec(bundle: Any, record: Any, owner: str = "") -> KernelSpec:
     """The KernelSpec of a manifest record (npu.bundle.Record) of `bundle` (npu.bundle.Bundle).
 
     The context comes from `ctx=<xclbin key>` (an `xclbin` record) or from `xclbin=<path>`
@@ -153,6 +160,7 @@ def kernel_spec(bundle: Any, record: Any) -> KernelSpec:
         insts=insts,
         fields=dict(record.kv),
         source=where,
+        owner=owner,
     )
 
 
@@ -256,13 +264,41 @@ def context_full(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) or "CREATE_HWCTX" in str(exc)
 
 
+@dataclass
+class ModelContexts:
+    """One model's share of the device's context budget, as the device saw it.
+
+    resident: its context keys resident now (least recently used first); loads: contexts it
+    created; load_s: their creation cost (seconds: wall clock on XRT, modelled on the sim);
+    evicted: its contexts evicted to make room, by the model that needed the room ("" for a
+    load with no owner); waits / wait_s: waits for slots other processes held.
+    """
+
+    resident: tuple[str, ...] = ()
+    loads: int = 0
+    load_s: float = 0.0
+    evicted: dict[str, int] = field(default_factory=dict)
+    waits: int = 0
+    wait_s: float = 0.0
+
+    @property
+    def load_cost_s(self) -> float | None:
+        """Measured seconds per context load, None before the first load."""
+        return self.load_s / self.loads if self.loads else None
+
+
 class ContextCache:
-    """An LRU of resident hardware contexts keyed by context key, capped at `cap`.
+    """An LRU of resident hardware contexts keyed by context key, capped at `cap`, each
+    counted against the model (owner) that loaded it.
 
     A hit moves the entry to the most-recent end. A miss evicts from the least-recent end
     while the cache is at the cap, then creates; when creation fails with "no free slot"
-    (context_full), it evicts one more and retries until the cache is empty, and only then
-    reports `load(<key>): ...` (taconite-adaface's policy).
+    (context_full), it evicts one more and retries while anything of this process is
+    resident (taconite-adaface's policy; taconite-sapiens2 gives up its least recently used
+    other context the same way). With nothing left to give up, the slots belong to other
+    processes: it waits `waits` x `wait_s` for one to free (taconite-sapiens2's WAITS), then
+    fails with `load(<key>): ...` naming the holders when `holders()` knows them.
+    cost(wall seconds) -> the seconds a creation is counted as (the sim: its modelled time).
     """
 
     def __init__(
@@ -271,12 +307,22 @@ class ContextCache:
         create: Callable[[str], Any],
         release: Callable[[str, Any], None],
         stats: DeviceStats,
+        *,
+        holders: Callable[[], str] | None = None,
+        cost: Callable[[float], float] | None = None,
+        waits: int = CONTEXT_WAITS,
+        wait_s: float = CONTEXT_WAIT_S,
     ) -> None:
         self.cap = cap
         self._create = create
         self._release = release
         self._stats = stats
+        self._holders = holders
+        self._cost = cost or (lambda wall: wall)
+        self.waits, self.wait_s = waits, wait_s
         self._lru: OrderedDict[str, Any] = OrderedDict()
+        self._owner: dict[str, str] = {}
+        self.models: dict[str, ModelContexts] = {}
 
     def __contains__(self, key: str) -> bool:
         return key in self._lru
@@ -285,36 +331,70 @@ class ContextCache:
         """Resident keys, least recently used first."""
         return list(self._lru)
 
-    def acquire(self, key: str) -> Any:
+    def _model(self, owner: str) -> ModelContexts:
+        return self.models.setdefault(owner, ModelContexts())
+
+    def view(self) -> dict[str, ModelContexts]:
+        """Every model's ModelContexts, with `resident` filled in now."""
+        for owner, m in self.models.items():
+            m.resident = tuple(k for k in self._lru if self._owner.get(k) == owner)
+        return dict(self.models)
+
+    def acquire(self, key: str, owner: str = "") -> Any:
         if key in self._lru:
             self._lru.move_to_end(key)
             self._stats.hits += 1
             return self._lru[key]
         while len(self._lru) >= self.cap:
-            self.evict_lru()
+            self.evict_lru(owner)
+        model = self._model(owner)
         t0 = time.perf_counter()
+        waited = 0
         while True:
             try:
                 ctx = self._create(key)
                 break
             except Exception as exc:
-                if context_full(exc) and self._lru:
-                    self.evict_lru()
+                name = key.replace(chr(10), " ")
+                if not context_full(exc):
+                    raise DeviceError(f"load({name}): {exc}") from exc
+                if self._lru:
+                    self.evict_lru(owner)
                     continue
-                raise DeviceError(f"load({key.replace(chr(10), ' ')}): {exc}") from exc
+                if waited >= self.waits:
+                    raise DeviceError(
+                        f"load({name}): {exc}: every NPU hardware context is taken by other "
+                        f"models or programs (NPU2 has 16; {self._holders_text()}); free some "
+                        "and try again"
+                    ) from exc
+                waited += 1
+                model.waits += 1
+                model.wait_s += self.wait_s
+                time.sleep(self.wait_s)
+        wall = time.perf_counter() - t0 - waited * self.wait_s
         self._stats.loads += 1
-        self._stats.load_s += time.perf_counter() - t0
+        self._stats.load_s += wall
+        model.loads += 1
+        model.load_s += self._cost(wall)
         self._lru[key] = ctx
+        self._owner[key] = owner
         return ctx
 
-    def evict_lru(self) -> None:
+    def _holders_text(self) -> str:
+        held = self._holders() if self._holders is not None else ""
+        return held or "which programs hold them is unknown"
+
+    def evict_lru(self, by: str = "") -> None:
         key, ctx = self._lru.popitem(last=False)
+        victim = self._model(self._owner.pop(key, ""))
+        victim.evicted[by] = victim.evicted.get(by, 0) + 1
         self._stats.evict += 1
         self._release(key, ctx)
 
     def drop(self, key: str) -> None:
         """Free a context whose last kernel was freed (not counted as an eviction)."""
         ctx = self._lru.pop(key, None)
+        self._owner.pop(key, None)
         if ctx is not None:
             self._release(key, ctx)
 
@@ -380,6 +460,10 @@ class Device(Protocol):
         """Context keys resident now, least recently used first."""
         ...
 
+    def context_view(self) -> dict[str, ModelContexts]:
+        """Each model's (kernel owner's) share of the context budget."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -430,8 +514,9 @@ class DeviceCore(Generic[K, B]):
         self._timing = timing_enabled()
         self._users: dict[str, list[K]] = {}
         self._contexts = ContextCache(
-            ctx_cache_cap(), self._create_context, self._release_context, self.stats
-        )
+            ctx_cache_cap(), self._create_context, self._release_context, self.stats,
+            holders=self._context_holders, cost=self._context_cost,
+        )  # fmt: skip
         self._buffers: dict[int, B] = {}
         self.closed = False
 
@@ -480,6 +565,18 @@ class DeviceCore(Generic[K, B]):
     def _shutdown(self) -> None:
         """Release what the backend holds beyond kernels, contexts and buffers."""
 
+    def _context_holders(self) -> str:
+        """Who holds the machine's other contexts, for the "all taken" error ("" unknown)."""
+        return ""
+
+    def _context_cost(self, wall: float) -> float:
+        """The seconds a context creation that took `wall` is counted as."""
+        return wall
+
+    def set_context_wait(self, waits: int, wait_s: float = CONTEXT_WAIT_S) -> None:
+        """How long a load waits for slots other processes hold: waits x wait_s seconds."""
+        self._contexts.waits, self._contexts.wait_s = waits, wait_s
+
     def _timing_lines(self) -> list[str]:
         return [self.stats.line(self.label)]
 
@@ -524,6 +621,12 @@ class DeviceCore(Generic[K, B]):
     def resident_contexts(self) -> list[str]:
         """Context keys resident now, least recently used first."""
         return self._contexts.keys()
+
+    def context_view(self) -> dict[str, ModelContexts]:
+        """Each model's (kernel owner's) share of the context budget: what is resident,
+        what it loaded at what cost, who evicted its contexts, how long it waited."""
+        with self._lock:
+            return self._contexts.view()
 
     def set_insts_words(self, kernel: K, words: Iterable[tuple[int, int]]) -> None:
         with self._lock:

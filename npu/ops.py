@@ -190,14 +190,6 @@ def _gemm_strides(spec: KernelSpec) -> tuple[int, int, int]:
     return spec.get_int("lda", k), spec.get_int("c_stride", n_out), n_out
 
 
-def _check_rows(key: str, spec: KernelSpec, rows: int) -> None:
-    """OpsError when a record that names its row count (`rows=`) is asked for more rows."""
-    if "rows" in spec.fields and rows > spec.get_int("rows"):
-        raise OpsError(
-            f"gemm {key!r}: {rows} rows, but {spec.where()} has rows={spec.get_int('rows')}"
-        )
-
-
 @dataclass
 class _RowBuffers:
     """A GEMM's padded A / C roots and the M-row chunk sub-buffers cut from them."""
@@ -213,8 +205,7 @@ class DeviceOps:
 
     gemm(key, a) rounds A to bf16, pads the rows to a multiple of the kernel's M, runs the
     kernel once per M-row chunk over sub-buffers of one A and one C buffer, and returns the
-    bf16 C as float32 (read at the record's c_stride, cut to N'); gemm_strided(key, a, rows)
-    does the same for an A laid out at the record's row stride lda. mha(key, q, k, v)
+    bf16 C as float32 (read at the record's c_stride, cut to N'). mha(key, q, k, v)
     writes bf16 Q/K/V padded to the record's seq_pad and returns the bf16 O as float32
     [heads, S, d]. backend is the device's ("npu" or "sim").
     Ops bound to the same record (e.g. every layer's qkv) share one loaded kernel and one
@@ -276,6 +267,11 @@ class DeviceOps:
     def _bind_gemm(self, key: str, g: DeviceGemm) -> None:
         spec = g.spec
         lda, c_stride, n_out = _gemm_strides(spec)
+        if spec.get_int("rows", spec.get_int("M")) != spec.get_int("M"):
+            raise OpsError(
+                f"{spec.where()}: rows={spec.fields['rows']}; DeviceOps runs M-row chunks "
+                "(a record of taconite-sapiens2's one-dispatch form runs on its own replay)"
+            )
         if lda <= 0 or c_stride < n_out:
             raise OpsError(
                 f"{spec.where()}: lda={lda}, c_stride={c_stride}; need lda > 0 and "
@@ -336,43 +332,14 @@ class DeviceOps:
         m, k = spec.get_int("M"), spec.get_int("K")
         lda = _gemm_strides(spec)[0]
         if lda != k:
-            raise OpsError(f"gemm {key!r}: {spec.where()} has lda={lda} != K; use gemm_strided")
+            raise OpsError(f"gemm {key!r}: {spec.where()} has lda={lda} != K")
         if a.ndim != 2 or a.shape[1] != k or a.shape[0] == 0:
             raise OpsError(f"gemm {key!r}: A is {a.shape}, wanted [rows, {k}]")
         rows = a.shape[0]
-        _check_rows(key, spec, rows)
         rb = self._row_buffers(kernel, spec, rows)
         a_host = rb.a.array(np.uint16, (rb.rows, k))
         a_host[:rows] = f32_to_bf16(a)
         a_host[rows : -(-rows // m) * m] = 0
-        return self._run_rows(kernel, b_buf, spec, rb, rows)
-
-    def gemm_strided(self, key: str, a: np.ndarray, rows: int) -> np.ndarray:
-        """GEMM `key` over `rows` rows of an A laid out at the record's row stride lda.
-
-        a: float32, flat or [n, lda]: the A buffer's contents from its start; GEMM row r reads
-        the K values a_flat[r·lda : r·lda + K] (rows overlap when lda < K, as the 4-phase
-        deconv's [xp[y] | xp[y+1]] pairs do). Elements past a's end are zero. The kernel runs
-        once per M-row chunk over sub-buffers at i·M·lda·2 / i·M·c_stride·2 bytes. Returns
-        float32 [rows, N']: C read at row stride c_stride and cut to N'.
-        """
-        kernel, b_buf, spec = _bound(self._gemms, "gemm", key, self.backend)
-        m, k = spec.get_int("M"), spec.get_int("K")
-        lda = _gemm_strides(spec)[0]
-        flat = np.asarray(a, np.float32).reshape(-1)
-        if rows <= 0:
-            raise OpsError(f"gemm_strided {key!r}: rows={rows}, wanted >= 1")
-        _check_rows(key, spec, rows)
-        elems = (-(-rows // m) * m - 1) * lda + k
-        if flat.size > elems:
-            raise OpsError(
-                f"gemm_strided {key!r}: A has {flat.size} elements; {rows} rows at lda={lda}, "
-                f"K={k} read at most {elems}"
-            )
-        rb = self._row_buffers(kernel, spec, rows)
-        a_host = rb.a.array(np.uint16)
-        a_host[: flat.size] = f32_to_bf16(flat)
-        a_host[flat.size : elems] = 0
         return self._run_rows(kernel, b_buf, spec, rb, rows)
 
     def mha(
@@ -435,3 +402,106 @@ class DeviceOps:
         for kernel in self._kernels.values():
             self.device.free_kernel(kernel)
         self._kernels, self._gemms, self._rows, self._mhas = {}, {}, {}, {}
+
+
+# -- taconite-sapiens2's device buffers and dispatches (npu.rs Flat, GemmSpec, run_gemm) ---
+
+GEMM_RECORD_FIELDS = ("M", "K", "N", "lda", "c_stride", "rows", "a_elems", "c_elems")
+MHA_RECORD_FIELDS = ("q_elems", "k_elems", "v_elems", "o_elems")
+
+
+@dataclass(frozen=True)
+class GemmRecord:
+    """A taconite-sapiens2 `gemm` record: exactly the fields npu.rs `GemmSpec` reads, all
+    required (plus `ctx=` and `insts=`, which KernelSpec holds). One dispatch runs `rows`
+    rows: A a view of a_elems elements (rows at stride lda), C one of c_elems (stride
+    c_stride); M is the compiled tile height, read and otherwise unused, as in taconite."""
+
+    key: str
+    m: int
+    k: int
+    n: int
+    lda: int
+    c_stride: int
+    rows: int
+    a_elems: int
+    c_elems: int
+    where: str
+
+    @classmethod
+    def of(cls, spec: KernelSpec) -> GemmRecord:
+        return cls(spec.key, *(spec.get_int(f) for f in GEMM_RECORD_FIELDS), spec.where())
+
+
+@dataclass(frozen=True)
+class MhaRecord:
+    """A taconite-sapiens2 `mha` record: the q, k, v and o view sizes (elements), nothing
+    else; the attention's geometry is compiled into its instruction stream."""
+
+    q_elems: int
+    k_elems: int
+    v_elems: int
+    o_elems: int
+    where: str
+
+    @classmethod
+    def of(cls, spec: KernelSpec) -> MhaRecord:
+        return cls(*(spec.get_int(f) for f in MHA_RECORD_FIELDS), spec.where())
+
+
+class Flat:
+    """A flat bf16 device buffer, as taconite-sapiens2's npu.rs `Flat`: one root of `elems`
+    bf16 values, zeroed and synced when allocated and never re-zeroed (later uses see what
+    earlier ones left past what they write). Every kernel argument is a view of it from
+    offset 0; host writes and reads cover its first n elements and sync just those.
+
+    Views are cut once per (size, argument slot) and reused, so XRT's per-argument-tuple run
+    cache hits where taconite builds a fresh run each dispatch; the device sees the same
+    buffers, offsets and sizes.
+    """
+
+    def __init__(self, device: Device, elems: int, name: str) -> None:
+        if elems < 1:
+            raise OpsError(f"buffer {name}: {elems} elements")
+        self.device, self.elems, self.name = device, elems, name
+        self.root = device.alloc(elems * 2)
+        self._views: dict[tuple[int, int], Buffer] = {}
+
+    def view(self, elems: int, slot: int = 0) -> Buffer:
+        """The first `elems` elements as a sub-buffer at offset 0 (npu.rs `Flat::view`)."""
+        if elems > self.elems:
+            raise OpsError(f"{self.name}: a view of {elems} elements over a buffer of {self.elems}")
+        key = (elems, slot)
+        if key not in self._views:
+            self._views[key] = self.device.sub(self.root, 0, elems * 2)
+        return self._views[key]
+
+    def put(self, bits: np.ndarray) -> None:
+        """bf16 bits (uint16, any shape) into the first bits.size elements, then synced."""
+        n = bits.size
+        if n > self.elems:
+            raise OpsError(f"{self.name}: {n} elements into a buffer of {self.elems}")
+        np.copyto(self.root.array(np.uint16)[:n], bits.reshape(-1))
+        self.device.to_device(self.view(n))
+
+    def bits(self, n: int) -> np.ndarray:
+        """The first n elements, synced from the device: a uint16 view of the host mapping."""
+        buf = self.view(n)
+        self.device.from_device(buf)
+        return self.root.array(np.uint16)[:n]
+
+    def free(self) -> None:
+        self.device.free(self.root)
+        self._views.clear()
+
+
+def run_gemm(device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat) -> float:
+    """One dispatch of a GEMM over all its rows: (A view of a_elems, B, C view of c_elems)."""
+    return device.run(kernel, [a.view(rec.a_elems), b, c.view(rec.c_elems)])
+
+
+def run_mha(device: Device, kernel: Kernel, rec: MhaRecord, stage: Flat, o: Flat) -> float:
+    """The attention: q, k and v three views of the staging buffer, all from offset 0, and
+    the o view (npu.rs `run_mha`)."""
+    views = [stage.view(rec.q_elems, 0), stage.view(rec.k_elems, 1), stage.view(rec.v_elems, 2)]
+    return device.run(kernel, [*views, o.view(rec.o_elems)])

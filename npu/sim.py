@@ -27,6 +27,8 @@ import numpy as np
 
 from npu.bf16 import bf16_to_f32, bfp16_packed_size, f32_to_bf16, pack_bfp16, unpack_bfp16
 from npu.device import (
+    CONTEXT_WAIT_S,
+    CONTEXT_WAITS,
     ERT_CMD_STATE_COMPLETED,
     ERT_CMD_STATE_ERROR,
     ERT_CMD_STATE_TIMEOUT,
@@ -38,7 +40,7 @@ from npu.device import (
     check_insts_stream,
     patched_insts,
 )
-from npu.ops import LOG2E, gemm_epilogue
+from npu.ops import EPILOGUES, LOG2E, gemm_epilogue
 
 if TYPE_CHECKING:
     from npu.bundle_writer import BundleWriter
@@ -47,6 +49,9 @@ HWCTX_LIMIT = 16  # NPU2's per-device hardware-context limit, shared by every pr
 REGISTRY_ENV = "NPUCAM_SIM_HWCTX_DIR"
 # IRON's CT_MAX_K_FOR_N (the common commit): the ct_k a GEMM record without one was built with.
 CT_MAX_K_FOR_N = {16: 16, 32: 32, 64: 128, 128: 32}
+# First words of the sim's own instruction streams (real ones hold the compiled program).
+SIM_GEMM_MAGIC = int.from_bytes(b"NPGM", "little")
+SIM_MHA_MAGIC = int.from_bytes(b"NPMH", "little")
 
 
 @dataclass(frozen=True)
@@ -259,57 +264,131 @@ def pack_gemm_b(
     return np.concatenate([packed, f32_to_bf16(np.asarray(bias, np.float32)).view(np.uint8)])
 
 
+@dataclass(frozen=True)
+class GemmProgram:
+    """What a real GEMM's instruction stream fixes and a taconite-sapiens2 `gemm` record does
+    not carry: B's tile order, whether B ends in a bias, the epilogue and B's columns.
+
+    taconite reads only `M K N lda c_stride rows a_elems c_elems ctx insts`; the simulator,
+    having no xclbin, reads the rest from its own instruction words (SIM_GEMM_MAGIC, then
+    these six), which the sim bundle writer emits and no runtime reads (docs/device.md).
+    epilogue "swiglu" writes silu(g)·u of B's column halves g | u, so b_cols = 2·N.
+    """
+
+    tile_n: int
+    tile_k: int
+    ct_k: int
+    bias: bool
+    epilogue: str
+    b_cols: int
+
+    def words(self, count: int = 16) -> bytes:
+        """The instruction stream: the magic word, the six fields, zero padding to `count`."""
+        head = [SIM_GEMM_MAGIC, self.tile_n, self.tile_k, self.ct_k, int(self.bias),
+                EPILOGUES.index(self.epilogue), self.b_cols]  # fmt: skip
+        return np.array(head + [0] * (count - len(head)), np.uint32).tobytes()
+
+    @classmethod
+    def read(cls, spec: KernelSpec) -> GemmProgram | None:
+        """The program in spec's instruction stream, or None when it is not the sim's."""
+        words = np.frombuffer(spec.insts, np.uint32)
+        if len(words) < 7 or words[0] != SIM_GEMM_MAGIC:
+            return None
+        tile_n, tile_k, ct_k, bias, epi, b_cols = (int(w) for w in words[1:7])
+        if epi >= len(EPILOGUES) or bias > 1:
+            raise DeviceError(f"{spec.where()}: the sim GEMM program has a bad epilogue or bias")
+        return cls(tile_n, tile_k, ct_k, bool(bias), EPILOGUES[epi], b_cols)
+
+
 @sim_kernel("gemm")
 class SimGemm:
-    """flm.GEMM: C[M, N'] = epilogue(A[M, K] @ B[K, N] + bias), args (A, B, C).
+    """flm.GEMM: C = epilogue(A @ B + bias) over `rows` rows, args (A, B, C).
 
-    A bf16 at row stride `lda` (default K); B pack_gemm_b's layout (bfp16ebs8 in the order
-    of the record's tile_n / tile_k / ct_k, then bias bf16 [N] when bias=1); C bf16 at row
-    stride `c_stride` (default N'). epilogue none|silu|gelu|swiglu; swiglu returns
-    silu(g) * u of the column halves g | u, so N' = N/2. Accumulation in f32, C rounded to
-    bf16 (conv_even), as flm.GEMM's default rounding.
+    A bf16, row r = the K values from element r·lda of the A argument (rows overlap when
+    lda < K); C bf16, row r written at element r·c_stride, N' columns; B pack_gemm_b's
+    layout (bfp16ebs8 in tile_n / tile_k / ct_k order, then bias bf16 when it has one).
+    Accumulation in f32, C rounded to bf16 (conv_even), as flm.GEMM's default rounding.
+
+    Two record forms. taconite-sapiens2's (the stream holds a GemmProgram): the record's
+    `rows` rows in one dispatch, A and C arguments of at least `a_elems` / `c_elems`
+    elements, N' = N, B's columns, bias, epilogue and tiles from the program. The generic
+    form (no program; CLIP's towers, DeviceOps): M rows (or `rows`), tile_n / tile_k / ct_k /
+    bias / epilogue from the record, B has N columns and swiglu halves them (N' = N/2).
     """
 
     def __init__(self, spec: KernelSpec) -> None:
         self.spec = spec
         m, k, n = spec.get_int("M"), spec.get_int("K"), spec.get_int("N")
-        self.m, self.k, self.n = m, k, n
-        self.tiles = gemm_tiles(spec, k)
+        self.m, self.k = m, k
+        prog = GemmProgram.read(spec)
+        if prog is None:
+            self.tiles = gemm_tiles(spec, k)
+            self.epilogue = spec.get_str("epilogue", "none")
+            if self.epilogue not in EPILOGUES:
+                raise DeviceError(
+                    f"{spec.where()}: `epilogue={self.epilogue}` is not none|silu|gelu|swiglu"
+                )
+            self.bias = spec.get_flag("bias")
+            self.b_cols = n
+            self.n_out = n // 2 if self.epilogue == "swiglu" else n
+        else:
+            self.tiles = (prog.tile_n, prog.tile_k, prog.ct_k)
+            self.epilogue, self.bias, self.b_cols, self.n_out = (
+                prog.epilogue, prog.bias, prog.b_cols, n,
+            )  # fmt: skip
+            if self.b_cols != (2 * n if self.epilogue == "swiglu" else n):
+                raise DeviceError(
+                    f"{spec.where()}: the program's B has {self.b_cols} columns for N={n} "
+                    f"and epilogue {self.epilogue}"
+                )
         tile_n, tile_k = self.tiles[:2]
         for ok, what in (
             (m > 0 and m % 256 == 0, f"M={m} is not a multiple of 256"),
             (k > 0 and k % tile_k == 0, f"K={k} is not a multiple of tile_k={tile_k}"),
-            (n > 0 and n % tile_n == 0, f"N={n} is not a multiple of tile_n={tile_n}"),
-        ):
+            (self.b_cols > 0 and self.b_cols % tile_n == 0,
+             f"N={self.b_cols} is not a multiple of tile_n={tile_n}"),
+        ):  # fmt: skip
             if not ok:
                 raise DeviceError(f"{spec.where()}: flm.GEMM needs {what}")
-        self.epilogue = spec.get_str("epilogue", "none")
-        if self.epilogue not in ("none", "silu", "gelu", "swiglu"):
-            raise DeviceError(
-                f"{spec.where()}: `epilogue={self.epilogue}` is not none|silu|gelu|swiglu"
-            )
-        self.n_out = n // 2 if self.epilogue == "swiglu" else n
-        self.bias = spec.get_flag("bias")
+        self.rows = spec.get_int("rows", m)
         self.lda = spec.get_int("lda", k)
         self.c_stride = spec.get_int("c_stride", self.n_out)
-        self.packed = bfp16_packed_size(k, n)
-        self.b_bytes = self.packed + (2 * n if self.bias else 0)
+        self.packed = bfp16_packed_size(k, self.b_cols)
+        self.b_bytes = self.packed + (2 * self.b_cols if self.bias else 0)
         if "b_bytes" in spec.fields and spec.get_int("b_bytes") != self.b_bytes:
             raise DeviceError(
-                f"{spec.where()}: b_bytes={spec.fields['b_bytes']}, but a [{k}, {n}] B"
+                f"{spec.where()}: b_bytes={spec.fields['b_bytes']}, but a [{k}, {self.b_cols}] B"
                 f"{' with bias' if self.bias else ''} is {self.b_bytes} bytes"
             )
-        a_bytes = ((m - 1) * self.lda + k) * 2
-        c_bytes = ((m - 1) * self.c_stride + self.n_out) * 2
-        self.arg_bytes = (a_bytes, self.b_bytes, c_bytes)
-        self.flops = 2 * m * k * n
+        if self.rows < 1 or self.lda < 1 or self.c_stride < self.n_out:
+            raise DeviceError(
+                f"{spec.where()}: rows={self.rows}, lda={self.lda}, c_stride={self.c_stride}; "
+                f"need rows, lda >= 1 and c_stride >= N'={self.n_out}"
+            )
+        a_elems = self._view(spec, "a_elems", (self.rows - 1) * self.lda + k, "lda", self.lda, k)
+        c_elems = self._view(
+            spec, "c_elems", (self.rows - 1) * self.c_stride + self.n_out, "c_stride",
+            self.c_stride, self.n_out,
+        )  # fmt: skip
+        self.arg_bytes = (a_elems * 2, self.b_bytes, c_elems * 2)
+        self.flops = 2 * self.rows * k * self.b_cols
         self._weights: tuple[tuple[int, int], np.ndarray, np.ndarray | None] | None = None
 
+    def _view(self, spec: KernelSpec, name: str, need: int, stride: str, s: int, w: int) -> int:
+        """The elements of the A or C view: the record's `name=`, which must cover `need`."""
+        elems = spec.get_int(name, need)
+        if elems < need:
+            raise DeviceError(
+                f"{spec.where()}: `{name}={elems}` is smaller than its {self.rows} rows at "
+                f"{stride}={s} ({w} values each) span: {need} elements"
+            )
+        return elems
+
     def weights(self, b: Buffer) -> tuple[np.ndarray, np.ndarray | None]:
-        """B unpacked to float32 [K, N] (+ bias [N]); cached until B is synced again."""
+        """B unpacked to float32 [K, b_cols] (+ bias); cached until B is synced again."""
         tag = (b.id, b.root.version)  # type: ignore[attr-defined]
         if self._weights is None or self._weights[0] != tag:
-            w = unpack_bfp16(b.host[: self.packed], self.k, self.n, *self.tiles)
+            w = unpack_bfp16(b.host[: self.packed], self.k, self.b_cols, *self.tiles)
             bias = None
             if self.bias:
                 bias = bf16_to_f32(b.host[self.packed : self.b_bytes].view(np.uint16))
@@ -317,19 +396,123 @@ class SimGemm:
         return self._weights[1], self._weights[2]
 
     def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
-        a = bf16_to_f32(_bf16_matrix(args[0], self.m, self.k, self.lda))
+        a = bf16_to_f32(_bf16_matrix(args[0], self.rows, self.k, self.lda))
         w, bias = self.weights(args[1])
         c = gemm_epilogue(a @ w, bias, self.epilogue)
         out = args[2].host[: args[2].nbytes - args[2].nbytes % 2].view(np.uint16)
         rows = np.lib.stride_tricks.as_strided(
-            out, (self.m, self.n_out), (self.c_stride * 2, 2), writeable=True
+            out, (self.rows, self.n_out), (self.c_stride * 2, 2), writeable=True
         )
         rows[...] = f32_to_bf16(c)
 
 
+@dataclass(frozen=True)
+class MhaProgram:
+    """The attention geometry a taconite-sapiens2 MHA kernel has compiled into its stream:
+    `tokens` rows, `heads` x `hd`; q, k and v are the same rows of one staging buffer at row
+    stride `ld`, at columns q_col / k_col / v_col (head h at + h·hd); O rows at stride o_ld.
+
+    The record (`mha q_elems= k_elems= v_elems= o_elems= ctx= insts=`) carries none of this;
+    the simulator reads it from its own instruction words (SIM_MHA_MAGIC, then these eight),
+    which the sim bundle writer emits and no runtime reads (docs/device.md).
+    """
+
+    tokens: int
+    heads: int
+    hd: int
+    ld: int
+    q_col: int
+    k_col: int
+    v_col: int
+    o_ld: int
+
+    def words(self, count: int = 16) -> bytes:
+        head = [SIM_MHA_MAGIC, self.tokens, self.heads, self.hd, self.ld, self.q_col,
+                self.k_col, self.v_col, self.o_ld]  # fmt: skip
+        return np.array(head + [0] * (count - len(head)), np.uint32).tobytes()
+
+    @classmethod
+    def read(cls, spec: KernelSpec) -> MhaProgram:
+        words = np.frombuffer(spec.insts, np.uint32)
+        if len(words) < 9 or words[0] != SIM_MHA_MAGIC:
+            raise DeviceError(
+                f"{spec.where()}: the simulator cannot run this mha kernel: its geometry is "
+                "compiled into the instruction stream, and this stream is not one the sim "
+                "bundle writer made"
+            )
+        return cls(*(int(w) for w in words[1:9]))
+
+
+class SimStagedMha:
+    """taconite-sapiens2's attention: args (Q, K, V, O), Q / K / V three views of one staged
+    bf16 buffer from offset 0, row t = [q_t·log2(e)/sqrt(hd) | k_t per head | v_t per head].
+
+    Head h of token t: q at Q[t·ld + q_col + h·hd], k at K[t·ld + k_col + h·hd], v at
+    V[t·ld + v_col + h·hd] (hd values each); O[t·o_ld + h·hd] = softmax₂(q·kᵀ)·v, where
+    softmax₂ uses exp2 (the host's log2(e) prescale), over all `tokens` keys, no mask. Scores
+    and softmax in f32, O rounded to bf16. Geometry from the MhaProgram in the stream; the
+    argument sizes from the record's q_elems / k_elems / v_elems / o_elems, each checked to
+    cover what the kernel reads.
+    """
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        self.p = p = MhaProgram.read(spec)
+        if min(p.tokens, p.heads, p.hd) < 1:
+            raise DeviceError(f"{spec.where()}: the mha program has no tokens, heads or hd")
+        width = p.heads * p.hd
+        reads = {
+            "q_elems": (p.tokens - 1) * p.ld + p.q_col + width,
+            "k_elems": (p.tokens - 1) * p.ld + p.k_col + width,
+            "v_elems": (p.tokens - 1) * p.ld + p.v_col + width,
+            "o_elems": (p.tokens - 1) * p.o_ld + width,
+        }
+        sizes = []
+        for name, need in reads.items():
+            elems = spec.get_int(name)
+            if elems < need:
+                raise DeviceError(
+                    f"{spec.where()}: `{name}={elems}` is smaller than the {need} elements the "
+                    f"kernel reads ({p.tokens} tokens x {p.heads} heads x {p.hd})"
+                )
+            sizes.append(2 * elems)
+        self.arg_bytes = tuple(sizes)
+        self.flops = 4 * p.heads * p.tokens * p.tokens * p.hd
+
+    def _heads(self, buf: Buffer, col: int) -> np.ndarray:
+        """float32 [heads, tokens, hd] read from buf at row stride ld, from column col."""
+        p = self.p
+        u16 = buf.host[: buf.nbytes - buf.nbytes % 2].view(np.uint16)[col:]
+        rows = np.lib.stride_tricks.as_strided(
+            u16, (p.tokens, p.heads, p.hd), (p.ld * 2, p.hd * 2, 2), writeable=False
+        )
+        return bf16_to_f32(rows).transpose(1, 0, 2)
+
+    def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
+        p = self.p
+        cols = (p.q_col, p.k_col, p.v_col)
+        q, k, v = (self._heads(b, c) for b, c in zip(args[:3], cols, strict=True))
+        s = np.matmul(q, k.transpose(0, 2, 1))
+        e = np.exp2(s - s.max(axis=-1, keepdims=True))
+        e /= e.sum(axis=-1, keepdims=True)
+        o = f32_to_bf16(np.matmul(e, v).astype(np.float32)).transpose(1, 0, 2)
+        out = args[3].host[: args[3].nbytes - args[3].nbytes % 2].view(np.uint16)
+        rows = np.lib.stride_tricks.as_strided(
+            out, (p.tokens, p.heads, p.hd), (p.o_ld * 2, p.hd * 2, 2), writeable=True
+        )
+        rows[...] = o
+
+
 @sim_kernel("mha")
+def _mha_kernel(spec: KernelSpec) -> SimKernelModel:
+    """A `mha` record: taconite-sapiens2's form (q_elems=, geometry in the stream) or the
+    generic one (heads= d= seq=, fields as SimMha documents)."""
+    return SimStagedMha(spec) if "q_elems" in spec.fields else SimMha(spec)
+
+
 class SimMha:
-    """IRON MHA: O = softmax(Q Kᵀ) V per head, args (Q, K, V, O), all bf16.
+    """IRON MHA, the generic record form: O = softmax(Q Kᵀ) V per head, args (Q, K, V, O),
+    all bf16, Q / K / V separate buffers.
 
     Record fields: heads, kv_heads (default heads; query head h reads kv head
     h // (heads / kv_heads)), d, seq (valid keys), seq_pad (default seq; the compiled
@@ -456,7 +639,8 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
     cost: the CostModel; sleep: also sleep the modelled time (the device serialises
     dispatches, so wait() returns when a real NPU would); registry_dir / hwctx_limit: the
     machine-wide context table (default $NPUCAM_SIM_HWCTX_DIR or a per-user temp dir, 16);
-    faults: SimFaults for reliability tests.
+    faults: SimFaults for reliability tests; context_waits / context_wait_s: the bounded wait
+    for slots other processes hold (taconite-sapiens2's 50 x 100 ms by default).
     """
 
     backend = "sim"
@@ -470,6 +654,8 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
         registry_dir: Path | str | None = None,
         hwctx_limit: int = HWCTX_LIMIT,
         faults: SimFaults | None = None,
+        context_waits: int = CONTEXT_WAITS,
+        context_wait_s: float = CONTEXT_WAIT_S,
     ) -> None:
         self.cost = cost or CostModel()
         self.sleep = sleep
@@ -478,6 +664,7 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
             Path(registry_dir) if registry_dir is not None else default_registry_dir(), hwctx_limit
         )
         super().__init__()
+        self.set_context_wait(context_waits, context_wait_s)
         self.sim = SimTime()
         self._last_context: str | None = None
         self._busy_until = 0.0
@@ -500,6 +687,20 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
         self.sim.device_time_s += self.cost.ctx_create_s
         return slot
 
+    def _context_cost(self, wall: float) -> float:
+        return self.cost.ctx_create_s
+
+    def _context_holders(self) -> str:
+        """The registry's live slots by pid: `held by pid <p> (<n> contexts: <xclbin>, ...)`."""
+        by_pid: dict[int, list[str]] = {}
+        for pid, label in self.registry.held():
+            by_pid.setdefault(pid, []).append(Path(label.rsplit(" ", 1)[0]).name)
+        return "; ".join(
+            f"held by pid {pid}{' (this process)' if pid == os.getpid() else ''} "
+            f"({len(names)} contexts: {', '.join(sorted(names))})"
+            for pid, names in sorted(by_pid.items())
+        )
+
     def _destroy_context(self, key: str, slot: Path) -> None:
         if self._last_context == key:
             self._last_context = None
@@ -510,7 +711,7 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
         kernel.words = None
 
     def _resident(self, kernel: SimKernel) -> None:
-        self._contexts.acquire(kernel.spec.context_key)
+        self._contexts.acquire(kernel.spec.context_key, kernel.spec.owner)
         if kernel.words is None:
             kernel.words = patched_insts(kernel.spec.insts, kernel.patches)
 

@@ -182,7 +182,7 @@ class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
         """Make kernel's context resident and its pyxrt kernel + instruction BO live."""
         spec = kernel.spec
         self._register(spec)
-        ctx = self._contexts.acquire(spec.context_key)
+        ctx = self._contexts.acquire(spec.context_key, spec.owner)
         if kernel.xk is not None:
             return
         try:

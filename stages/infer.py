@@ -39,6 +39,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -128,12 +129,14 @@ class DeviceThread:
             self.running = None
 
 
-def _run_prepared(rt: Runtime, glue: Future) -> tuple[Ran, int]:
+def _run_prepared(rt: Runtime, glue: Future, device: Any) -> tuple[Ran, int, dict]:
     """On the device thread: wait for a batch's host glue, run it, and stamp when the device
     finished (the scheduler's head-of-line clock starts the next batch there, not when the
-    event loop gets round to the completion)."""
+    event loop gets round to the completion); with the device's per-model context view
+    (npu.device.ModelContexts by model), read on the thread that owns the device."""
     ran = rt.run(glue.result())
-    return ran, now_ns()
+    finished = now_ns()
+    return ran, finished, device.context_view() if device is not None else {}
 
 
 def _batch_name(batch: Batch) -> str:
@@ -532,7 +535,9 @@ class Infer(Stage):
                     wait_s = (batch.dispatch_ns - job.enqueue_ns) / 1e9
                     self.metrics.observe_queue_wait(f"{self.name}/{batch.model}", wait_s)
                 glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
-                ran = self._device_thread.submit(_batch_name(batch), _run_prepared, rt, glue)
+                ran = self._device_thread.submit(
+                    _batch_name(batch), _run_prepared, rt, glue, self.device
+                )
                 in_flight.append((batch, ran, asyncio.wrap_future(ran)))
             self._sync_drops()
             if in_flight and in_flight[0][2].done():
@@ -581,10 +586,13 @@ class Infer(Stage):
         assert self.scheduler is not None
         rt = self.runtimes[batch.model]
         try:
-            ran, finish_ns = fut.result()
+            ran, finish_ns, contexts = fut.result()
         except Exception as exc:
             self._failed(batch, exc, 0.0)
             return
+        for model, share in contexts.items():  # measured context load costs, per model
+            if model in self.scheduler.profiles and share.load_cost_s is not None:
+                self.scheduler.observe_context_cost(model, share.load_cost_s)
         try:
             returned = self.scheduler.complete(
                 batch, ran.outputs, ran.device_s, finish_ns=finish_ns
@@ -643,6 +651,7 @@ class Infer(Stage):
             }
             for name, rt in self.runtimes.items()
         }
+        snap["contexts"] = {m: asdict(c) for m, c in self.scheduler.context_view().items()}
         if self.device is not None:
             st = self.device.stats
             snap["device"] = {"loads": st.loads, "hits": st.hits, "evictions": st.evict}

@@ -4,8 +4,9 @@ Pure, deterministic logic with an injectable clock (ns, the clock of `deadline_n
 device, no asyncio. It packs jobs into batches of exactly each model's export size (Triton's
 "size or max delay" rule, with padded slots masked), budgets the one device by estimated
 device-seconds (not job count), keeps per-camera fairness (virtual-time fair queueing over
-device-seconds), prefers models whose hardware contexts are resident in a 16-slot LRU unless
-that would break a deadline, and drops work that is stale or can no longer finish in time
+device-seconds), prefers models whose hardware contexts are resident in a 16-slot LRU (each
+context counted against its model, at the load cost measured per model) unless that would
+break a deadline, and drops work that is stale or can no longer finish in time
 even on an optimistic cost. Pass costs are learned from measured passes; an estimate that
 alone keeps a model's jobs from running relaxes toward the profile cost until it runs again.
 Design and the overlap protocol: docs/scheduler.md.
@@ -155,21 +156,46 @@ class Batch:
         return payloads + [payloads[0]] * self.padded
 
 
+@dataclass(slots=True)
+class ContextShare:
+    """One model's part of the modelled context budget.
+
+    contexts: the context keys it needs at once; resident: how many are resident now;
+    loads: contexts it had to load; evicted: its contexts evicted, by the model whose load
+    needed the slot; load_s: the seconds one load costs it (measured on the device once
+    observed, else the scheduler's default) and whether that figure was measured.
+    """
+
+    contexts: tuple[str, ...]
+    resident: int = 0
+    loads: int = 0
+    evicted: dict[str, int] = field(default_factory=dict)
+    load_s: float = 0.0
+    measured: bool = False
+
+
 class ContextLRU:
-    """A model of the device's resident hardware contexts: `capacity` slots, LRU eviction."""
+    """A model of the device's resident hardware contexts: `capacity` slots, LRU eviction,
+    each context counted against the model that loaded it."""
 
     def __init__(self, capacity: int = NPU2_CONTEXT_SLOTS) -> None:
         if capacity < 1:
             raise SchedulerError(f"context LRU: capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._resident: OrderedDict[str, None] = OrderedDict()
+        self._resident: OrderedDict[str, str] = OrderedDict()  # key -> owning model
         self.loads = 0
         self.evictions = 0
+        self.loads_by: Counter = Counter()  # model -> contexts it loaded
+        self.evicted: Counter = Counter()  # (owner, evicting model) -> count
 
     @property
     def resident(self) -> tuple[str, ...]:
         """Resident keys, least recently used first."""
         return tuple(self._resident)
+
+    def resident_of(self, owner: str) -> int:
+        """How many resident contexts `owner` loaded."""
+        return sum(o == owner for o in self._resident.values())
 
     def missing(self, keys: Iterable[str], after: Iterable[str] = ()) -> int:
         """How many of `keys` would have to be loaded, if `after` were used first."""
@@ -181,8 +207,8 @@ class ContextLRU:
         trial.use(after)
         return trial.missing(keys)
 
-    def use(self, keys: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Make `keys` resident (most recent); returns (loaded, evicted), in order."""
+    def use(self, keys: Iterable[str], owner: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Make `keys` resident (most recent) for `owner`; returns (loaded, evicted), in order."""
         keys = tuple(keys)
         if len(set(keys)) > self.capacity:
             raise SchedulerError(
@@ -197,12 +223,13 @@ class ContextLRU:
                 continue
             if len(self._resident) >= self.capacity:
                 victim = next(k for k in self._resident if k not in needed)
-                del self._resident[victim]
+                self.evicted[(self._resident.pop(victim), owner)] += 1
                 evicted.append(victim)
-            self._resident[key] = None
+            self._resident[key] = owner
             loaded.append(key)
         self.loads += len(loaded)
         self.evictions += len(evicted)
+        self.loads_by[owner] += len(loaded)
         return tuple(loaded), tuple(evicted)
 
 
@@ -378,6 +405,7 @@ class BatchScheduler:
         self.prefer_resident = prefer_resident
         self.max_in_flight = max_in_flight
         self.lru = ContextLRU(context_slots)
+        self._context_cost: dict[str, float] = {}
         self._queues: dict[str, list[QueuedJob]] = {name: [] for name in self.profiles}
         self._cost: dict[str, float] = {name: p.cost_s for name, p in self.profiles.items()}
         # mean absolute deviation of measured costs; deadlines are judged on cost + margin
@@ -612,7 +640,35 @@ class BatchScheduler:
         return len(jobs) >= profile.batch_size or now - oldest >= _ms_to_ns(profile.max_wait_ms)
 
     def _switch_s(self, profile: ModelProfile, after: Iterable[str] = ()) -> float:
-        return self.lru.missing(profile.contexts, after) * self.context_load_s
+        return self.lru.missing(profile.contexts, after) * self.load_cost_s(profile.name)
+
+    def load_cost_s(self, model: str) -> float:
+        """Seconds one context load of `model` costs: measured once observed, else the default."""
+        return self._context_cost.get(model, self.context_load_s)
+
+    def observe_context_cost(self, model: str, seconds: float) -> None:
+        """The device's measured cost of one of `model`'s context loads (its per-model view,
+        npu.device.ModelContexts.load_cost_s); used from then on for its switch costs."""
+        if model not in self.profiles:
+            raise SchedulerError(f"model {model!r}: no such model profile")
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise SchedulerError(f"model {model!r}: context load cost {seconds!r} is invalid")
+        self._context_cost[model] = seconds
+
+    def context_view(self) -> dict[str, ContextShare]:
+        """Each model's share of the modelled context budget: what it needs, what of it is
+        resident, what it loaded, who evicted its contexts, and at what cost a load comes."""
+        out = {}
+        for name, profile in self.profiles.items():
+            out[name] = ContextShare(
+                contexts=profile.contexts,
+                resident=self.lru.resident_of(name),
+                loads=self.lru.loads_by[name],
+                evicted={by: n for (own, by), n in self.lru.evicted.items() if own == name},
+                load_s=self.load_cost_s(name),
+                measured=name in self._context_cost,
+            )
+        return out
 
     def _sort_out(
         self, name: str, now: int, start_ns: int, latest_start_ns: int, drop: bool = False
@@ -770,8 +826,8 @@ class BatchScheduler:
         taken = {id(job) for job in chosen.jobs}
         queue = self._queues[profile.name]
         queue[:] = [job for job in queue if id(job) not in taken]
-        loads, evictions = self.lru.use(profile.contexts)
-        switch_s = len(loads) * self.context_load_s
+        loads, evictions = self.lru.use(profile.contexts, profile.name)
+        switch_s = len(loads) * self.load_cost_s(profile.name)
         self.stats.context_loads += len(loads)
         self.stats.context_evictions += len(evictions)
         stats = self.stats.models[profile.name]

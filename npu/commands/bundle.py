@@ -108,7 +108,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {name} = {value}")
     print(f"xclbins: {len(b.manifest.xclbins)}")
     for x in b.manifest.xclbins.values():
-        print(f"  {x.key}: {x.path.relative_to(b.root.resolve())} {x.kernel}")
+        print(f"  {x.key}: {x.path.relative_to(b.root)} {x.kernel}")
     print(f"records: {len(b.records)} ({_tags(dict(Counter(r.tag for r in b.records)))})")
     dtypes = Counter(e.dtype for e in b.tensors.values())
     per_dtype = ", ".join(f"{d} {n}" for d, n in sorted(dtypes.items())) or "none"

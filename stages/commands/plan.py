@@ -7,7 +7,9 @@ device time the config asks for per second (cameras x fps x items per frame x pe
 the device utilisation that means, what share of the work will be dropped when it is over
 1 (the scheduler drops it as `npu_busy` / `stale`), and the highest sustainable rates per
 camera: the frame rate at which every camera's asked work fits, and how many people per
-frame each camera can pose at its configured rate.
+frame each camera can pose at its configured rate. For the models it loads it also shows the
+hardware-context budget per model (contexts, the measured cost of a load) and, when together
+they need more than the device's slots, what one pass of each in turn evicts of whom.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from npu import models
@@ -43,6 +45,19 @@ class ModelCost:
 
 
 @dataclass(frozen=True)
+class ModelContextPlan:
+    """One loaded model's hardware contexts: how many, the measured seconds of one load
+    (None if it loaded none), and, over one pass of every loaded model in turn once they
+    are warm, the contexts its pass reloads and whose contexts that evicts (by model)."""
+
+    model: str
+    contexts: int
+    load_s: float | None
+    reloads: int = 0
+    evicts: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
 class CameraPlan:
     camera: str
     fps: float
@@ -60,6 +75,8 @@ class Plan:
     backend: str
     costs: dict[str, ModelCost]
     cameras: list[CameraPlan]
+    contexts: dict[str, ModelContextPlan] = field(default_factory=dict)
+    context_slots: int = 16
 
     @property
     def utilisation(self) -> float:
@@ -90,15 +107,19 @@ def _infer_options(config):
     raise PlanError(f"{config.path}: no infer stage to plan for")
 
 
-def measure_costs(config, options, names: list[str]) -> dict[str, ModelCost]:
-    """Load each model as the stage would and time one pass after a warm-up pass."""
+def measure_costs(
+    config, options, names: list[str]
+) -> tuple[dict[str, ModelCost], dict[str, tuple[tuple[str, ...], float | None]]]:
+    """Load each model as the stage would and time one pass after a warm-up pass; also
+    return each model's context keys and the device's measured cost of one of its context
+    loads (its per-model context view)."""
     from stages.infer import open_stage_device
     from stages.runtimes import open_runtime, resolve
 
     device = open_stage_device(options, config.base_dir)
     if device is not None:
         device.sleep = False  # modelled time is read from the simulator, not waited for
-    out = {}
+    out, contexts = {}, {}
     try:
         for name in names:
             mo = options.model(name)
@@ -121,11 +142,39 @@ def measure_costs(config, options, names: list[str]) -> dict[str, ModelCost]:
                 pass_s, how = wall, "wall clock"
             what = f"measured on {options.backend} ({how}{', synthetic' if rt.synthetic else ''})"
             out[name] = ModelCost(name, rt.batch_size, pass_s, what)
+            view = device.context_view().get(name) if device is not None else None
+            contexts[name] = (tuple(rt.contexts), view.load_cost_s if view else None)
             rt.close()
     finally:
         if device is not None:
             device.close()
-    return out
+    return out, contexts
+
+
+def context_plan(
+    contexts: dict[str, tuple[tuple[str, ...], float | None]], slots: int
+) -> dict[str, ModelContextPlan]:
+    """What each model's pass reloads and evicts when every model runs one pass in turn,
+    once warm (the second round of the scheduler's context LRU, stages.scheduler)."""
+    from stages.scheduler import ContextLRU
+
+    lru = ContextLRU(slots)
+    usable = {m: keys for m, (keys, _) in contexts.items() if 0 < len(keys) <= slots}
+    for model, keys in usable.items():  # the first round only warms up
+        lru.use(keys, model)
+    plans = {}
+    for model, (keys, load_s) in contexts.items():
+        if model not in usable:
+            plans[model] = ModelContextPlan(model, len(keys), load_s)
+            continue
+        before = dict(lru.evicted)
+        loaded, _ = lru.use(keys, model)
+        evicts = {}
+        for (owner, by), n in lru.evicted.items():
+            if by == model and n > before.get((owner, by), 0):
+                evicts[owner] = n - before.get((owner, by), 0)
+        plans[model] = ModelContextPlan(model, len(keys), load_s, len(loaded), evicts)
+    return plans
 
 
 def make_plan(
@@ -153,6 +202,7 @@ def make_plan(
         if name not in enabled:
             raise PlanError(f"--cost {name}: not an enabled model (enabled: {', '.join(enabled)})")
     costs: dict[str, ModelCost] = {}
+    contexts: dict[str, tuple[tuple[str, ...], float | None]] = {}
     unknown = []
     for name in enabled:
         batch = models.spec(name).default_batch
@@ -168,7 +218,8 @@ def make_plan(
                 f"no device time for {', '.join(unknown)}: set cost_s in the config, pass "
                 "--cost MODEL=SECONDS, or drop --no-measure"
             )
-        costs.update(measure_costs(config, options, unknown))
+        measured, contexts = measure_costs(config, options, unknown)
+        costs.update(measured)
     costs = {m: costs[m] for m in enabled}
     per_kind = {"pose": people, "face": people if faces is None else faces, "clip": clips}
     kind = {m: models.spec(m).kind for m in enabled}
@@ -191,7 +242,11 @@ def make_plan(
         max_fps = rate / total if total > 0 else float("inf")
         slow = tuple(m for m in items if costs[m].pass_s > staleness)
         cameras.append(CameraPlan(name, rate, items, demand, max_fps, max_people, staleness, slow))
-    return Plan(str(config.path), options.backend, costs, cameras)
+    from npu.device import ctx_cache_cap
+
+    slots = options.context_slots or ctx_cache_cap()
+    return Plan(str(config.path), options.backend, costs, cameras, context_plan(contexts, slots),
+                slots)  # fmt: skip
 
 
 def format_plan(plan: Plan) -> str:
@@ -222,6 +277,7 @@ def format_plan(plan: Plan) -> str:
         )
     else:
         lines.append(f"fits, with {100 * (1 - u):.1f}% of the device to spare")
+    lines += ["", *format_contexts(plan)] if plan.contexts else []
     lines += ["", "highest sustainable rates per camera:"]
     for cam in plan.cameras:
         people = "" if cam.max_people is None else f", or {cam.max_people:.2f} people/frame posed"
@@ -229,6 +285,29 @@ def format_plan(plan: Plan) -> str:
             f"  {cam.camera}: {cam.max_fps:.2f} fps at this mix{people} at {cam.fps:g} fps"
         )
     return "\n".join(lines)
+
+
+def format_contexts(plan: Plan) -> list[str]:
+    """The hardware-context lines of a plan (models it loaded only)."""
+    total = sum(c.contexts for c in plan.contexts.values())
+    lines = [f"hardware contexts ({plan.context_slots} slots; models loaded to measure):"]
+    for c in plan.contexts.values():
+        cost = "no load measured" if c.load_s is None else f"{c.load_s * 1e3:.1f} ms a load"
+        lines.append(f"  {c.model:9s} {c.contexts:3d} contexts, {cost}")
+    if total <= plan.context_slots:
+        lines.append(f"  together {total} of {plan.context_slots}: all stay resident")
+        return lines
+    lines.append(
+        f"  together {total} > {plan.context_slots}: one pass of each in turn, once warm, reloads"
+    )
+    for c in plan.contexts.values():
+        if c.evicts is None:
+            lines.append(f"    {c.model}: needs more contexts than the device has")
+            continue
+        whose = ", ".join(f"{n} of {m}'s" for m, n in c.evicts.items()) or "nothing"
+        cost = "" if c.load_s is None else f" ({c.reloads * c.load_s * 1e3:.1f} ms)"
+        lines.append(f"    {c.model}: {c.reloads} contexts{cost}, evicting {whose}")
+    return lines
 
 
 def _cost(text: str) -> tuple[str, float]:

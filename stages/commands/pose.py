@@ -159,7 +159,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{r['name']}: pixels max|d| {r['pixels_max_diff']:.2e}, features cos "
             f"{r['features_cos']:.6f}, heatmaps cos {r['heatmaps_cos']:.6f}, keypoints "
             f"(score > 0.3: {r['keypoints']}) mean {r['mean_err_px']:.3f} px max "
-            f"{r['max_err_px']:.3f} px ({100 * r['mean_err_px'] / r['box_size']:.3f}% of box) "
+            f"{r['max_err_px']:.3f} px ({100 * r['mean_err_px'] / r['box_size']:.3f}% of box"
+            + (
+                f"; vs the Python NPU app {r['mean_err_vs_app_px']:.3f} px"
+                if "mean_err_vs_app_px" in r
+                else ""
+            )
+            + ") "
             f"[{model.backend}] {'PASS' if r['pass'] else 'FAIL'}"
         )
     failed = sum(not r["pass"] for r in results)

@@ -350,42 +350,29 @@ def test_xclbin_record_paths_must_stay_inside(tmp_path, rel, reason):
     assert error_of(tmp_path, text) == f"manifest.txt:2: {reason}, in: xclbin c {rel} MLIR_AIE"
 
 
-def test_escaping_symlinks_are_refused_and_inner_ones_allowed(tmp_path):
+def test_finding_8_symlinked_files_load_and_only_the_manifest_text_is_confined(tmp_path):
+    """taconite-bundle joins any path and the OS follows symlinks on open, so a bundle whose
+    files link elsewhere (an HF cache snapshot) loads; npucam refused every symlink that
+    resolved outside. npucam still refuses absolute paths and `..` in the manifest text
+    (its own policy, stricter than taconite), which is what a bundle's author controls."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "k.xclbin").write_bytes(b"x")
-    root = make(tmp_path / "b", "version 3\nop k insts=link/k.bin other=kernels/in.bin\n")
-    (root / "kernels").mkdir()
-    (root / "kernels" / "in.bin").write_bytes(b"1")
-    os.symlink(outside, root / "link")
-    os.symlink(root / "kernels" / "in.bin", root / "inner")
-    b = Bundle.open(root, version=3)
-    r = b.records[0]
-    with pytest.raises(BundleError) as err:
-        r.path("insts")
-    assert str(err.value).startswith(
-        "manifest.txt:2: path link/k.bin resolves outside the bundle, to "
-    )
-    assert r.path("other") == (root / "kernels" / "in.bin").resolve()
-    assert b.path("inner") == (root / "kernels" / "in.bin").resolve()
-    os.symlink(root / "loop", root / "loop")
-    for rel in ("link/k.xclbin", "../outside/k.xclbin", str(outside / "k.xclbin"), "", "loop"):
-        with pytest.raises(BundleError):
-            b.path(rel)
-    text = "version 3\nxclbin c link/k.xclbin MLIR_AIE\n"
-    (root / "manifest.txt").write_text(text)
-    with pytest.raises(BundleError, match="resolves outside the bundle"):
-        Bundle.open(root)
-
-
-def test_tensor_files_that_are_escaping_symlinks_are_refused(tmp_path):
-    root = make(tmp_path / "b", "version 3\n")
     real = tmp_path / "elsewhere.bin"
     real.write_bytes(TENSORS_BIN)
+    root = make(tmp_path / "b", "version 3\nop k insts=link/k.bin\nxclbin c link/k.xclbin M\n")
     (root / "tensors.bin").unlink()
     os.symlink(real, root / "tensors.bin")
-    with pytest.raises(BundleError, match="path tensors.bin resolves outside the bundle"):
-        Bundle.open(root)
+    os.symlink(outside, root / "link")
+    b = Bundle.open(root, version=3)
+    assert b.records[0].path("insts") == root / "link" / "k.bin"
+    assert b.xclbin("c").path == root / "link" / "k.xclbin"
+    assert b.xclbin("c").path.read_bytes() == b"x"
+    assert b.view("a").tolist() == [3.5, -1.0]  # read through the tensors.bin symlink
+    for rel in ("../outside/k.xclbin", "link/../../outside/k.xclbin", str(outside / "k.xclbin"),
+                ""):  # fmt: skip
+        with pytest.raises(BundleError):
+            b.path(rel)
 
 
 def test_bundle_error_is_a_project_error():

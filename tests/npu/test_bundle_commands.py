@@ -64,7 +64,7 @@ def test_check_reports_the_first_error_with_non_zero_exit(tmp_path, capsys):
     assert "manifest.txt:7: `insts=kernels/g2.bin` names a missing file, in: gemm g2" in err
 
 
-def test_check_refuses_undeclared_contexts_wrong_versions_and_escaping_files(tmp_path, capsys):
+def test_check_refuses_undeclared_contexts_and_wrong_versions(tmp_path, capsys):
     root = write_bundle(tmp_path / "a", ctx="nope")
     code, _, err = run(capsys, "bundle", "check", str(root))
     assert code != 0 and "manifest.txt:5: xclbin nope missing from the manifest" in err
@@ -74,7 +74,7 @@ def test_check_refuses_undeclared_contexts_wrong_versions_and_escaping_files(tmp
     (root / "kernels" / "g0.bin").unlink()
     os.symlink(tmp_path / "a" / "kernels" / "g0.bin", root / "kernels" / "g0.bin")
     code, _, err = run(capsys, "bundle", "check", str(root))
-    assert code != 0 and "path kernels/g0.bin resolves outside the bundle" in err
+    assert code == 0, err  # a symlinked file loads (an HF snapshot links every file)
     (root / "kernels" / "gemm.xclbin").unlink()
     code, _, err = run(capsys, "bundle", "check", str(root))
     assert code != 0 and "xclbin ctx0: file" in err and "is missing" in err

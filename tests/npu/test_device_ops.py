@@ -175,49 +175,29 @@ def _within_format_bound(got: np.ndarray, a: np.ndarray, gw: GemmWeights) -> boo
     return bool(np.all(np.abs(got - lin) <= e))
 
 
-@pytest.fixture
-def strided(tmp_path):
-    """A bundle with an overlapping-rows GEMM (lda = K/2) and a dense one with c_stride > N."""
+def test_gemm_reads_c_at_c_stride_and_keeps_n_columns(dev, tmp_path):
     rng = np.random.default_rng(11)
-    gemms = {}
+    w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    b = (rng.standard_normal(N) * 0.1).astype(np.float32)
     with BundleWriter(tmp_path / "s", 1) as bw:
         write_xclbin(bw, "gemm")
-        for key, lda, c_stride in (("pairs", K // 2, None), ("wide_c", None, N + 64)):
-            w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
-            b = (rng.standard_normal(N) * 0.1).astype(np.float32)
-            write_gemm(bw, key, w, ctx="gemm", bias=b, lda=lda, c_stride=c_stride, rows=300)
-            gemms[key] = GemmWeights(w, b)
-    return Bundle.open(tmp_path / "s", version=1), gemms
-
-
-def test_gemm_strided_reads_overlapping_rows_at_lda(dev, strided):
-    """Row r of A is a_flat[r·lda : r·lda + K] (rows overlap when lda < K); 300 rows take two
-    M = 256 chunks, the second starting at 256·lda elements. bf16 A / bfp16 B against f32."""
-    bundle, gemms = strided
-    ops = DeviceOps.from_bundle(dev, bundle, gemms={k: (k, f"{k}.b") for k in gemms})
-    rows, lda = 300, K // 2
-    flat = np.random.default_rng(12).standard_normal((rows - 1) * lda + K).astype(np.float32)
-    dense = np.lib.stride_tricks.as_strided(flat, (rows, K), (lda * 4, 4)).copy()
-    got = ops.gemm_strided("pairs", flat, rows)
-    assert got.shape == (rows, N) and _within_format_bound(got, dense, gemms["pairs"])
-    with pytest.raises(OpsError, match="lda=256 != K; use gemm_strided"):
-        ops.gemm("pairs", dense)
-    with pytest.raises(OpsError, match="301 rows, but .* has rows=300"):
-        ops.gemm_strided("pairs", flat, 301)
-    with pytest.raises(OpsError, match="A has"):
-        ops.gemm_strided("pairs", np.zeros(rows * K, np.float32), rows)
-    ops.close()
-
-
-def test_gemm_reads_c_at_c_stride_and_keeps_n_columns(dev, strided):
-    bundle, gemms = strided
-    ops = DeviceOps.from_bundle(dev, bundle, gemms={k: (k, f"{k}.b") for k in gemms})
+        write_gemm(bw, "wide_c", w, ctx="gemm", bias=b, c_stride=N + 64)
+    bundle = Bundle.open(tmp_path / "s", version=1)
+    ops = DeviceOps.from_bundle(dev, bundle, gemms={"wide_c": ("wide_c", "wide_c.b")})
     a = np.random.default_rng(13).standard_normal((300, K)).astype(np.float32)
     got = ops.gemm("wide_c", a)
-    assert got.shape == (300, N) and _within_format_bound(got, a, gemms["wide_c"])
-    # the same A through gemm_strided (lda = K) gives the same C
-    assert np.array_equal(ops.gemm_strided("wide_c", a, 300), got)
+    assert got.shape == (300, N) and _within_format_bound(got, a, GemmWeights(w, b))
     ops.close()
+
+
+def test_a_one_dispatch_record_is_refused_by_the_m_row_chunked_ops(dev, tmp_path):
+    """A record with rows != M is taconite-sapiens2's one-dispatch form, which the Sapiens2
+    replay runs; DeviceOps, which runs M-row chunks, refuses it by name."""
+    with BundleWriter(tmp_path / "r", 1) as bw:
+        write_xclbin(bw, "gemm")
+        write_gemm(bw, "g", np.zeros((K, N), np.float32), ctx="gemm", rows=300)
+    with pytest.raises(OpsError, match="manifest.txt:3: rows=300; DeviceOps runs M-row chunks"):
+        DeviceOps.from_bundle(dev, Bundle.open(tmp_path / "r", 1), gemms={"g": ("g", "g.b")})
 
 
 def test_c_stride_below_n_is_refused(dev, tmp_path):

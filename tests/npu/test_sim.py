@@ -315,9 +315,12 @@ def test_a_full_machine_fails_after_evicting_everything_and_dead_pids_are_pruned
     child.start()
     try:
         assert ready.wait(30)
-        dev = SimDevice(registry_dir=reg, hwctx_limit=4)
-        with pytest.raises(DeviceError, match=r"^load\(.*c4.xclbin MLIR_AIE\): .*CREATE_HWCTX"):
+        dev = SimDevice(registry_dir=reg, hwctx_limit=4, context_waits=3, context_wait_s=0.01)
+        with pytest.raises(DeviceError, match=r"^load\(.*c4.xclbin MLIR_AIE\): .*HWCTX") as e:
             dev.load(specs[4])
+        held = f"held by pid {child.pid} (4 contexts: c0.xclbin, c1.xclbin, c2.xclbin, c3.xclbin)"
+        assert "every NPU hardware context is taken" in str(e.value) and held in str(e.value)
+        assert dev.context_view()[""].waits == 3
         release.set()
         child.join(30)
         dev.load(specs[4])  # the dead child's 4 slot files are pruned
@@ -420,4 +423,133 @@ def test_gemm_reads_a_at_stride_lda_and_writes_c_at_c_stride(tmp_path, reg):
     mag = np.abs(rows) @ np.abs(unpack_bfp16(blob, K, N, 128, 512, 32))
     assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * mag)
     assert (out[:-1, N:] == 0xFFFF).all()
+    dev.close()
+
+
+def _hold_until(reg, n, ready, release_after, bundle_dir):
+    bundle = Bundle.open(bundle_dir, version=1)
+    dev = SimDevice(registry_dir=reg, hwctx_limit=4)
+    for r in list(bundle.tagged("mha"))[:n]:
+        dev.load(kernel_spec(bundle, r))
+    ready.set()
+    import time
+
+    time.sleep(release_after)
+    dev.close()
+
+
+def test_finding_9_a_load_waits_for_a_slot_another_process_frees(tmp_path, reg):
+    """taconite-sapiens2 waits up to WAITS x 100 ms for slots other programs hold once it has
+    nothing of its own to give up; npucam failed at once."""
+    _, specs = _ctx_bundle(tmp_path / "b", 6)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=_hold_until, args=(reg, 4, ready, 0.4, tmp_path / "b"))
+    child.start()
+    try:
+        assert ready.wait(30)
+        dev = SimDevice(registry_dir=reg, hwctx_limit=4, context_waits=50, context_wait_s=0.05)
+        owned = type(specs[4])(**{**specs[4].__dict__, "owner": "sapiens2"})
+        dev.load(owned)  # the child closes after 0.4 s, within the 2.5 s bound
+        view = dev.context_view()["sapiens2"]
+        assert view.resident == (owned.context_key,) and 1 <= view.waits < 50
+        dev.close()
+    finally:
+        child.join(30)
+
+
+def test_finding_9_the_device_views_its_context_budget_per_model(tmp_path, reg, monkeypatch):
+    """Each kernel's context counts against the model that loaded it: what is resident per
+    model, who evicted whose, and the cost of a load (the sim's modelled creation time)."""
+    monkeypatch.setenv("TACONITE_CTX_CACHE", "3")
+    _, specs = _ctx_bundle(tmp_path / "b", 4)
+    owned = [type(s)(**{**s.__dict__, "owner": o}) for s, o in zip(specs, "aabb", strict=True)]
+    dev = SimDevice(registry_dir=reg, cost=CostModel(ctx_create_s=0.02))
+    for spec in owned:
+        dev.load(spec)
+    view = dev.context_view()
+    assert view["a"].resident == (owned[1].context_key,) and view["a"].evicted == {"b": 1}
+    assert view["b"].resident == (owned[2].context_key, owned[3].context_key)
+    assert (view["b"].loads, view["b"].evicted, view["b"].load_cost_s) == (2, {}, 0.02)
+    dev.close()
+
+
+def _staged_mha(path, tokens, heads, hd, q_elems=None):
+    from npu.sim import MhaProgram
+
+    d = heads * hd
+    with BundleWriter(path, 1) as bw:
+        write_xclbin(bw, "mha")
+        bw.file("kernels/mha.bin", MhaProgram(tokens, heads, hd, 3 * d, 0, d, 2 * d, d).words())
+        bw.record("mha", q_elems=q_elems or tokens * 3 * d, k_elems=tokens * 3 * d,
+                  v_elems=tokens * 3 * d, o_elems=tokens * d, ctx="mha",
+                  insts="kernels/mha.bin")  # fmt: skip
+    bundle = Bundle.open(path, version=1)
+    return kernel_spec(bundle, next(bundle.tagged("mha")))
+
+
+def test_staged_mha_reads_q_k_v_as_column_ranges_of_one_buffer_from_offset_0(tmp_path, reg):
+    """taconite-sapiens2's attention kernel: rows [q·log2(e)/sqrt(hd) | k | v] of one buffer,
+    passed three times from its start; O token-major. Against torch's attention in f64."""
+    tokens, heads, hd = 37, 3, 16
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((tokens, heads, hd)).astype(np.float32) for _ in range(3))
+    scale = LOG2E / np.sqrt(hd)
+    stage = np.concatenate([(q * scale).reshape(tokens, -1), k.reshape(tokens, -1),
+                            v.reshape(tokens, -1)], axis=1)  # fmt: skip
+    dev = SimDevice(registry_dir=reg)
+    kern = dev.load(_staged_mha(tmp_path / "b", tokens, heads, hd))
+    buf, out = dev.alloc(stage.size * 2), dev.alloc(tokens * heads * hd * 2)
+    buf.write(f32_to_bf16(stage))
+    views = [dev.sub(buf, 0, buf.nbytes) for _ in range(3)]
+    dev.run(kern, [*views, out])
+    got = bf16_to_f32(out.array(np.uint16)).reshape(tokens, heads, hd)
+    qr, kr, vr = (round_bf16(x).transpose(1, 0, 2) for x in (q * scale, k, v))
+    want = torch_attention(qr / scale, kr, vr, 1 / np.sqrt(hd), False).transpose(1, 0, 2)
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=2e-2)
+    dev.close()
+
+
+def test_staged_mha_view_sizes_must_cover_what_the_kernel_reads(tmp_path, reg):
+    dev = SimDevice(registry_dir=reg)
+    spec = _staged_mha(tmp_path / "b", 10, 2, 8, q_elems=9 * 48 + 15)
+    with pytest.raises(DeviceError, match=r"`q_elems=447` is smaller than the 448 elements"):
+        dev.load(spec)
+    dev.close()
+
+
+def test_taconite_form_gemm_runs_all_its_rows_in_one_dispatch(tmp_path, reg):
+    """rows > M in one dispatch, A at lda < K (overlapping rows), C at c_stride > N, view
+    sizes from the record (a_elems too small is refused at load)."""
+    from npu.sim import GemmProgram, pack_gemm_b
+
+    rows, k, n, lda, c_stride = 600, 512, 64, 96, 80
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    prog = GemmProgram(64, 512, 128, False, "none", n)
+    a_elems, c_elems = (rows - 1) * lda + k, (rows - 1) * c_stride + n
+    with BundleWriter(tmp_path / "b", 1) as bw:
+        write_xclbin(bw, "gemm")
+        bw.file("kernels/g.bin", prog.words())
+        bw.tensor("g", pack_gemm_b(w, None, 64, 512, 128), "u8")
+        bw.record("gemm", "g", M=256, K=k, N=n, lda=lda, c_stride=c_stride, rows=rows,
+                  a_elems=a_elems, c_elems=c_elems, ctx="gemm", insts="kernels/g.bin")  # fmt: skip
+    bundle = Bundle.open(tmp_path / "b", version=1)
+    spec = kernel_spec(bundle, next(bundle.tagged("gemm")))
+    dev = SimDevice(registry_dir=reg)
+    kern = dev.load(spec)
+    flat = f32_to_bf16(rng.standard_normal(a_elems).astype(np.float32))
+    a, b, c = dev.alloc(a_elems * 2), dev.alloc(bundle.entry("g").nbytes), dev.alloc(c_elems * 2)
+    a.write(flat)
+    b.write(bundle.view("g"))
+    dev.run(kern, [a, b, c])
+    assert dev.sim.kernels["g"].dispatches == 1
+    rows_a = np.lib.stride_tricks.as_strided(bf16_to_f32(flat), (rows, k), (lda * 4, 4))
+    ref = rows_a.astype(np.float64) @ unpack_bfp16(bundle.view("g"), k, n, 64, 512, 128)
+    got = bf16_to_f32(np.lib.stride_tricks.as_strided(c.array(np.uint16), (rows, n),
+                                                      (c_stride * 2, 2)))  # fmt: skip
+    assert np.abs(got - ref).max() <= 2.0**-7 * np.abs(ref).max()
+    small = type(spec)(**{**spec.__dict__, "fields": {**spec.fields, "a_elems": str(a_elems - 1)}})
+    with pytest.raises(DeviceError, match=f"`a_elems={a_elems - 1}` is smaller than its 600 rows"):
+        dev.load(small)
     dev.close()

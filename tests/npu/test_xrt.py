@@ -201,8 +201,12 @@ def test_context_creation_failure_evicts_one_more_and_retries(dev):
 def test_context_creation_fails_after_emptying_the_cache(dev):
     dev.load(spec("a", "/b/a.xclbin"))
     fake.limit = 0
-    with pytest.raises(DeviceError, match=r"^load\(/b/b.xclbin MLIR_AIE\): .*CREATE_HWCTX"):
+    dev.set_context_wait(2, 0.001)
+    with pytest.raises(DeviceError, match=r"^load\(/b/b.xclbin MLIR_AIE\): .*CREATE_HWCTX") as e:
         dev.load(spec("b", "/b/b.xclbin"))
+    # after giving up its own context it waited for others' 2 x 1 ms; XRT cannot say who
+    assert fake.of("hw_context.full") == [("hw_context.full", "/b/b.xclbin")] * 4
+    assert "(NPU2 has 16; which programs hold them is unknown)" in str(e.value)
     assert dev.resident_contexts() == [] and dev.stats.evict == 1
 
 

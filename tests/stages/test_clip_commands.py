@@ -103,7 +103,7 @@ def bundle_dir(tiny_clip_dir, image_files, tmp_path_factory):  # noqa: F811
     return write_sim_bundle(
         tiny_clip_dir,
         tmp_path_factory.mktemp("clip_cli_bundle") / "b",
-        tok_tests=["a photo of a cat", "it's 7"],
+        tok_tests=["a photo of a cat", "it's 7", "Ångström\tcafé 😀 back\\slash"],
         refsets=[(rgb, LABELS)],
     )
 
@@ -117,7 +117,7 @@ def test_check_passes_on_a_sim_bundle(bundle_dir, sim_registry, capsys):
     code, out, _ = run(["clip", "check", str(bundle_dir)], capsys)
     assert code == 0, out
     assert "(backend sim)" in out and out.strip().endswith("ALL CHECKS PASSED")
-    assert "[ok  ] tokenizer: 2/2" in out
+    assert "[ok  ] tokenizer: 3/3 texts tokenize as HF's CLIPTokenizer (ids padded to 77)" in out
 
 
 def test_check_fails_with_exit_1_when_references_disagree(
@@ -140,9 +140,47 @@ def test_check_fails_with_exit_1_when_references_disagree(
         f.write(np.float32(123.0).tobytes())
     code, out, _ = run(["clip", "check", str(broken)], capsys)
     assert code == 1
-    assert "[FAIL] tokenizer: 1/2 tok_test cases equal; differ: 0" in out
-    assert "[FAIL] set 0 preprocess refs/0/0.png: 1 differing values" in out
+    assert "[FAIL] tokenizer: 2/3 texts tokenize as HF's CLIPTokenizer" in out
+    assert "differ: 0 ('a dog', manifest.txt:" in out
+    assert "[FAIL] set 0 preprocess refs/0/0.png: 1 of " in out
     assert "2 CHECK(S) FAILED" in out
+
+
+def test_finding_7_clip_check_reads_tok_tests_as_taconite_escaped_and_padded(bundle_dir, capsys):
+    """The exporter writes tok_test texts with Python's unicode_escape and their ids padded to
+    the context length (77) with the pad id, as IRON's does; the check undoes the escape
+    (taconite-sam3's unescape) and compares padded ids. Before, npucam tokenized the raw
+    escaped text and compared unpadded ids, so a real bundle reported 0 of n."""
+    from npu.bundle import Bundle
+
+    text = (bundle_dir / "manifest.txt").read_text()
+    assert "tok_test 2 \\xc5ngstr\\xf6m\\tcaf\\xe9 \\U0001f600 back\\\\slash" in text
+    with Bundle.open(bundle_dir) as b:
+        pad = b.param("pad", int)
+        ids = b.view("tok.0.ids", "i32")
+        # bos, 5 tokens, eos, then the pad id (= eos for this vocabulary) to 77
+        assert len(ids) == 77 and ids[0] == b.param("bos", int) and (ids[7:] == pad).all()
+
+
+def test_finding_7_clip_check_names_the_case_whose_id_changed(
+    bundle_dir, sim_registry, tmp_path, capsys
+):
+    import shutil
+
+    from npu.bundle import Bundle
+
+    broken = tmp_path / "one_id"
+    shutil.copytree(bundle_dir, broken)
+    with Bundle.open(broken) as b:
+        offset = b.entry("tok.2.ids").offset
+    with open(broken / "tensors.bin", "r+b") as f:
+        f.seek(offset + 4 * 3)  # the third token of case 2
+        f.write(np.int32(320).tobytes())
+    code, out, _ = run(["clip", "check", str(broken)], capsys)
+    assert code == 1
+    assert "[FAIL] tokenizer: 2/3 texts tokenize" in out
+    assert "differ: 2 ('Ångström\\tcafé 😀 back\\\\slash', manifest.txt:" in out
+    assert "1 CHECK(S) FAILED" in out
 
 
 def test_classify_on_the_sim_backend_matches_cpu(
@@ -184,3 +222,24 @@ def test_npu_backend_without_hardware_is_a_clear_error(bundle_dir, capsys):
     code, _, err = run(["clip", "check", str(bundle_dir), "--backend", "npu"], capsys)
     assert code == 2
     assert err.startswith("npucam: error:") and ("pyxrt" in err or "accel" in err)
+
+
+def test_finding_7_clip_check_reads_ref_image_paths_with_spaces(
+    bundle_dir, sim_registry, tmp_path, capsys
+):
+    """taconite reads a ref_image path as rest(2), so a file name may hold spaces; npucam read
+    field(2) and looked for `refs/0/first`."""
+    import shutil
+
+    moved = tmp_path / "spaces"
+    shutil.copytree(bundle_dir, moved)
+    (moved / "refs/0/0.png").rename(moved / "refs/0/first  image.png")
+    manifest = moved / "manifest.txt"
+    text = manifest.read_text()
+    assert "ref_image 0 0 refs/0/0.png\n" in text
+    manifest.write_text(
+        text.replace("ref_image 0 0 refs/0/0.png", "ref_image 0 0 refs/0/first  image.png")
+    )
+    code, out, _ = run(["clip", "check", str(moved)], capsys)
+    assert code == 0, out
+    assert "[ok  ] set 0 preprocess refs/0/first  image.png: 0 of " in out

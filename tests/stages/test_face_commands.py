@@ -295,16 +295,20 @@ def test_face_check_on_a_sim_bundle_matches(tmp_path, capsys, sim_registry):
 
 def test_face_check_reports_a_mismatch_and_missing_refs(tmp_path, capsys, sim_registry):
     _, bundle = _sim_bundle(tmp_path, seed=12)
-    # a recorder embedding that is noise: the check must fail, not pass
-    wrong = tmp_path / "wrong"
-    shutil.copytree(bundle, wrong)
-    with Bundle.open(wrong) as b:
-        e = b.entry("ref.npu_embedding")
-    with open(wrong / "tensors.bin", "r+b") as f:
-        f.seek(e.offset)
-        f.write(np.random.default_rng(0).normal(size=512).astype("<f4").tobytes())
-    assert _run(["face", "check", str(wrong), "--backend", "sim"]) == 1
-    assert "RESULT: MISMATCH" in capsys.readouterr().out
+    # a CPU reference that is noise: the check must fail, not pass; a recorder embedding
+    # that is noise is information only (taconite's cli_run decides on the CPU cosine)
+    for name, code, result in (
+        ("ref.cpu_embedding", 1, "RESULT: MISMATCH"), ("ref.npu_embedding", 0, "RESULT: MATCH"),
+    ):  # fmt: skip
+        wrong = tmp_path / f"wrong_{name}"
+        shutil.copytree(bundle, wrong)
+        with Bundle.open(wrong) as b:
+            e = b.entry(name)
+        with open(wrong / "tensors.bin", "r+b") as f:
+            f.seek(e.offset)
+            f.write(np.random.default_rng(0).normal(size=512).astype("<f4").tobytes())
+        assert _run(["face", "check", str(wrong), "--backend", "sim"]) == code
+        assert result in capsys.readouterr().out
     # as run_ir18: no recorder embedding is n/a, no CPU reference is a failure
     no_npu = _without(bundle, "ref.npu_embedding", tmp_path / "no_npu")
     assert _run(["face", "check", str(no_npu), "--backend", "sim"]) == 0

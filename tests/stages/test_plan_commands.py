@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from pipeline.cli import main
-from stages.commands.plan import PlanError, make_plan
+from stages.commands.plan import PlanError, format_plan, make_plan
 
 
 def write_config(tmp_path, infer: str, cameras: str | None = None) -> str:
@@ -119,3 +119,35 @@ def test_bad_input_is_a_named_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["plan", write_config(tmp_path, COSTED), "--cost", "sapiens2=-1"])
     assert "expected MODEL=SECONDS" in capsys.readouterr().err
+
+
+def test_finding_9_a_measured_plan_shows_each_models_contexts_and_what_evicts_what(tmp_path):
+    """Loaded models report their hardware contexts and the device's measured cost of a
+    load; with a 4-slot budget the two models may not both stay resident, and then the
+    plan says whose contexts each one's pass evicts."""
+    infer = f"""
+    backend = "sim"
+    synthetic_cache = "{tmp_path / "cache"}"
+    context_slots = 4
+    [stages.sim]
+    registry_dir = "{tmp_path / "hwctx"}"
+    [stages.sapiens2]
+    enabled = true
+    synthetic = true
+    [stages.clip]
+    enabled = true
+    synthetic = true
+    labels = ["a person"]
+    """
+    plan = make_plan(write_config(tmp_path, infer), clips=1)
+    pose, clip = plan.contexts["sapiens2"], plan.contexts["clip"]
+    assert plan.context_slots == 4
+    # as the synthetic bundles declare them (Sapiens2: one xclbin per GEMM K and the mha's)
+    assert (pose.contexts, clip.contexts) == (3, 3)
+    assert pose.load_s == pytest.approx(0.03) and clip.load_s == pytest.approx(0.03)  # the sim's
+    assert (pose.reloads, pose.evicts, clip.reloads, clip.evicts) == (2, {"clip": 2}, 2,
+                                                                      {"sapiens2": 2})  # fmt: skip
+    text = format_plan(plan)
+    assert "hardware contexts (4 slots; models loaded to measure):" in text
+    assert "together 6 > 4: one pass of each in turn, once warm, reloads" in text
+    assert "    sapiens2: 2 contexts (60.0 ms), evicting 2 of clip's" in text

@@ -18,6 +18,7 @@ from sapiens2_torch_ref import save_tiny_sapiens2  # noqa: E402
 
 from npu.models.sapiens2.checkpoint import from_pretrained
 from npu.models.sapiens2.export import write_sim_bundle
+from npu.models.sapiens2.keypoints import FLIP_PAIRS
 from npu.models.sapiens2.post import dark_keypoints
 from npu.models.sapiens2.preprocess import crop_persons
 from pipeline.cli import main  # noqa: E402
@@ -94,7 +95,7 @@ def _hf_ref(model, rgb: np.ndarray, box: list[float]) -> dict:
     pixels = proc(images=rgb, boxes=[[box]], return_tensors="pt").pixel_values
     with torch.no_grad():
         out = model(pixels)
-        feats = model.model(pixels).last_hidden_state[0, 3:]
+        feats = model.model(pixels).last_hidden_state[0, 1 + model.config.num_register_tokens :]
     post = proc.post_process_pose_estimation(SimpleNamespace(heatmaps=out.heatmaps), boxes=[[box]])[
         0
     ][0]
@@ -162,3 +163,110 @@ def test_pose_check_without_refs_exit_2(tiny, tmp_path, monkeypatch, capsys):
     bundle = write_sim_bundle(from_pretrained(model_dir), tmp_path / "b")
     assert main(["pose", "check", str(bundle)]) == 2
     assert "no ref records" in capsys.readouterr().err
+
+
+# -- bundles in taconite-sapiens2's record form, both formats ------------------------------
+
+LAYOUT_BOXES = {"near": [40.0, 30.0, 110.0, 150.0], "low": [120.0, 140.0, 80.0, 110.0],
+                "small": [50.0, 50.0, 70.0, 90.0]}  # fmt: skip
+TACONITE_FIELDS = {
+    "gemm": {"M", "K", "N", "lda", "c_stride", "rows", "a_elems", "c_elems", "ctx", "insts"},
+    "mha": {"q_elems", "k_elems", "v_elems", "o_elems", "ctx", "insts"},
+}
+
+
+@pytest.fixture(scope="module", params=[("0.4b", 1), ("1b", 2)], ids=["0.4b-format1", "1b-format2"])
+def layout_bundle(request, tmp_path_factory):
+    """(format version, bundle, cpu model) of a reduced 0.4b / 1b layout (sapiens2_torch_ref:
+    real head dim, registers, MHA/GQA mix and 308 keypoints; widths / 4, depth 3, 64 x 48
+    crops) whose heatmaps peak on a bright blob, with HF ref cases."""
+    from sapiens2_torch_ref import LAYOUT_04B, LAYOUT_1B, blob_image, peaked_heatmaps
+    from sapiens2_torch_ref import tiny_sapiens2 as build
+
+    name, version = request.param
+    d = tmp_path_factory.mktemp(f"layout{name}")
+    torch_model = peaked_heatmaps(build(0, **(LAYOUT_04B if name == "0.4b" else LAYOUT_1B)), 40)
+    torch_model.save_pretrained(d / "hf")
+    cpu = from_pretrained(d / "hf")
+    rgb = blob_image()
+    refs = {case: _hf_ref(torch_model, rgb, box) for case, box in LAYOUT_BOXES.items()}
+    return version, write_sim_bundle(cpu, d / "bundle", version=version, refs=refs), cpu
+
+
+def test_pose_check_passes_on_taconite_form_bundles(layout_bundle, tmp_path, monkeypatch, capsys):
+    """Format 1 (the 0.4b layout) and format 2 (the 1b layout, down's bias on the host) pass
+    `pose check` against HF's torch model with taconite's gates (pixels <= 2e-3, heatmap
+    cosine >= 0.98, mean keypoint error <= 1% of the box), from records that carry only the
+    fields taconite reads."""
+    from npu.bundle import Bundle
+
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    version, bundle, _ = layout_bundle
+    with Bundle.open(bundle) as b:
+        assert b.version == version
+        for r in b.records:
+            if r.tag in TACONITE_FIELDS:
+                assert set(r.kv) == TACONITE_FIELDS[r.tag], r.text
+        assert b.has("0.down.bias") == (version == 2) and not b.has("d0.bias")
+        # real pairs, as taconite's Config::load needs (the 308-point list)
+        pairs = tuple(tuple(map(int, p.split(":"))) for p in b.param("flip_pairs").split(","))
+        assert pairs == FLIP_PAIRS
+    assert main(["pose", "check", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 ref cases pass on sim" in out and "FAIL" not in out
+    assert "keypoints (score > 0.3: 308)" in out  # the keypoint gate is not vacuous
+
+
+def test_each_gemm_record_is_dispatched_once_per_layer_per_box(layout_bundle, tmp_path):
+    from npu.models.sapiens2.npu import from_bundle, qkv_width
+    from npu.sim import SimDevice
+
+    _, bundle, cpu = layout_bundle
+    cfg = cpu.config
+    dev = SimDevice(registry_dir=tmp_path / "hwctx")
+    model = from_bundle(bundle, dev)
+    crops = np.random.default_rng(7).normal(size=(2, 3, cfg.H, cfg.W)).astype(np.float32)
+    model.heatmaps(crops)
+    counts = {k: t.dispatches for k, t in dev.sim.kernels.items()}
+    want = {"patch": 1, "o": cfg.layers, "gu": cfg.layers, "down": cfg.layers,
+            "mha": cfg.layers, "pred": 1}  # fmt: skip
+    for i in range(cfg.layers):
+        key = f"qkv{qkv_width(cfg, i)}"
+        want[key] = want.get(key, 0) + 1
+    want.update({f"d{j}": 1 for j in range(len(cfg.up))})
+    want.update({f"c{j}": 1 for j in range(len(cfg.convs))})
+    assert counts == {k: 2 * n for k, n in want.items()}  # two boxes
+    assert sum(want.values()) == 1 + 5 * cfg.layers + len(cfg.up) + len(cfg.convs) + 1
+    dev.close()
+
+
+def _as_hf_snapshot(bundle: Path, cache: Path) -> Path:
+    """The bundle laid out as a Hugging Face cache snapshot: every file a relative symlink
+    from snapshots/<rev>/<path> into ../../blobs/<sha256>; returns the snapshot directory."""
+    import hashlib
+
+    repo = cache / "models--brishen--iron-sapiens2"
+    snap = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    for f in sorted(p for p in bundle.rglob("*") if p.is_file()):
+        data = f.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = snap / f.relative_to(bundle)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(
+            Path(*[".."] * (len(link.relative_to(repo).parts) - 1)) / blob.relative_to(repo)
+        )
+    return snap
+
+
+def test_finding_8_a_bundle_laid_out_as_a_hugging_face_snapshot_loads_and_checks(
+    layout_bundle, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    _, bundle, _ = layout_bundle
+    snap = _as_hf_snapshot(bundle, tmp_path / "hub")
+    assert (snap / "manifest.txt").is_symlink() and (snap / "kernels" / "mha.bin").is_symlink()
+    assert str((snap / "kernels" / "mha.bin").readlink()).startswith("../../../blobs/")
+    assert main(["pose", "check", str(snap)]) == 0
+    assert "3/3 ref cases pass on sim" in capsys.readouterr().out

@@ -796,3 +796,26 @@ def test_inflated_estimate_relaxes_until_the_model_runs_again_on_a_busy_device()
     # once it runs again its passes are re-measured (2.4 s) and it keeps running
     assert sum(p >= start + 40 * S for p in poses) >= 3, poses
     assert sched.cost_estimate_s("sapiens2") == pytest.approx(COST["sapiens2"], rel=0.05)
+
+
+def test_finding_9_the_scheduler_views_the_context_budget_per_model_at_measured_costs():
+    """Each model's share of the 16 slots: what it needs, what of it is resident, who evicted
+    its contexts; a load cost measured on the device (per model) replaces the default."""
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock, prepare_ahead_s=None)
+    sched.submit(job("adaface", "cam0", 0, 60 * S))
+    face = sched.next_batch()
+    clock.t = 1 * S
+    sched.complete(face, [0], 0.34)
+    sched.observe_context_cost("sapiens2", 0.03)
+    sched.submit(job("sapiens2", "cam0", 0, 60 * S))
+    clock.t = 1 * S + 50 * MS
+    box = sched.next_batch()
+    assert box.switch_s == pytest.approx(7 * 0.03)  # 7 loads at the measured 30 ms
+    view = sched.context_view()
+    assert (view["adaface"].resident, view["adaface"].evicted) == (9, {"sapiens2": 7})
+    assert (view["sapiens2"].resident, view["sapiens2"].loads) == (7, 7)
+    assert view["sapiens2"].measured and view["sapiens2"].load_s == 0.03
+    assert not view["adaface"].measured and view["adaface"].load_s == pytest.approx(0.0025)
+    with pytest.raises(SchedulerError, match="no such model profile"):
+        sched.observe_context_cost("yolo", 0.01)

@@ -566,6 +566,7 @@ class AdafaceBundle:
             insts=insts,
             fields={"ctx": s.ctx},
             source=f"{MANIFEST}:{s.line}",
+            owner="adaface",
         )
 
     def close(self) -> None:

@@ -160,8 +160,11 @@ def _write(
         for name, value in _host_tensors(host).items():
             bw.tensor(name, np.ascontiguousarray(value, np.float32), "f32", shape=value.shape)
         for idx, text in enumerate(tok_tests):
-            bw.record("tok_test", idx, tail=text)
-            bw.tensor(f"tok.{idx}.ids", np.asarray(tokenizer.encode(text), np.int32), "i32")
+            # as IRON's exporter: the text escaped with Python's unicode_escape, the ids HF's
+            # row padded to the context length (taconite-clip's check compares both so)
+            bw.record("tok_test", idx, tail=text.encode("unicode_escape").decode("ascii"))
+            ids, _ = tokenizer.pad_ids([tokenizer.encode(text)])
+            bw.tensor(f"tok.{idx}.ids", ids[0].astype(np.int32), "i32")
         bw.file("vocab.json", json.dumps(tokenizer.vocab, ensure_ascii=False).encode("utf-8"))
         merges = sorted(tokenizer.ranks, key=tokenizer.ranks.__getitem__)
         bw.file("merges.txt", "".join(f"{a} {b}\n" for a, b in merges).encode("utf-8"))
@@ -174,7 +177,7 @@ def _write(
                     raise ImageInputError(f"refset {j} image {i}: PNG encoding failed")
                 rel = f"refs/{j}/{i}.png"
                 bw.file(rel, png.tobytes())
-                bw.record("ref_image", j, i, rel)
+                bw.record("ref_image", j, i, tail=rel)  # read by rest(2), as taconite
             for i, label in enumerate(labels):
                 bw.record("ref_label", j, i, tail=label)
             pixels, ids = refset_inputs(cpu, refsets[j], template)
@@ -231,7 +234,8 @@ def write_sim_bundle(
     """Write an HF CLIPModel directory as a CLIP bundle the simulated NPU runs.
 
     v_stride: rows per image in a pass (default the tokens rounded up to 8: 264 for ViT-H/14);
-    t_seq_pad: rows per prompt. tok_tests: `tok_test` records with `tok.<idx>.ids`. refsets:
+    t_seq_pad: rows per prompt. tok_tests: `tok_test` records (the text escaped with Python's
+    unicode_escape) with `tok.<idx>.ids` (padded to the context length). refsets:
     (uint8 RGB images, labels) per set, written as `refset`/`ref_image`/`ref_label` records,
     the images as PNGs under refs/<j>/, and ref.<j>.{pixel_values, input_ids, image_embeds,
     text_embeds, logits} from the checkpoint in float32 on cpu. With device_refs, the

@@ -255,7 +255,7 @@ def load_bundle(path: str | Path, device: Any = "sim") -> ClipModel:
             key = f"{t}_{name}"
             if key not in records:
                 raise BundleError(f"{where}: no kernel record {key}")
-            specs[key] = kernel_spec(bundle, records[key])
+            specs[key] = kernel_spec(bundle, records[key], owner="clip")
     dims = {t: p(f"{t}_dim", int) for t in ("v", "t")}
     host = _host_weights(bundle, p, dims["v"], dims["t"])
     v_stride, v_batch, t_pad, t_batch = (

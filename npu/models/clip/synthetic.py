@@ -17,7 +17,7 @@ from npu.models.synthetic import cache_root, normal, written_once
 from pipeline.assets import asset_path
 
 MODEL_ID = "clip-synthetic"
-VERSION = 2  # bump when the model changes, so cached checkpoints and bundles are rebuilt
+VERSION = 3  # bump when the model or bundle changes (cached checkpoints, bundles rebuilt)
 SEED = 22
 BPE_ASSET = "bpe_simple_vocab_16e6.txt.gz"
 BPE_MERGES = 49152 - 256 - 2  # open_clip's merge count (its vocabulary is 49408)

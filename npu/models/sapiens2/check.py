@@ -17,7 +17,9 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def check_case(model, bundle, record) -> dict:
-    """One `ref <name> w= h=` case of a bundle: the metrics and verdict of docs/pose.md."""
+    """One `ref <name> w= h=` case of a bundle: the metrics and verdict of docs/pose.md, gated
+    as taconite-sapiens2's bin/sapiens2.rs `check` (@1e2c515 = 465946c); features cosine, the
+    max error and the error against `.npu_keypoints` (when present) are information."""
     cfg = model.config
     name, w, h = record.field(0), record.get("w"), record.get("h")
     hh, wh = cfg.heatmap_size
@@ -57,6 +59,11 @@ def check_case(model, bundle, record) -> dict:
         "max_err_px": float(err.max()) if err.size else 0.0,
         "box_size": float(max(box[2], box[3])),
     }
+    npu_name = f"ref.{name}.npu_keypoints"  # the Python IRON app's keypoints: information
+    if bundle.has(npu_name):
+        bundle.expect(npu_name, "f32", cfg.K * 2)
+        vs_app = np.linalg.norm(keypoints[:, :2] - bundle.f32(npu_name).reshape(-1, 2), axis=1)
+        result["mean_err_vs_app_px"] = float(vs_app[confident].mean()) if err.size else 0.0
     result["pass"] = (
         result["pixels_max_diff"] <= 2e-3
         and result["heatmaps_cos"] >= 0.98

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from npu.models.sapiens2.config import Config, ModelError
-from npu.models.sapiens2.model import Sapiens2Pose, rope_tables
+from npu.models.sapiens2.model import KeyedOps, Sapiens2Pose, rope_tables
 from npu.ops import GemmWeights, NumpyOps
 
 
@@ -177,4 +177,4 @@ def from_pretrained(model_dir: str | Path) -> Sapiens2Pose:
     model_dir = Path(model_dir)
     cfg = Config.from_hf(model_dir)
     gemms, host = hf_weights(cfg, _load_safetensors(model_dir), where=str(model_dir))
-    return Sapiens2Pose(cfg, NumpyOps(gemms), host, weights=gemms)
+    return Sapiens2Pose(cfg, KeyedOps(NumpyOps(gemms), cfg), host, weights=gemms)

@@ -159,7 +159,7 @@ class Config:
     ) -> Config:
         """From bundle params (docs/pose.md): name -> value text (or its whitespace-split fields).
 
-        Lists are comma-separated; flip_pairs is "a:b,c:d,...".
+        Lists are comma-separated; flip_pairs is "a:b,c:d,..." with no empty item.
         """
 
         def text(name: str) -> str:
@@ -189,9 +189,8 @@ class Config:
             return vals
 
         pairs = []
-        for item in text("flip_pairs").replace(" ", ",").split(","):
-            if not item:
-                continue
+        # taconite's Config::load: split at ",", every item a:b (an empty item is an error)
+        for item in text("flip_pairs").split(","):
             a, sep, b = item.partition(":")
             if not sep or not a.isdigit() or not b.isdigit():
                 raise ModelError(f"{where}: param flip_pairs has a bad pair {item!r} (want a:b)")

@@ -1,27 +1,30 @@
-"""Sapiens2-Pose forward: 3 x H x W crops -> K x H/4 x W/4 heatmaps, over the op interface.
+"""Sapiens2-Pose forward: 3 x H x W crops -> K x H/4 x W/4 heatmaps, over the steps a backend runs.
 
 Backbone (docs/pose.md): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm,
 2-D RoPE on patch tokens, (GQA) attention, SwiGLU MLP, final RMSNorm. Head (§4): transposed
-convs as one 4-phase GEMM each, InstanceNorm + SiLU, 1x1 convs, predictor. Every projection
-is `ops.gemm` by key and attention is `ops.mha`; the host glue here is shared by all backends.
+convs as one 4-phase GEMM each, InstanceNorm + SiLU, 1x1 convs, predictor. The host glue here
+(norms, the attention staging, residuals, deconv pairs and scatter, InstanceNorm + SiLU) is
+shared by every backend; what runs on a device is the `Sapiens2Ops` steps: `KeyedOps` runs
+them over npu.ops (cpu: float32 numpy), npu.models.sapiens2.npu's replay on a bundle's kernels.
 Reference: transformers 5.23.0 models/sapiens2/modeling_sapiens2.py (Sapiens2ForPoseEstimation).
 
 Weights as the device takes them: RMSNorm weights (norm1, norm2, final norm) are folded into
 the following GEMM's B rows and LayerScale lambda1 into the o GEMM, so the host norms carry no
-weight. GEMM keys: "patch", "{i}.qkv", "{i}.o", "{i}.gu", "{i}.down", "d{j}", "c{j}", "pred";
-attention key "mha". Host tensors: "prefix", "{i}.q_norm", "{i}.k_norm", "rope.cos",
-"rope.sin", and, when a bundle leaves biases to the host, "{i}.down.bias" and "d{j}.bias".
+weight. GEMM keys: "patch", "{i}.qkv", "{i}.o", "{i}.gu", "{i}.down", "d{j}", "c{j}", "pred".
+Host tensors: "prefix", "{i}.q_norm", "{i}.k_norm", "rope.cos", "rope.sin", and, when a
+bundle leaves biases to the host, "{i}.down.bias" and "d{j}.bias".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import numpy as np
 
 from npu.models.sapiens2.config import Config, ModelError
-from npu.ops import GemmWeights, Ops
+from npu.ops import LOG2E, GemmWeights, Ops
 
 
 def rope_tables(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
@@ -40,6 +43,26 @@ def rope_tables(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     angles = (f32(2 * math.pi) * coords[:, :, None]) * inv_freq[None, None, :]
     angles = np.tile(angles.reshape(len(coords), -1), 2)
     return np.cos(angles).astype(f32), np.sin(angles).astype(f32)
+
+
+def gemm_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
+    """op key -> (K, N') the forward passes and expects (N' after gu's swiglu epilogue)."""
+    d, hd = cfg.D, cfg.hd
+    shapes = {"patch": (3 * cfg.patch**2, d)}
+    for i, kv in enumerate(cfg.kv_heads):
+        shapes[f"{i}.qkv"] = (d, (cfg.heads + 2 * kv) * hd)
+        shapes[f"{i}.o"] = (d, d)
+        shapes[f"{i}.gu"] = (d, cfg.I)
+        shapes[f"{i}.down"] = (cfg.I, d)
+    c = d
+    for j, c_out in enumerate(cfg.up):
+        shapes[f"d{j}"] = (4 * c, 4 * c_out)
+        c = c_out
+    for j, c_out in enumerate(cfg.convs):
+        shapes[f"c{j}"] = (c, c_out)
+        c = c_out
+    shapes["pred"] = (c, cfg.K)
+    return shapes
 
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
@@ -69,16 +92,14 @@ def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def deconv_pairs(x: np.ndarray) -> np.ndarray:
-    """The strided deconv GEMM's A buffer for x float32 [h0, w0, C] (docs/pose.md).
-
-    Row y·(w0+2) + x is X2[y][x] = [xp[y][x] | xp[y+1][x]] of x zero-padded by 1, for
-    y in [0, h0], x in [0, w0+1], plus one zero row past the end: float32
-    [(h0+1)(w0+2) + 1, 2C]. GEMM row r reads 4C values from r·2C (lda = 2C, rows overlap).
+    """The deconv GEMM's A as taconite-sapiens2's model.rs `head` writes it, for x float32
+    [h0, w0, C] (docs/pose.md): row y·(w0+2) + x is X2[y][x] = [xp[y][x] | xp[y+1][x]] of x
+    zero-padded by 1, y in [0, h0], x in [0, w0+1]: float32 [(h0+1)(w0+2), 2C]. GEMM row r
+    reads 4C values from r·2C (lda = 2C, rows overlap; the last row reads 2C past the end).
     """
     h0, w0, c = x.shape
-    rows = (h0 + 1) * (w0 + 2)
-    pairs = np.zeros((rows + 1, 2 * c), np.float32)
-    x2 = pairs[:rows].reshape(h0 + 1, w0 + 2, 2, c)
+    pairs = np.zeros(((h0 + 1) * (w0 + 2), 2 * c), np.float32)
+    x2 = pairs.reshape(h0 + 1, w0 + 2, 2, c)
     x2[1:, 1:-1, 0] = x  # xp[y]: padded row y holds x row y-1
     x2[:-1, 1:-1, 1] = x  # xp[y+1]
     return pairs
@@ -94,9 +115,9 @@ def deconv_gemm_input(x: np.ndarray) -> np.ndarray:
     h0, w0, c = x.shape
     rows = (h0 + 1) * (w0 + 2)
     pairs = deconv_pairs(x)
-    a = np.empty((rows, 4 * c), np.float32)
-    a[:, : 2 * c] = pairs[:-1]
-    a[:, 2 * c :] = pairs[1:]
+    a = np.zeros((rows, 4 * c), np.float32)
+    a[:, : 2 * c] = pairs
+    a[:-1, 2 * c :] = pairs[1:]
     return a
 
 
@@ -114,17 +135,124 @@ def deconv_scatter(c: np.ndarray, h0: int, w0: int, c_out: int) -> np.ndarray:
     return out.reshape(2 * h0, 2 * w0, c_out)
 
 
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, prefix: int) -> np.ndarray:
+    """Half-split (rotate_half) RoPE of the patch tokens of x float32 [T, heads, hd] with the
+    tables cos, sin [T - prefix, hd]; the prefix tokens pass unchanged. Returns a new array."""
+    patches = x[prefix:]
+    half = patches.shape[-1] // 2
+    rotated = np.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
+    out = x.copy()
+    out[prefix:] = patches * cos[:, None, :] + rotated * sin[:, None, :]
+    return out
+
+
+def stage_attention(
+    qkv: np.ndarray,
+    cfg: Config,
+    kv: int,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+) -> np.ndarray:
+    """The attention's staged rows from the qkv GEMM's output, as taconite-sapiens2's model.rs
+    `backbone` stages them: qkv float32 [T, (heads + 2 kv)·hd] (columns q | k | v) ->
+    float32 [T, 3D], row t = [q_t·log2(e)/sqrt(hd) | k_t repeated to every query head |
+    v_t repeated], q and k RMS-normed with their weights (when the config has q/k norm) and
+    rotated (patch tokens). Query head h reads kv head h // (heads / kv) (HF `repeat_kv`)."""
+    t, h, hd, d = len(qkv), cfg.heads, cfg.hd, cfg.D
+    q = qkv[:, :d].reshape(t, h, hd)
+    k = qkv[:, d : d + kv * hd].reshape(t, kv, hd)
+    v = qkv[:, d + kv * hd : d + 2 * kv * hd].reshape(t, kv, hd)
+    if cfg.qk_norm:
+        q = rms_norm(q, cfg.eps) * q_norm
+        k = rms_norm(k, cfg.eps) * k_norm
+    out = np.empty((t, 3, h, hd), np.float32)
+    out[:, 0] = rope(q, cos, sin, cfg.prefix) * np.float32(LOG2E / math.sqrt(hd))
+    out[:, 1] = np.repeat(rope(k, cos, sin, cfg.prefix), h // kv, axis=1)
+    out[:, 2] = np.repeat(v, h // kv, axis=1)
+    return out.reshape(t, 3 * d)
+
+
+def staged_attention(stage: np.ndarray, heads: int, hd: int) -> np.ndarray:
+    """What the attention kernel computes from stage_attention's rows, in float32: per head,
+    softmax with exp2 of the prescaled scores (= softmax(q·kᵀ/sqrt(hd))) times v.
+    stage float32 [T, 3D] -> float32 [T, D] token-major (head h at columns h·hd)."""
+    t, d = len(stage), heads * hd
+    q, k, v = (stage[:, i * d : (i + 1) * d].reshape(t, heads, hd).transpose(1, 0, 2)
+               for i in range(3))  # fmt: skip
+    s = np.matmul(q, k.transpose(0, 2, 1))
+    p = np.exp2(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p, v).transpose(1, 0, 2).reshape(t, d).astype(np.float32)
+
+
+Stager = Callable[[np.ndarray], np.ndarray]
+
+
+class Sapiens2Ops(Protocol):
+    """The steps of the forward a backend runs (all float32 in and out).
+
+    attention(i, a, stage): layer i's attention branch for a = rms_norm(x) [T, D]: the qkv
+    GEMM, `stage` (stage_attention bound to layer i) on its output, the attention, the o GEMM
+    -> [T, D]. mlp(i, a): down(gu(a)) -> [T, D]. deconv(j, x [h0, w0, C]) -> the 4-phase GEMM's
+    C [(h0+1)(w0+2), 4 C_out]. conv(j, y [px, C]) -> [px, C_out]; pred(y) -> [px, K].
+    """
+
+    backend: str
+
+    def patch(self, a: np.ndarray) -> np.ndarray: ...
+
+    def attention(self, i: int, a: np.ndarray, stage: Stager) -> np.ndarray: ...
+
+    def mlp(self, i: int, a: np.ndarray) -> np.ndarray: ...
+
+    def deconv(self, j: int, x: np.ndarray) -> np.ndarray: ...
+
+    def conv(self, j: int, y: np.ndarray) -> np.ndarray: ...
+
+    def pred(self, y: np.ndarray) -> np.ndarray: ...
+
+
+class KeyedOps:
+    """The forward's steps over an op interface (npu.ops.Ops: gemm by key), as the cpu backend
+    runs them: float32 GEMMs and staged_attention."""
+
+    def __init__(self, ops: Ops, config: Config) -> None:
+        self.ops, self.config, self.backend = ops, config, ops.backend
+
+    def patch(self, a: np.ndarray) -> np.ndarray:
+        return self.ops.gemm("patch", a)
+
+    def attention(self, i: int, a: np.ndarray, stage: Stager) -> np.ndarray:
+        staged = stage(self.ops.gemm(f"{i}.qkv", a))
+        return self.ops.gemm(f"{i}.o", staged_attention(staged, self.config.heads, self.config.hd))
+
+    def mlp(self, i: int, a: np.ndarray) -> np.ndarray:
+        return self.ops.gemm(f"{i}.down", self.ops.gemm(f"{i}.gu", a))
+
+    def deconv(self, j: int, x: np.ndarray) -> np.ndarray:
+        return self.ops.gemm(f"d{j}", deconv_gemm_input(x))
+
+    def conv(self, j: int, y: np.ndarray) -> np.ndarray:
+        return self.ops.gemm(f"c{j}", y)[:, : self.config.convs[j]]
+
+    def pred(self, y: np.ndarray) -> np.ndarray:
+        return self.ops.gemm("pred", y)[:, : self.config.K]
+
+
 class Sapiens2Pose:
     """A loaded Sapiens2-Pose: `heatmaps(crops)` on the backend its ops name.
 
-    host: the float32 host tensors named in the module docstring; weights: the float32 GEMM
-    weights by key when the model was built from them (from_pretrained), else None.
+    ops: the Sapiens2Ops steps (KeyedOps on cpu, the bundle replay on sim / npu); host: the
+    float32 host tensors named in the module docstring; weights: the float32 GEMM weights by
+    key when the model was built from them (from_pretrained), else None.
     """
 
     def __init__(
         self,
         config: Config,
-        ops: Ops,
+        ops: Sapiens2Ops,
         host: Mapping[str, np.ndarray],
         weights: Mapping[str, GemmWeights] | None = None,
     ) -> None:
@@ -146,6 +274,12 @@ class Sapiens2Pose:
     def backend(self) -> str:
         return self.ops.backend
 
+    def close(self) -> None:
+        """Free what the backend holds (a bundle replay's kernels and buffers; cpu: nothing)."""
+        close = getattr(self.ops, "close", None)
+        if callable(close):
+            close()
+
     def heatmaps(self, crops: np.ndarray) -> np.ndarray:
         """crops: float32 [N, 3, H, W] normalised -> heatmaps float32 [N, K, Hh, Wh]."""
         cfg = self.config
@@ -165,66 +299,36 @@ class Sapiens2Pose:
         cfg = self.config
         p = cfg.patch
         a = crop.reshape(3, cfg.gh, p, cfg.gw, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3 * p * p)
-        x = np.concatenate([self._prefix, self.ops.gemm("patch", a)])
+        x = np.concatenate([self._prefix, self.ops.patch(a)])
         for i in range(cfg.layers):
             x = self._block(i, x)
         return rms_norm(x[cfg.prefix :], cfg.eps)
 
     def _block(self, i: int, x: np.ndarray) -> np.ndarray:
-        cfg = self.config
-        heads, hd, kv = cfg.heads, cfg.hd, cfg.kv_heads[i]
-        t = len(x)
-        qkv = self.ops.gemm(f"{i}.qkv", rms_norm(x, cfg.eps))
-        q = qkv[:, : heads * hd].reshape(t, heads, hd)
-        k = qkv[:, heads * hd : (heads + kv) * hd].reshape(t, kv, hd)
-        v = qkv[:, (heads + kv) * hd :].reshape(t, kv, hd)
-        if cfg.qk_norm:
-            q = rms_norm(q, cfg.eps) * self.host[f"{i}.q_norm"]
-            k = rms_norm(k, cfg.eps) * self.host[f"{i}.k_norm"]
-        q, k = self._rope(q), self._rope(k)
-        rep = heads // kv
-        if rep > 1:
-            k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        o = self.ops.mha(
-            "mha",
-            np.ascontiguousarray(q.transpose(1, 0, 2)),
-            np.ascontiguousarray(k.transpose(1, 0, 2)),
-            np.ascontiguousarray(v.transpose(1, 0, 2)),
-            scale=hd**-0.5,
-        )
-        x = x + self.ops.gemm(f"{i}.o", o.transpose(1, 0, 2).reshape(t, heads * hd))
-        down = self.ops.gemm(f"{i}.down", self.ops.gemm(f"{i}.gu", rms_norm(x, cfg.eps)))
-        x = x + down
-        bias = self.host.get(f"{i}.down.bias")
-        return x if bias is None else x + bias
+        cfg, host = self.config, self.host
+        q_norm, k_norm, kv = host[f"{i}.q_norm"], host[f"{i}.k_norm"], cfg.kv_heads[i]
 
-    def _rope(self, x: np.ndarray) -> np.ndarray:
-        """Rotate the patch tokens of x float32 [T, heads, hd]; prefix tokens pass unchanged."""
-        pre = self.config.prefix
-        patches = x[pre:]
-        half = patches.shape[-1] // 2
-        rotated = np.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
-        out = x.copy()
-        out[pre:] = patches * self._cos[:, None, :] + rotated * self._sin[:, None, :]
-        return out
+        def stage(qkv: np.ndarray) -> np.ndarray:
+            return stage_attention(qkv, cfg, kv, q_norm, k_norm, self._cos, self._sin)
+
+        x = x + self.ops.attention(i, rms_norm(x, cfg.eps), stage)
+        x = x + self.ops.mlp(i, rms_norm(x, cfg.eps))
+        bias = host.get(f"{i}.down.bias")
+        return x if bias is None else x + bias
 
     def _heatmap(self, crop: np.ndarray) -> np.ndarray:
         cfg = self.config
         x = self.features(crop).reshape(cfg.gh, cfg.gw, cfg.D)
         for j, c_out in enumerate(cfg.up):
             h0, w0 = x.shape[:2]
-            key = f"d{j}"
-            if key in getattr(self.ops, "strided", ()):
-                c = self.ops.gemm_strided(key, deconv_pairs(x), (h0 + 1) * (w0 + 2))
-            else:
-                c = self.ops.gemm(key, deconv_gemm_input(x))
+            c = self.ops.deconv(j, x)
             bias = self.host.get(f"d{j}.bias")
             if bias is not None:
-                c = c + bias
-            y = deconv_scatter(c, h0, w0, c_out).reshape(-1, c_out)
+                c = c + bias[: 4 * c_out]
+            y = deconv_scatter(c[:, : 4 * c_out], h0, w0, c_out).reshape(-1, c_out)
             x = instance_norm_silu(y, cfg.in_eps).reshape(2 * h0, 2 * w0, c_out)
         hh, wh = x.shape[:2]
         y = x.reshape(hh * wh, -1)
-        for j, c_out in enumerate(cfg.convs):
-            y = instance_norm_silu(self.ops.gemm(f"c{j}", y)[:, :c_out], cfg.in_eps)
-        return self.ops.gemm("pred", y)[:, : cfg.K].T.reshape(cfg.K, hh, wh).copy()
+        for j in range(len(cfg.convs)):
+            y = instance_norm_silu(self.ops.conv(j, y), cfg.in_eps)
+        return self.ops.pred(y).T.reshape(cfg.K, hh, wh).copy()

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from npu.models.sapiens2.config import Config
-from npu.models.sapiens2.model import Sapiens2Pose, rope_tables
-from npu.models.sapiens2.npu import gemm_shapes
+from npu.models.sapiens2.model import KeyedOps, Sapiens2Pose, gemm_shapes, rope_tables
 from npu.models.synthetic import normal
 from npu.ops import GemmWeights, NumpyOps
 
 MODEL_ID = "sapiens2-synthetic"
-VERSION = 2  # bump when the model changes, so cached bundles are rebuilt
+VERSION = 3  # bump when the model or bundle layout changes (cached bundles are rebuilt)
 SEED = 20
 KEYPOINTS = 308
 
@@ -43,7 +42,7 @@ def build(seed: int = SEED) -> Sapiens2Pose:
     for i in range(cfg.layers):
         host[f"{i}.q_norm"] = 1.0 + normal(rng, cfg.hd, scale=0.1)
         host[f"{i}.k_norm"] = 1.0 + normal(rng, cfg.hd, scale=0.1)
-    return Sapiens2Pose(cfg, NumpyOps(gemms), host, weights=gemms)
+    return Sapiens2Pose(cfg, KeyedOps(NumpyOps(gemms), cfg), host, weights=gemms)
 
 
 def cpu(cache: str | Path | None = None) -> Sapiens2Pose:

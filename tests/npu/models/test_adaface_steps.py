@@ -565,3 +565,23 @@ def test_embedder_interface_matches_the_cpu_model(tmp_path, sim):
         else:
             with pytest.raises(BundleError, match="param colour_order must be RGB or BGR"):
                 AdafaceBundle.load(d, sim)
+
+
+def test_finding_10_adaface_check_decides_on_the_cpu_cosine_only(tiny, sim, tmp_path):
+    """taconite's cli_run prints every cosine but decides MATCH on cos(replay, CPU reference)
+    > 0.99 alone; npucam failed a bundle whose recorder embedding disagreed."""
+    from npu.bundle import Bundle
+
+    _, _, path = tiny
+    d = tmp_path / "recorder_off"
+    shutil.copytree(path, d)
+    with Bundle.open(d) as b:
+        e = b.entry("ref.npu_embedding")
+        flipped = -b.f32("ref.npu_embedding").reshape(-1)
+    with open(d / "tensors.bin", "r+b") as f:
+        f.seek(e.offset)
+        f.write(flipped.astype("<f4").tobytes())
+    report = check_bundle(d, sim)
+    assert report.cos_recorder < 0 and report.cos_cpu > 0.99
+    assert report.passed, report.text()
+    assert "RESULT: MATCH (cosine(replay, CPU reference) > 0.99" in report.text()
