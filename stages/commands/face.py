@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from npu.models import Loaded
 from pipeline.messages import Frame
+from stages.commands.models import add_synthetic_flag, load_model, tag
 from stages.gallery import (
     FaceEncoder,
     FaceObservation,
@@ -44,41 +46,35 @@ def _gallery_path(args: argparse.Namespace) -> Path:
     return Path(args.gallery or os.environ.get("NPUCAM_GALLERY") or DEFAULT_GALLERY)
 
 
-def load_embedder(model: str, backend: str):
-    """AdaFace for a backend: cpu from a cvlface-style safetensors dir (AdaFaceCpu), sim/npu
-    from a bundle (AdafaceBundle); both have the embedder interface FaceEncoder reads."""
-    from npu.device import open_device
-    from npu.models import spec
-
-    if backend not in BACKENDS:
-        raise GalleryError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
-    adaface = spec("adaface")
-    if backend == "cpu":
-        return adaface.from_checkpoint(Path(model))
-    return adaface.from_bundle(Path(model), open_device(backend))
-
-
-def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
-    """The detector + embedder the arguments name, and the model id stored in the gallery."""
+def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, Loaded]:
+    """The detector + embedder the arguments name (--model, else $NPUCAM_FACE_MODEL; with
+    --synthetic the synthetic AdaFace when neither exists); the loaded model's id is what
+    the gallery records (its fingerprint, as the face_match stage's faces carry)."""
     from stages.detectors.blazeface import BlazeFace
 
+    if args.backend not in BACKENDS:
+        raise GalleryError(f"--backend {args.backend}: expected one of {', '.join(BACKENDS)}")
     model_dir = args.model or os.environ.get("NPUCAM_FACE_MODEL")
-    if not model_dir:
-        raise GalleryError("no face model: pass --model DIR (or set NPUCAM_FACE_MODEL)")
-    embedder = load_embedder(model_dir, args.backend)
+    if not model_dir and not args.synthetic:
+        raise GalleryError(
+            "no face model: pass --model DIR (or set NPUCAM_FACE_MODEL), or --synthetic for "
+            "the synthetic AdaFace (its identities mean nothing)"
+        )
+    loaded = load_model("adaface", model_dir, args.backend, args.synthetic)
     if args.yunet:
         from stages.detectors.yunet import YuNet
 
         detector = YuNet(args.yunet)
     else:
         detector = BlazeFace(args.detector)
-    return FaceEncoder(detector, embedder), embedder.fingerprint()
+    return FaceEncoder(detector, loaded.model), loaded
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
     if bool(args.images) == bool(args.camera):
         raise GalleryError(f"{args.name}: give either IMAGES or --camera URL, not both or neither")
-    encoder, model_id = _encoder(args)
+    encoder, loaded = _encoder(args)
+    model_id = loaded.model_id
     gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness, args.max_nose_offset)
     if args.camera:
         faces, rejected = camera_enrolment_faces(
@@ -99,9 +95,11 @@ def cmd_enroll(args: argparse.Namespace) -> int:
             raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
     store = GalleryFile(_gallery_path(args), encoder.embedder.embed_dim(), model_id)
     g = store.enrol(args.name, np.stack(samples), model=model_id)
+    weights = f" (SYNTHETIC weights {model_id}: for synthetic pipelines only)"
     print(
         f"enrolled {args.name!r}: {len(samples)} sample(s), {rejected} rejected; "
         f"{store.path} holds {len(g.identities())} identities"
+        + (weights if loaded.synthetic else "")
     )
     return 0
 
@@ -206,7 +204,8 @@ def cmd_identify(args: argparse.Namespace) -> int:
     store = GalleryFile(_gallery_path(args))
     if not store.path.exists():
         raise GalleryError(f"{store.path}: no such gallery file (enroll someone first)")
-    encoder, model_id = _encoder(args)
+    encoder, loaded = _encoder(args)
+    model_id = loaded.model_id
     if store.current.model and store.current.model != model_id:
         raise GalleryError(
             f"{store.path}: gallery was enrolled with {store.current.model!r}, "
@@ -229,14 +228,17 @@ def cmd_identify(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        print(json.dumps({"image": args.image, "faces": results}))
+        doc = {"image": args.image, "model": model_id, "synthetic": loaded.synthetic}
+        print(json.dumps({**doc, "faces": results}))
     elif not results:
-        print(f"{args.image}: no face found")
+        print(f"{args.image}: no face found{tag(loaded)}")
+    elif loaded.synthetic:
+        print(f"SYNTHETIC weights ({model_id}): these identities and similarities mean nothing")
     for r in [] if args.json else results:
         who = r["identity"] or f"unknown ({r['reason']}, best {r['best']!r})"
         print(
             f"face {r['face']}: box {r['box']} score {r['score']:.2f} -> {who} "
-            f"similarity {r['similarity']:.3f} margin {r['margin']:.3f}"
+            f"similarity {r['similarity']:.3f} margin {r['margin']:.3f}{tag(loaded)}"
         )
     return 0 if any(r["identity"] for r in results) else 1
 
@@ -310,6 +312,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 "($NPUCAM_FACE_MODEL)",
             )
             p.add_argument("--backend", default="cpu", choices=BACKENDS, help="default cpu")
+            add_synthetic_flag(p, "AdaFace")
             p.add_argument(
                 "--detector", default="short", choices=("short", "full"), help="BlazeFace range"
             )
