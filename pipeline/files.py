@@ -28,11 +28,21 @@ _KINDS = (
 
 class FileRuleError(NpucamError):
     """A file npucam was asked to read that breaks the rules (not a regular file, a symlink,
-    over its size cap) or cannot be opened; the message names the file."""
+    over its size cap) or cannot be opened: `path` and `reason`, the message both."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
 
 
 class FileMissingError(FileRuleError):
     """The file does not exist (callers may treat this as "not yet", e.g. a gallery)."""
+
+
+class FileRefusedError(FileRuleError):
+    """The file exists but breaks a rule (a symlink, not a regular file, over its cap): no
+    later look will read it as it is, unlike one missing or unreadable for now."""
 
 
 def kind_of(st: os.stat_result) -> str:
@@ -73,21 +83,19 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
     try:
         before = os.lstat(path)
     except FileNotFoundError:
-        raise FileMissingError(f"{path}: no such file") from None
+        raise FileMissingError(path, "no such file") from None
     except (OSError, ValueError) as exc:
-        raise FileRuleError(
-            f"{path}: cannot open: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
+        raise FileRuleError(path, f"cannot open: {getattr(exc, 'strerror', None) or exc}") from None
     _check_regular(path, before, max_bytes)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise FileMissingError(f"{path}: no such file") from None
+        raise FileMissingError(path, "no such file") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise FileRuleError(_symlink_refused(path)) from None
-        raise FileRuleError(f"{path}: cannot open: {exc.strerror or exc}") from None
+            raise FileRefusedError(path, SYMLINK_REFUSED) from None
+        raise FileRuleError(path, f"cannot open: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         _check_regular(path, st, max_bytes)  # replaced between lstat and open
@@ -96,28 +104,27 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             if total > max_bytes:
-                raise FileRuleError(f"{path}: grew past the {max_bytes}-byte limit while read")
+                raise FileRefusedError(path, f"grew past the {max_bytes}-byte limit while read")
         return b"".join(chunks)
     except OSError as exc:
-        raise FileRuleError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise FileRuleError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
 
 
-def _symlink_refused(path: Path) -> str:
-    return (
-        f"{path}: is a symlink; npucam reads this file only as a regular file, never through "
-        "a symlink (point the config at the file itself; docs/security.md)"
-    )
+SYMLINK_REFUSED = (
+    "is a symlink; npucam reads this file only as a regular file, never through a symlink "
+    "(point the config at the file itself; docs/security.md)"
+)
 
 
 def _check_regular(path: Path, st: os.stat_result, max_bytes: int) -> None:
     if stat.S_ISLNK(st.st_mode):
-        raise FileRuleError(_symlink_refused(path))
+        raise FileRefusedError(path, SYMLINK_REFUSED)
     if not stat.S_ISREG(st.st_mode):
-        raise FileRuleError(f"{path}: is {kind_of(st)}, not a regular file")
+        raise FileRefusedError(path, f"is {kind_of(st)}, not a regular file")
     if st.st_size > max_bytes:
-        raise FileRuleError(f"{path}: {st.st_size} bytes, over the {max_bytes}-byte limit")
+        raise FileRefusedError(path, f"{st.st_size} bytes, over the {max_bytes}-byte limit")
 
 
 def file_stamp(path: Path) -> tuple[int, int, int] | None:

@@ -275,7 +275,7 @@ def read_gallery(path: str | Path, max_bytes: int = GALLERY_MAX_BYTES) -> Galler
     except FileMissingError:
         raise GalleryMissingError(f"{path}: no such gallery file") from None
     except FileRuleError as exc:
-        raise GalleryError(f"cannot read the gallery: {exc}") from None
+        raise GalleryError(f"{path}: cannot read the gallery: {exc.reason}") from exc
     return decode_gallery(data, str(path), max_bytes)
 
 

@@ -7,6 +7,7 @@ image embeddings into label probabilities (npu.models.clip.post).
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -197,9 +198,10 @@ class FaceMatch(MapStage):
                 max_bytes=options.gallery_max_bytes,
             )
             if path_kind(self.gallery.path, follow=False) == "missing":
-                index = context.config.stage_names.index(name)
+                names = context.config.stage_names
+                key = f"stages[{names.index(name)}]" if name in names else f"stage {name}"
                 logger.warning(
-                    "%s: %s", context.config.path, _missing_gallery(index, self.gallery.path)
+                    "%s: %s", context.config.path, _missing_gallery(key, self.gallery.path)
                 )
         self._warned_model = False
 
@@ -225,7 +227,7 @@ class FaceMatch(MapStage):
         path, _ = cls._gallery_file(config, index)
         if path is None or path_kind(path, follow=False) != "missing":
             return []
-        return [_missing_gallery(index, path)]
+        return [_missing_gallery(f"stages[{index}]", path)]
 
     @staticmethod
     def _gallery_file(config: Config, index: int):
@@ -292,9 +294,10 @@ class FaceMatch(MapStage):
         ]
 
 
-def _missing_gallery(index: int, path) -> str:
+def _missing_gallery(key: str, path) -> str:
+    path = os.path.normpath(path)
     return (
-        f"stages[{index}].gallery: {path}: no such gallery file; every face is "
+        f"{key}.gallery: {path}: no such gallery file; every face is "
         "`empty_gallery` until someone is enrolled there (`npucam face enroll NAME IMAGE... "
         f"--gallery {path}`), then the stage loads it"
     )
