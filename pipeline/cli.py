@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse argv, run the chosen command, map project errors to exit code 2. A reader that
     stops reading (`npucam bundle info DIR | head`) ends the command quietly, exit 0."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help, or a usage error: argparse printed and exits
+        _flush_or_quiet()
+        raise
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -55,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 0
+
+
+def _flush_or_quiet() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
 
 
 def _quiet_stdout() -> None:

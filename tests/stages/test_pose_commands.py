@@ -162,3 +162,22 @@ def test_pose_check_without_refs_exit_2(tiny, tmp_path, monkeypatch, capsys):
     bundle = write_sim_bundle(from_pretrained(model_dir), tmp_path / "b")
     assert main(["pose", "check", str(bundle)]) == 2
     assert "no ref records" in capsys.readouterr().err
+
+
+def test_pose_image_with_synthetic_says_so_and_real_weights_do_not(tiny, image, capsys):
+    _, model_dir = tiny
+    _, img = image
+    assert main(["pose", "image", str(img), "--box", "5,5,40,60", "--synthetic"]) == 0
+    out = capsys.readouterr()
+    persons = json.loads(out.out)
+    assert persons[0]["synthetic"] is True and len(persons[0]["keypoints"]) == 308
+    assert "WARNING: SYNTHETIC sapiens2 weights" in out.err and "on cpu SYNTHETIC" in out.err
+    assert main(["pose", "image", str(img), "--box", "5,5,40,60", "--model", str(model_dir)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)[0]["synthetic"] is False and "SYNTHETIC" not in out.err
+
+
+def test_pose_image_without_a_model_names_the_synthetic_option(image, capsys):
+    _, img = image
+    assert main(["pose", "image", str(img), "--box", "5,5,40,60"]) == 2
+    assert "--synthetic" in capsys.readouterr().err
