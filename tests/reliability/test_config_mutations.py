@@ -5,7 +5,7 @@ with exit 0 or 2, print no traceback, and raise nothing but the project's errors
 validate never imports a module a `kind = "module:Class"` names (`this:Stage` used to print
 the Zen of Python).
 
-NPUCAM_CONFIG_MUTATIONS sets the number of mutations (default 120, under 30 s on the shared
+NPUCAM_CONFIG_MUTATIONS sets the number of mutations (default 150, under 30 s on the shared
 2 cores; 3000 were run once for the report).
 """
 
@@ -29,9 +29,9 @@ from pipeline.graph import load
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = (REPO / "configs" / "demo.toml").read_text()
-MUTATIONS = int(os.environ.get("NPUCAM_CONFIG_MUTATIONS", "120"))
+MUTATIONS = int(os.environ.get("NPUCAM_CONFIG_MUTATIONS", "150"))
 
-ODD_VALUES = [
+KINDS = [
     '":Y"',
     '".x:Y"',
     '"..x:Y"',
@@ -42,6 +42,8 @@ ODD_VALUES = [
     '"stages.detect:Nope"',
     '"pipeline.graph:Stage"',
     '"' + "x" * 300 + '"',
+]
+URLS = [
     '"sample:' + "b" * 300 + '.mp4"',
     '"' + "/tmp/" + "d" * 260 + '/clip.mp4"',
     '"file:' + "f" * 4000 + '"',
@@ -49,6 +51,14 @@ ODD_VALUES = [
     '"zmq:tcp://127.0.0.1:' + "9" * 300 + '"',
     '"rtsp://' + "h" * 300 + '/s"',
     '"synthetic:?width=' + "9" * 300 + '"',
+    '"../README.md"',
+    '"/dev/zero"',
+]
+PATHS = ['"/dev/zero"', '"/etc"', '"/"', '"../configs"', '"../README.md"', '"' + "p" * 300 + '"']
+ODD_VALUES = [
+    *KINDS,
+    *URLS,
+    *PATHS,
     '"\\u0000"',
     '""',
     "1" + "0" * 400,
@@ -65,12 +75,11 @@ ODD_VALUES = [
     '["' + "y" * 300 + '"]',
     "[1, 2, 3]",
     '{ size = 0, policy = "x" }',
-    '"/dev/zero"',
-    '"/etc"',
-    '"/"',
-    '"../configs"',
-    '"../README.md"',
 ]
+POOLS = {"kind": KINDS, "url": URLS, "bundle": PATHS, "gallery": PATHS, "labels_file": PATHS}
+
+
+OPENED_KEYS = r"^\s*(kind|url|bundle|gallery|labels_file|bind|kernel)\s*="
 
 
 def mutate(text: str, rng: random.Random) -> str:
@@ -78,7 +87,7 @@ def mutate(text: str, rng: random.Random) -> str:
     lines = text.split("\n")
     for _ in range(rng.randint(1, 3)):
         i = rng.randrange(len(lines))
-        op = rng.randrange(7)
+        op = rng.randrange(9)
         if op == 0:
             del lines[i]
         elif op == 1:
@@ -93,9 +102,11 @@ def mutate(text: str, rng: random.Random) -> str:
             m = re.match(r"^(\s*[A-Za-z0-9_.]+\s*=\s*)(.*)$", lines[i])
             if m:
                 lines[i] = m.group(1) + rng.choice(ODD_VALUES)
-        else:  # a known key with an odd value, in a random table
-            key = rng.choice(["kind", "url", "bundle", "gallery", "kernel", "labels_file", "bind"])
-            lines.insert(i, f"{key} = {rng.choice(ODD_VALUES)}")
+        else:  # the value of a key run opens or imports (kind, url, a path) made odd
+            keyed = [k for k, line in enumerate(lines) if re.match(OPENED_KEYS, line)]
+            k = rng.choice(keyed) if keyed else i
+            key = lines[k].split("=")[0].strip() if keyed else "kind"
+            lines[k] = f"{key} = {rng.choice(POOLS.get(key, ODD_VALUES))}"
     return "\n".join(lines)
 
 
