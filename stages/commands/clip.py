@@ -62,9 +62,9 @@ def load_model(path: Path, backend: str, check_only: bool = False) -> ClipModel 
     return None if check_only else spec("clip").from_bundle(Path(path), open_device(backend))
 
 
-def classify_model(path: Path, backend: str, synthetic: bool) -> Loaded:
-    """classify's model: load_model's checks when path exists, else (with --synthetic) the
-    synthetic CLIP (stages.commands.models)."""
+def classify_model(path: Path, backend: str, synthetic: bool):
+    """classify's model, for a `with` block: load_model's checks when path exists, else
+    (with --synthetic) the synthetic CLIP (stages.commands.models.load_model)."""
     if backend not in BACKENDS:
         raise ClipInputError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
     if path_kind(path) != "missing":
@@ -76,7 +76,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if not args.label:
         raise ClipInputError("no labels: pass --label L at least once")
     images = [read_rgb(p) for p in args.images]
-    loaded = classify_model(args.model, args.backend, args.synthetic)
+    with classify_model(args.model, args.backend, args.synthetic) as loaded:
+        return _classify(args, images, loaded)
+
+
+def _classify(args: argparse.Namespace, images: list[np.ndarray], loaded: Loaded) -> int:
     model = loaded.model
     result = model.classify(images, args.label, args.template)
     if args.json:

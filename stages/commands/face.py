@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,10 +48,12 @@ def _gallery_path(args: argparse.Namespace) -> Path:
     return Path(args.gallery or os.environ.get("NPUCAM_GALLERY") or DEFAULT_GALLERY)
 
 
-def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, Loaded]:
+@contextlib.contextmanager
+def _encoder(args: argparse.Namespace) -> Iterator[tuple[FaceEncoder, Loaded]]:
     """The detector + embedder the arguments name (--model, else $NPUCAM_FACE_MODEL; with
-    --synthetic the synthetic AdaFace when neither exists); the loaded model's id is what
-    the gallery records (its fingerprint, as the face_match stage's faces carry)."""
+    --synthetic the synthetic AdaFace when neither exists), open for the `with` block; the
+    loaded model's id is what the gallery records (its fingerprint, as the face_match
+    stage's faces carry)."""
     from stages.detectors.blazeface import BlazeFace
 
     if args.backend not in BACKENDS:
@@ -60,20 +64,24 @@ def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, Loaded]:
             "no face model: pass --model DIR (or set NPUCAM_FACE_MODEL), or --synthetic for "
             "the synthetic AdaFace (its identities mean nothing)"
         )
-    loaded = load_model("adaface", model_dir, args.backend, args.synthetic)
-    if args.yunet:
-        from stages.detectors.yunet import YuNet
+    with load_model("adaface", model_dir, args.backend, args.synthetic) as loaded:
+        if args.yunet:
+            from stages.detectors.yunet import YuNet
 
-        detector = YuNet(args.yunet)
-    else:
-        detector = BlazeFace(args.detector)
-    return FaceEncoder(detector, loaded.model), loaded
+            detector = YuNet(args.yunet)
+        else:
+            detector = BlazeFace(args.detector)
+        yield FaceEncoder(detector, loaded.model), loaded
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
     if bool(args.images) == bool(args.camera):
         raise GalleryError(f"{args.name}: give either IMAGES or --camera URL, not both or neither")
-    encoder, loaded = _encoder(args)
+    with _encoder(args) as (encoder, loaded):
+        return _enroll(args, encoder, loaded)
+
+
+def _enroll(args: argparse.Namespace, encoder: FaceEncoder, loaded: Loaded) -> int:
     model_id = loaded.model_id
     gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness, args.max_nose_offset)
     if args.camera:
@@ -204,7 +212,13 @@ def cmd_identify(args: argparse.Namespace) -> int:
     store = GalleryFile(_gallery_path(args))
     if not store.path.exists():
         raise GalleryError(f"{store.path}: no such gallery file (enroll someone first)")
-    encoder, loaded = _encoder(args)
+    with _encoder(args) as (encoder, loaded):
+        return _identify(args, store, encoder, loaded)
+
+
+def _identify(
+    args: argparse.Namespace, store: GalleryFile, encoder: FaceEncoder, loaded: Loaded
+) -> int:
     model_id = loaded.model_id
     if store.current.model and store.current.model != model_id:
         raise GalleryError(

@@ -9,9 +9,10 @@ its text and JSON output carry SYNTHETIC / "synthetic": true."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from npu.models import Loaded, ModelSource, load
 from pipeline.errors import NpucamError
@@ -33,12 +34,12 @@ def add_synthetic_flag(parser: argparse.ArgumentParser, what: str, path: str = "
     )
 
 
-def load_model(
-    name: str, model: str | None, backend: str, synthetic: bool, device: Any = None
-) -> Loaded:
+@contextlib.contextmanager
+def load_model(name: str, model: str | None, backend: str, synthetic: bool) -> Iterator[Loaded]:
     """Model `name` from `model` (a checkpoint for cpu, a bundle for sim / npu), or its
-    synthetic stand-in when `synthetic` and the path is unset or missing. Prints the
-    warning banner when the weights are synthetic."""
+    synthetic stand-in when `synthetic` and the path is unset or missing, for the `with`
+    block: the model and the device it opened are closed after it (their hardware
+    contexts are the machine's). Prints the warning banner when the weights are synthetic."""
     missing = model is None or path_kind(model) == "missing"
     if missing and not synthetic:
         kind = "checkpoint" if backend == "cpu" else "bundle"
@@ -47,7 +48,8 @@ def load_model(
             f"{what}: pass --model with the model's {kind} (backend {backend}), or --synthetic "
             "to run the synthetic stand-in (its outputs mean nothing)"
         )
-    if backend != "cpu" and device is None:
+    device = None
+    if backend != "cpu":
         from npu.device import open_device
 
         device = open_device(backend)
@@ -57,7 +59,26 @@ def load_model(
         synthetic=synthetic,
         where="--model",
     )
-    loaded = load(name, source, backend, device)
+    try:
+        loaded = load(name, source, backend, device)
+    except BaseException:
+        if device is not None:
+            device.close()
+        raise
+    try:
+        _banner(loaded, name, model, backend, synthetic)
+        yield loaded
+    finally:
+        close = getattr(loaded.model, "close", None)
+        try:
+            if device is not None and callable(close):
+                close()
+        finally:
+            if device is not None:
+                device.close()
+
+
+def _banner(loaded: Loaded, name: str, model: str | None, backend: str, synthetic: bool) -> None:
     if loaded.synthetic:
         print(
             f"npucam: WARNING: SYNTHETIC {name} weights ({loaded.model_id}, random from a fixed "
@@ -69,7 +90,6 @@ def load_model(
         print(
             f"npucam: --model {model} exists: real weights; --synthetic not used", file=sys.stderr
         )
-    return loaded
 
 
 def tag(loaded: Loaded) -> str:

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.models import Loaded
 from npu.models.sapiens2.check import check_case
 from pipeline.errors import NpucamError
 from pipeline.files import path_kind
@@ -73,9 +72,9 @@ def check_model_path(model: str, backend: str) -> None:
         )
 
 
-def load_model(model: str | None, backend: str, synthetic: bool = False) -> Loaded:
+def load_model(model: str | None, backend: str, synthetic: bool = False):
     """The Sapiens2-Pose model a --model / --backend pair names (with synthetic, the
-    synthetic stand-in when --model is not given or missing)."""
+    synthetic stand-in when --model is not given or missing), for a `with` block."""
     if backend not in BACKENDS:
         raise PoseCommandError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
     if model is not None and (not synthetic or path_kind(model) != "missing"):
@@ -120,14 +119,14 @@ def draw(rgb: np.ndarray, keypoints: np.ndarray, boxes: np.ndarray, threshold: f
 def cmd_image(args: argparse.Namespace) -> int:
     boxes = np.array([parse_box(b) for b in args.box], dtype=np.float32)
     rgb = read_rgb(args.image)
-    loaded = load_model(args.model, args.backend, args.synthetic)
-    model = loaded.model
-    keypoints = estimate(model, rgb, boxes)
+    with load_model(args.model, args.backend, args.synthetic) as loaded:
+        keypoints = estimate(loaded.model, rgb, boxes)
+        backend = loaded.model.backend
     persons = [
         {
             "box": [float(v) for v in box],
             "keypoints": [[float(v) for v in k] for k in kp],
-            "backend": model.backend,
+            "backend": backend,
             "synthetic": loaded.synthetic,
         }
         for box, kp in zip(boxes, keypoints, strict=True)
@@ -147,7 +146,7 @@ def cmd_image(args: argparse.Namespace) -> int:
             raise PoseCommandError(f"--draw {args.draw}: cannot write the image")
     confident = int((keypoints[:, :, 2] > args.threshold).sum())
     print(
-        f"pose: {len(boxes)} box(es) on {model.backend}{models.tag(loaded)}, {confident} of "
+        f"pose: {len(boxes)} box(es) on {backend}{models.tag(loaded)}, {confident} of "
         f"{keypoints[:, :, 0].size} keypoints with score > {args.threshold}",
         file=sys.stderr,
     )
@@ -157,12 +156,13 @@ def cmd_image(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from npu.bundle import Bundle
 
-    model = load_model(args.bundle, args.backend).model
-    bundle = Bundle.open(args.bundle)
-    cases = list(bundle.tagged("ref"))
-    if not cases:
-        raise PoseCommandError(f"{args.bundle}/manifest.txt: no ref records to check")
-    results = [check_case(model, bundle, r) for r in cases]
+    with load_model(args.bundle, args.backend) as loaded:
+        model = loaded.model
+        bundle = Bundle.open(args.bundle)
+        cases = list(bundle.tagged("ref"))
+        if not cases:
+            raise PoseCommandError(f"{args.bundle}/manifest.txt: no ref records to check")
+        results = [check_case(model, bundle, r) for r in cases]
     for r in results:
         print(
             f"{r['name']}: pixels max|d| {r['pixels_max_diff']:.2e}, features cos "

@@ -404,7 +404,8 @@ def test_enroll_from_a_camera_without_faces_or_frames_fails_cleanly(files, capsy
 # ---- honest output: the synthetic AdaFace, explicitly, and said so everywhere -------------
 
 
-def test_synthetic_enrol_and_identify_say_so_in_text_and_json(files, tmp_path, capsys):
+def test_synthetic_enrol_and_identify_say_so_in_text_and_json(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))  # this test's contexts
     root, _ = files
     gallery = str(tmp_path / "g.npz")
     missing = str(tmp_path / "no-bundle")  # as on a fresh clone: the bundle is not there
@@ -441,7 +442,7 @@ def test_a_missing_model_without_synthetic_names_the_option(files, tmp_path, cap
 
 
 def test_the_pipelines_faces_match_a_gallery_the_cli_enrolled_without_a_model_warning(
-    files, tmp_path, capsys, caplog
+    files, tmp_path, monkeypatch, capsys, caplog
 ):
     """The face_match stage used to warn that a gallery of the synthetic AdaFace held
     another model's embeddings: the gallery recorded the fingerprint, the faces the bare
@@ -455,6 +456,7 @@ def test_the_pipelines_faces_match_a_gallery_the_cli_enrolled_without_a_model_wa
     from stages.postprocess import FaceMatch, FaceMatchOptions
     from stages.runtimes import open_runtime
 
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
     root, _ = files
     gallery = tmp_path / "g.npz"
     base = ["--gallery", str(gallery), "--backend", "sim", "--synthetic"]
