@@ -181,3 +181,27 @@ def test_1000_identical_boxes_are_refused_and_256_never_stall_the_other_camera(
     assert gauges["boxes_malformed"] == 1  # the 1000-box message
     assert gaps and max(gaps) < 1.0, f"card2's longest gap: {max(gaps):.2f} s"
     assert max(persons(rec, "card")) == 256
+
+
+def test_a_message_far_over_the_byte_limit_drops_the_link_and_the_receiver_reconnects(
+    write_config, free_port
+):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    path = config(write_config, endpoint)
+
+    async def script(pub, rec):
+        await asyncio.sleep(0.5)
+        pub.send(box_message(1))
+        await served(rec, "card", 1)
+        pub.send(b"x" * (3 << 20))  # 3 MiB: libzmq drops the connection (ZMQ_MAXMSGSIZE)
+        for _ in range(100):  # until the receiver has reconnected and the PUB knows it again
+            pub.send(box_message(3))
+            if rec.frames("card") and persons(rec, "card")[-1] == 3:
+                break
+            await asyncio.sleep(0.1)
+        await served(rec, "card", 3)
+
+    code, rec, last = asyncio.run(run(path, endpoint, script))
+    assert code == 0
+    gauges = last["stages"]["detect"]["gauges"]
+    assert gauges["boxes_reconnects"] >= 1 and gauges["box_receiver_alive"] == 1
