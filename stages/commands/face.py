@@ -4,7 +4,9 @@ Enrolment reads still images, or a camera (any stages.sources url) for up to --s
 keeping the --samples sharpest gated faces spread over time. Images and frames go through
 the same chain as the face-ID stage: BlazeFace -> 4-point alignment -> AdaFace (cpu: a
 cvlface-style safetensors dir; sim/npu: a bundle) -> the gallery (stages.gallery). `face
-check` is taconite's run_ir18 bundle self-check. Exit codes: 0 done, 1 an identify found no
+check` is taconite's run_ir18 bundle self-check. --synthetic runs the synthetic AdaFace when
+--model is missing (stages.commands.models), and everything printed then says SYNTHETIC.
+Exit codes: 0 done, 1 an identify found no
 known face (or a check mismatched), 2 an error (a bad image or camera, no enrollable face, a
 corrupt gallery, ...), each message naming the file or camera.
 """
