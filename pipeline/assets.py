@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import NpucamError
+from pipeline.files import path_kind
 
 
 class AssetError(NpucamError):
@@ -76,7 +77,7 @@ def cache_dir() -> Path:
 def asset_path(name: str) -> Path:
     """Path of a fetched asset; AssetError says how to fetch it when it is missing."""
     path = cache_dir() / name
-    if not path.is_file():
+    if path_kind(path) != "file":  # never raises, whatever the name (too long, a NUL byte)
         raise AssetError(
             f"{path}: asset {name!r} is not fetched; run `make setup` "
             "(or `python -m pipeline.assets`)"

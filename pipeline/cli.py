@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -37,14 +38,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse argv, run the chosen command, map project errors to exit code 2."""
-    args = build_parser().parse_args(argv)
+    """Parse argv, run the chosen command, map project errors to exit code 2. A reader that
+    stops reading (`npucam bundle info DIR | head`) ends the command quietly, exit 0."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help, or a usage error: argparse printed and exits
+        _flush_or_quiet()
+        raise
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader gone before the last flush is quiet too
+        return code
     except NpucamError as exc:
         print(f"npucam: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
+
+
+def _flush_or_quiet() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader is gone: point stdout at /dev/null, so the interpreter's final flush
+    of what is still buffered does not fail again at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing to flush at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

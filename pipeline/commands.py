@@ -38,6 +38,13 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("validate", help="check a config without running it")
     p.add_argument("config")
+    p.add_argument(
+        "--import",
+        dest="import_modules",
+        action="store_true",
+        help='also import the modules of `kind = "module:Class"` stages that are not '
+        "registered kinds, and check their keys (runs their import-time code)",
+    )
     p.set_defaults(func=cmd_validate)
 
     p = subparsers.add_parser("subscribe", help="print published messages as JSON lines")
@@ -114,9 +121,11 @@ def _stuck_workers(timeout: float) -> list[str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline.graph import load
+    from pipeline.graph import load, stage_warnings
 
-    config, _ = load(args.config)
+    config, checked = load(args.config, import_modules=args.import_modules)
+    for line in stage_warnings(config, checked):
+        print(f"warning: {line}", file=sys.stderr)
     print(
         f"{args.config}: ok ({len(config.cameras)} camera(s): "
         f"{', '.join(c.name for c in config.cameras) or '-'}; stages: "

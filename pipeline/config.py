@@ -68,6 +68,7 @@ class CameraConfig(_Strict):
     reconnect_max_s: float = Field(30.0, gt=0)
     end: Literal["stop", "reconnect"] | None = None
     security: SecuritySection | None = None  # zmq: cameras: overrides of [security]
+    max_clock_skew_ms: float = Field(10_000.0, gt=0)  # zmq: cameras: trust of the sender's clock
 
 
 class StageConfig(BaseModel):

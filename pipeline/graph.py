@@ -7,7 +7,8 @@ How a stage plugs in
 A stage is a small class (subclass of Stage) registered by kind name as an `npucam.stages`
 entry point ("module:Class", pyproject.toml) and imported only when a config uses it, so
 pipeline/ names no stage and never imports model code. A config may also name any class
-directly: `kind = "mypkg.mystage:MyStage"`.
+directly: `kind = "mypkg.mystage:MyStage"`; `run` imports that module, `validate` checks
+the name only (and imports it with --import): validating a config runs no code it names.
 
     class Align(MapStage):
         kind = "align"
@@ -45,6 +46,7 @@ import asyncio
 import functools
 import importlib
 import logging
+import re
 import signal
 import threading
 import time
@@ -143,6 +145,12 @@ class Stage:
         """Extra `key: problem` lines for this stage's part of the config."""
         return []
 
+    @classmethod
+    def warnings(cls, config: Config, index: int) -> list[str]:
+        """`key: warning` lines: what will run, but not as one may expect (validate prints
+        them; the stage logs them again when it starts)."""
+        return []
+
 
 class MapStage(Stage):
     """A stage that turns each item into zero or more items with a blocking process()."""
@@ -221,31 +229,72 @@ class Outbox:
             q.producer_done()
 
 
-def stage_class(kind: str) -> type[Stage]:
-    """Import the class of a stage kind (a registered kind name or "module:Class")."""
+_MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _shown(kind: str) -> str:
+    text = repr(kind)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def parse_kind(kind: str) -> tuple[str, str, bool]:
+    """(module, class name, registered) of a stage kind: a registered kind name (an
+    npucam.stages entry point) or "module.path:Class", checked as names only, nothing
+    imported. LookupError says what is wrong; it never raises anything else."""
     kinds = stage_kinds()
-    target = kinds.get(kind, kind)
+    registered = kind in kinds
+    target = kinds[kind] if registered else kind
     module_name, sep, cls_name = target.partition(":")
     if not sep:
         raise LookupError(
-            f"unknown stage kind {kind!r} (known: {', '.join(kinds)}; or give module:Class)"
+            f"unknown stage kind {_shown(kind)} (known: {', '.join(kinds)}; or give "
+            "module.path:Class)"
         )
+    if not _MODULE_PATH.fullmatch(module_name) or not _CLASS_NAME.fullmatch(cls_name):
+        raise LookupError(
+            f"stage kind {_shown(kind)}: expected module.path:Class (an absolute module path "
+            "of identifiers, a colon, a class name)"
+        )
+    return module_name, cls_name, registered
+
+
+def stage_class(kind: str) -> type[Stage]:
+    """Import the class of a stage kind (a registered kind name or "module:Class"); every
+    failure, whatever the imported module raises, is a LookupError naming the kind."""
+    module_name, cls_name, _ = parse_kind(kind)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise LookupError(f"stage kind {kind!r}: cannot import {module_name}: {exc}") from None
+    except Exception as exc:  # importing user code may raise anything
+        raise LookupError(
+            f"stage kind {_shown(kind)}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+        ) from None
     cls = getattr(module, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Stage)):
-        raise LookupError(f"stage kind {kind!r}: {target} is not a Stage class")
+        raise LookupError(
+            f"stage kind {_shown(kind)}: {module_name}:{cls_name} is not a Stage class"
+        )
     return cls
 
 
-def check_stages(config: Config) -> list[tuple[type[Stage], StageOptions]]:
-    """Each stage's class and validated options; ConfigError lists every problem."""
+Checked = list[tuple[type[Stage], StageOptions] | None]
+
+
+def check_stages(config: Config, import_modules: bool = True) -> Checked:
+    """Each stage's class and validated options; ConfigError lists every problem.
+
+    Registered kinds (entry points) are always imported. A "module:Class" kind that is not
+    registered names user code: with import_modules False (`npucam validate` without
+    --import) it is checked as a name only, nothing of it imported, and its entry is None
+    (its keys and wiring are checked by `run`). `run` always imports."""
     problems: list[str] = security.check_section(config)
-    built: list[tuple[type[Stage], StageOptions]] = []
+    built: Checked = []
     for i, stage in enumerate(config.stages):
         try:
+            _, _, registered = parse_kind(stage.kind)
+            if not (registered or import_modules):
+                built.append(None)
+                continue
             cls = stage_class(stage.kind)
         except LookupError as exc:
             problems.append(f"stages[{i}].kind: {exc}")
@@ -259,17 +308,36 @@ def check_stages(config: Config) -> list[tuple[type[Stage], StageOptions]]:
             problems.append(f"stages[{i}].inbox: a {stage.kind} stage is a source and has no inbox")
         problems.extend(cls.check(config, i))
         built.append((cls, options))
-    for i, (cls, _) in enumerate(built if not problems else []):
+    for i, entry in enumerate(built if not problems else []):
+        if entry is None:
+            continue
+        cls = entry[0]
         name = config.stage_names[i]
         for j, target in enumerate(_targets(config, i)):
-            t_index = config.stage_names.index(target)
-            if not built[t_index][0].accepts:
+            t_entry = built[config.stage_names.index(target)]
+            if t_entry is not None and not t_entry[0].accepts:
                 problems.append(f"stages[{i}].to[{j}]: {target!r} is a source; it takes no input")
         if cls.accepts and not any(i in _targets_index(config, k) for k in range(len(built))):
             problems.append(f"stages[{i}]: nothing sends to stage {name!r}")
     if problems:
         raise config.error(dict.fromkeys(problems))  # two capture stages check one camera
     return built
+
+
+def stage_warnings(config: Config, checked: Checked) -> list[str]:
+    """`file: key: warning` lines for what will run but not as one may expect (a gallery
+    that does not exist yet; a user kind validate did not import)."""
+    lines = []
+    for i, entry in enumerate(checked):
+        if entry is None:
+            lines.append(
+                f"stages[{i}].kind: {_shown(config.stages[i].kind)} is not a registered stage "
+                "kind: checked as a name only; `npucam run` imports its module and checks its "
+                "keys (`npucam validate --import` does it now)"
+            )
+        else:
+            lines.extend(entry[0].warnings(config, i))
+    return [f"{config.path}: {line}" for line in lines]
 
 
 def _targets(config: Config, i: int) -> list[str]:
@@ -283,10 +351,10 @@ def _targets_index(config: Config, i: int) -> list[int]:
     return [config.stage_names.index(t) for t in _targets(config, i)]
 
 
-def load(path: str) -> tuple[Config, list[tuple[type[Stage], StageOptions]]]:
+def load(path: str, import_modules: bool = True) -> tuple[Config, Checked]:
     """load_config + check_stages: everything `npucam validate` checks."""
     config = load_config(path)
-    return config, check_stages(config)
+    return config, check_stages(config, import_modules)
 
 
 class Pipeline:
@@ -449,6 +517,8 @@ __all__ = [
     "StageOptions",
     "check_stages",
     "load",
+    "parse_kind",
     "stage_class",
     "stage_kinds",
+    "stage_warnings",
 ]

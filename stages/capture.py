@@ -14,14 +14,16 @@ import asyncio
 import contextlib
 import logging
 import threading
+from pathlib import Path
 
 from pipeline import assets, security
 from pipeline.config import CameraConfig, Config
+from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve
-from stages.sources import CameraReader, CameraSpec, SourceError, redact
+from stages.sources import IMAGE_SUFFIXES, CameraReader, CameraSpec, SourceError, redact
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ def camera_spec(camera: CameraConfig, config: Config, curve: Curve | None = None
         reconnect_max_s=camera.reconnect_max_s,
         end=camera.end,
         curve=curve,
+        max_clock_skew_ms=camera.max_clock_skew_ms,
     )
 
 
@@ -164,15 +167,48 @@ class Capture(Stage):
 
 
 def _missing_input(spec: CameraSpec) -> str | None:
-    """Why a file, sample or image folder source cannot be read now (None if it can)."""
+    """Why a file, sample or image folder source cannot be read now (None if it can): what
+    `run` opens, opened the same way (a video file must give OpenCV a first frame)."""
     if spec.sample is not None:
         try:
-            assets.asset_path(spec.sample)
+            path = assets.asset_path(spec.sample)
         except assets.AssetError as exc:
             return str(exc)
-        return None
+        return _not_video(path)
     if spec.kind == "file":
-        return None if spec.path.is_file() else f"file not found: {spec.path}"
+        kind = path_kind(spec.path)
+        if kind == "missing":
+            return f"file not found: {spec.path}"
+        if kind != "file":
+            return f"{spec.path}: is {kind}, not a video file"
+        return _not_video(spec.path)
     if spec.kind == "images":
-        return None if spec.path.is_dir() else f"folder not found: {spec.path}"
+        kind = path_kind(spec.path)
+        if kind == "missing":
+            return f"folder not found: {spec.path}"
+        if kind != "directory":
+            return f"{spec.path}: is {'a file' if kind == 'file' else kind}, not a folder"
+        try:
+            names = [p.name for p in spec.path.iterdir()]
+        except OSError as exc:
+            return f"{spec.path}: cannot list the folder: {exc.strerror or exc}"
+        if not any(Path(n).suffix.lower() in IMAGE_SUFFIXES for n in names):
+            return f"{spec.path}: no image files ({', '.join(IMAGE_SUFFIXES)})"
     return None
+
+
+def _not_video(path: Path) -> str | None:
+    """None when OpenCV's FFmpeg backend opens path and decodes a first frame, as the
+    camera's reader will; else why not."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    try:
+        if not cap.isOpened():
+            return f"{path}: not a video OpenCV can open"
+        ok, image = cap.read()
+        if not ok or image is None:
+            return f"{path}: OpenCV opens it but decodes no frame (not a video, or damaged)"
+        return None
+    finally:
+        cap.release()

@@ -26,16 +26,17 @@ from pydantic import Field
 
 from pipeline import security
 from pipeline.config import Config
+from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue
 from stages.align import blazeface_alignment_points
-from stages.box_receiver import BoxReceiver
+from stages.box_receiver import MAX_BOXES, MAX_MESSAGE_BYTES, BoxReceiver, BoxReceiverError
 from stages.detectors.detections import DetectorOutput
 from stages.jobs import ClipJob, FaceJob, PoseJob
 from stages.preview import PreviewFrame, PreviewTap, run_taps
 from stages.rig.groups import RigGroups, RigRegistry, RigTag
-from stages.tracker import PersonTracker, iou_matrix
+from stages.tracker import MAX_TRACKS, PersonTracker, iou_matrix
 from stages.tracks import CameraTracks, TrackRegistry
 
 MIN_FACE_SEARCH_PX = 8  # face_in = "persons": person boxes narrower or lower are skipped
@@ -62,6 +63,7 @@ class TrackerOptions(StageOptions):
     match_iou: float = Field(0.2, gt=0, le=1)
     low_match_iou: float = Field(0.5, gt=0, le=1)
     lost_buffer_s: float = Field(1.0, ge=0)
+    max_tracks: int = Field(MAX_TRACKS, ge=1, le=100_000)  # live + lost tracks per camera
 
 
 class DetectOptions(StageOptions):
@@ -75,6 +77,9 @@ class DetectOptions(StageOptions):
     person_regions: list[RegionOptions] = []
     boxes_endpoint: str | None = Field(None, min_length=1)  # person = "zmq": where to SUBscribe
     boxes_max_age_ms: float = Field(500.0, gt=0)
+    # person = "zmq": a message with more boxes, or more bytes, is refused (counted)
+    boxes_max_per_message: int = Field(MAX_BOXES, ge=1, le=100_000)
+    boxes_max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
     face: Literal["blazeface", "yunet", "roi", "none"] = "blazeface"
     face_variant: Literal["short", "full"] = "short"
     face_min_score: float | None = Field(None, ge=0, le=1)
@@ -179,7 +184,7 @@ class Detect(Stage):
             )
         for field_name in ("person_model", "face_model"):
             path = opts.get(field_name)
-            if isinstance(path, str) and not (config.base_dir / path).is_file():
+            if isinstance(path, str) and path_kind(config.base_dir / path) != "file":
                 problems.append(f"{key}.{field_name}: no such file: {path}")
         if person == "zmq" and isinstance(opts.get("boxes_endpoint"), str):
             problems.extend(security.check_curve(config, bind=False, socket=f"detect {key} boxes"))
@@ -223,7 +228,7 @@ class Detect(Stage):
         elif o.person == "roi":
             self.person_detector = FixedRegions(_regions(o.person_regions))
         elif o.person == "zmq":
-            cameras = o.cameras or [c.name for c in self.context.config.cameras]
+            cameras = self._cameras()
             curve = security.curve_for(
                 self.context.config, bind=False, socket=f"detect {self.name} boxes"
             )
@@ -233,6 +238,8 @@ class Detect(Stage):
                 lambda camera: self.metrics.drop(self.name, camera, "error"),
                 curve,
                 f"detect {self.name} boxes",
+                max_boxes=o.boxes_max_per_message,
+                max_bytes=o.boxes_max_message_bytes,
             )
         if o.face in ("blazeface", "roi"):
             face = BlazeFace(o.face_variant, path(o.face_model), o.face_min_score)
@@ -242,6 +249,29 @@ class Detect(Stage):
         elif o.face == "yunet":
             kwargs = {} if o.face_min_score is None else {"score_threshold": o.face_min_score}
             self.face_detector = YuNet(path(o.face_model), **kwargs)
+
+    def gauges(self) -> dict[str, float]:
+        """On `stats` and Prometheus (any thread): clock jumps and refused tracks over this
+        stage's cameras; with person = "zmq", the box messages received and refused, the
+        receiver's reconnects and whether its thread is alive."""
+        trackers = [t.tracker for c in self._cameras() if (t := self.tracks.get(c)) is not None]
+        trackers += list(self._face_trackers.values())
+        out: dict[str, float] = {
+            "clock_jumps": sum(t.clock_jumps for t in trackers),
+            "tracks_refused": sum(t.tracks_refused for t in trackers),
+        }
+        r = self.receiver
+        if r is not None:
+            out.update(
+                boxes_received=r.received,
+                boxes_malformed=r.malformed,
+                boxes_reconnects=r.reconnects,
+                box_receiver_alive=float(r.failure is None),
+            )
+        return out
+
+    def _cameras(self) -> list[str]:
+        return self.options.cameras or [c.name for c in self.context.config.cameras]
 
     def close(self) -> None:
         """Stop the box receiver (blocking; see BoxReceiver.close)."""
@@ -259,6 +289,7 @@ class Detect(Stage):
             match_iou=t.match_iou,
             low_match_iou=t.low_match_iou,
             lost_buffer_s=t.lost_buffer_s,
+            max_tracks=t.max_tracks,
         )
 
     def camera_tracks(self, camera: str) -> CameraTracks:
@@ -280,6 +311,11 @@ class Detect(Stage):
     def _persons(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """Person boxes float32 [N, 4] xywh and scores float32 [N] of one frame."""
         if self.receiver is not None:
+            if self.receiver.failure is not None:  # its thread died: no boxes will come
+                raise BoxReceiverError(
+                    f"detect {self.name}: the box receiver of {self.receiver.endpoint} stopped: "
+                    f"{type(self.receiver.failure).__name__}: {self.receiver.failure}"
+                )
             got = self.receiver.latest(
                 frame.camera, round(self.options.boxes_max_age_ms * 1e6), now_ns()
             )
@@ -340,9 +376,12 @@ class Detect(Stage):
         pose_jobs: list[PoseJob] = []
         clip_jobs: list[ClipJob] = []
         with tracks.lock:
+            jumps = tracks.tracker.clock_jumps
             tracked = tracks.tracker.update(
                 _xywh_to_xyxy(person_xywh), person_scores, frame.capture_ts_ns
             )
+            if tracks.tracker.clock_jumps != jumps:
+                tracks.clock_jumped(tracks.tracker.last_jump_ns)
             for tb in tracked:
                 ids[tb.detection] = tb.track_id
             boxes_of = {tb.track_id: tb.box for tb in tracked}
@@ -469,9 +508,10 @@ class Detect(Stage):
 
     @staticmethod
     def _due(last_ns: dict[str, int], frame: Frame, interval_s: float) -> bool:
-        """Per-camera rate limit on capture time: True (and noted) once interval_s passed."""
+        """Per-camera rate limit on capture time: True (and noted) once interval_s passed, or
+        when the clock went back past the last one noted (a jump must not mute a camera)."""
         last = last_ns.get(frame.camera)
-        if last is not None and frame.capture_ts_ns - last < interval_s * 1e9:
+        if last is not None and 0 <= frame.capture_ts_ns - last < interval_s * 1e9:
             return False
         last_ns[frame.camera] = frame.capture_ts_ns
         return True
@@ -481,7 +521,7 @@ class Detect(Stage):
     ) -> list[ClipJob]:
         o = self.options
         last = self._last_clip_ns.get(frame.camera)
-        if last is not None and frame.capture_ts_ns - last < o.clip_interval_s * 1e9:
+        if last is not None and 0 <= frame.capture_ts_ns - last < o.clip_interval_s * 1e9:
             return []
         if o.clip == "frame":
             regions = [(None, np.array([0, 0, w, h], np.float32))]
@@ -505,6 +545,7 @@ class Detect(Stage):
         previews = _preview_targets(self.context, out)
         try:
             await loop.run_in_executor(worker, self.load)
+            self.metrics.add_gauges(self.name, self.gauges)
             async for frame in inbox:
                 if wanted is not None and frame.camera not in wanted:
                     await out.send(frame)

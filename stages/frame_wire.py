@@ -31,7 +31,7 @@ binds by default); a `zmq:tcp://HOST:PORT` camera (stages.sources) connects a PU
 with RCVHWM 4 and MAXMSGSIZE = the largest raw frame + 64 KiB, so a slow receiver makes the
 sender's PUSH hit its high-water mark instead of queueing old frames. There is no topic
 part: PUSH/PULL is point to point, and every frame on one endpoint belongs to the camera
-that PULLs it (its seq is renumbered there; capture_ts_ns is kept). With `[security]` both
+that PULLs it (seq and capture_ts_ns are kept there, stages/sources.py). With `[security]` both
 ends run CURVE (pipeline.security); the message format is the same.
 
 decode_frame checks every field and the payload against the header and raises FrameWireError

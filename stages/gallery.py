@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import threading
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -27,7 +28,7 @@ import numpy as np
 
 from npu.models.adaface.preprocess import embedder_input
 from pipeline.errors import NpucamError
-from pipeline.files import FileWatch
+from pipeline.files import FileMissingError, FileRuleError, FileWatch, path_kind, read_regular
 from stages.align import ColourOrder, align_face, align_face_4pt, blazeface_alignment_points
 from stages.detectors.detections import DetectorOutput
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 FORMAT = "npucam-face-gallery"
 VERSION = 1
 ZIP_MAGIC = b"PK\x03\x04"  # every .npz np.savez writes is a zip archive
+# the largest gallery file read, and the most its arrays may unpack to (face_match's
+# `gallery_max_bytes`): 256 MiB holds about 130 000 512-d samples
+GALLERY_MAX_BYTES = 256 << 20
 
 
 class GalleryError(NpucamError):
@@ -177,10 +181,24 @@ def encode_gallery(g: Gallery) -> bytes:
     return buf.getvalue()
 
 
-def decode_gallery(data: bytes, where: str) -> Gallery:
-    """Parse .npz bytes (no pickles); GalleryError naming `where` and the field at fault."""
+def decode_gallery(data: bytes, where: str, max_bytes: int = GALLERY_MAX_BYTES) -> Gallery:
+    """Parse .npz bytes (no pickles); GalleryError naming `where` and the field at fault.
+    The arrays may unpack to at most max_bytes in total (a small compressed member must not
+    expand without bound)."""
     if not data.startswith(ZIP_MAGIC):
         raise GalleryError(f"{where}: not a readable face gallery (.npz): no zip header")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            unpacked = sum(info.file_size for info in zf.infolist())
+    except Exception as exc:  # zipfile raises several types on damaged archives
+        raise GalleryError(
+            f"{where}: not a readable face gallery (.npz): {type(exc).__name__}: {exc}"
+        ) from exc
+    if unpacked > max_bytes:
+        raise GalleryError(
+            f"{where}: the gallery's arrays unpack to {unpacked} bytes, over the "
+            f"{max_bytes}-byte limit (face_match gallery_max_bytes)"
+        )
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             missing = {"names", "embeddings", "meta"} - set(z.files)
@@ -243,16 +261,22 @@ def write_gallery(path: str | Path, g: Gallery) -> None:
         raise GalleryError(f"{path}: cannot write the gallery: {exc}") from exc
 
 
-def read_gallery(path: str | Path) -> Gallery:
-    """Read a gallery file; GalleryError naming the file on any problem."""
+class GalleryMissingError(GalleryError):
+    """The gallery file does not exist (yet)."""
+
+
+def read_gallery(path: str | Path, max_bytes: int = GALLERY_MAX_BYTES) -> Gallery:
+    """Read a gallery file by the rules of pipeline.files.read_regular (a regular file, no
+    symlink, never blocking, at most max_bytes); GalleryError naming the file on any
+    problem (GalleryMissingError when there is none)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise GalleryError(f"{path}: no such gallery file") from None
-    except OSError as exc:
-        raise GalleryError(f"{path}: cannot read the gallery: {exc}") from exc
-    return decode_gallery(data, str(path))
+        data = read_regular(path, max_bytes)
+    except FileMissingError:
+        raise GalleryMissingError(f"{path}: no such gallery file") from None
+    except FileRuleError as exc:
+        raise GalleryError(f"{path}: cannot read the gallery: {exc.reason}") from exc
+    return decode_gallery(data, str(path), max_bytes)
 
 
 class GalleryFile:
@@ -267,16 +291,22 @@ class GalleryFile:
     """
 
     def __init__(
-        self, path: str | Path, embed_dim: int = 512, model: str = "", interval_s: float = 0.0
+        self,
+        path: str | Path,
+        embed_dim: int = 512,
+        model: str = "",
+        interval_s: float = 0.0,
+        max_bytes: int = GALLERY_MAX_BYTES,
     ) -> None:
         self.path = Path(path)
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self.last_error: GalleryError | None = None
         self._watch = FileWatch(self.path, interval_s)
         if self._watch.stamp is None:
             self.current = Gallery.empty(embed_dim, model)
         else:
-            self.current = read_gallery(self.path)
+            self.current = read_gallery(self.path, max_bytes)
 
     def reload_if_changed(self) -> bool:
         """True when a changed file was loaded; False if unchanged or the new one was bad."""
@@ -288,7 +318,7 @@ class GalleryFile:
             log.warning("%s", self.last_error)
             return False
         try:
-            g = read_gallery(self.path)
+            g = read_gallery(self.path, self.max_bytes)
         except GalleryError as exc:
             self.last_error = exc
             log.error("%s; keeping the previous gallery (%d samples)", exc, len(self.current.names))
@@ -300,7 +330,8 @@ class GalleryFile:
 
     def _edit(self, change) -> Gallery:
         with self._lock:
-            base = read_gallery(self.path) if self.path.exists() else self.current
+            present = path_kind(self.path, follow=False) != "missing"
+            base = read_gallery(self.path, self.max_bytes) if present else self.current
             g = change(base)
             write_gallery(self.path, g)
             self.current = g

@@ -50,6 +50,7 @@ from npu.device import open_device
 from npu.models import ModelLoadError
 from pipeline.config import Config
 from pipeline.errors import NpucamError
+from pipeline.files import path_kind
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from stages.jobs import Job
@@ -205,6 +206,27 @@ def _options_for(names: tuple[str, ...]) -> type[InferOptions]:
     return create_model("InferOptions", __base__=InferOptions, **tables)
 
 
+def _path_problems(where: str, path: Path, kind: str, key: str) -> list[str]:
+    """What `run` would die on in a model path that exists: a bundle must be a directory
+    whose manifest and tensor table npu.bundle reads (an empty or unreadable folder, or
+    `bundle = "/etc"`, fails here, not in the device thread); a checkpoint a directory or
+    a file."""
+    if key == "checkpoint":
+        if kind in ("file", "directory"):
+            return []
+        return [f"{where}: {path} is {kind}, not a checkpoint directory or file"]
+    if kind != "directory":
+        shown = "a file" if kind == "file" else kind
+        return [f"{where}: {path} is {shown}, not a bundle directory"]
+    from npu.bundle import Bundle
+
+    try:
+        Bundle.open(path).close()
+    except (NpucamError, OSError, ValueError) as exc:
+        return [f"{where}: not a usable bundle: {exc}"]
+    return []
+
+
 def infer_options() -> type[InferOptions]:
     """InferOptions with a table for every model registered now."""
     return _options_for(models.names())
@@ -284,17 +306,18 @@ class Infer(Stage):
             mo = options.model(m)
             raw = getattr(mo, key)
             path = resolve(config.base_dir, raw)
-            missing = path is None or not Path(path).exists()
-            if missing and not (mo.synthetic and options.backend != "npu"):
+            kind = "missing" if path is None else path_kind(path)
+            where = f"stages[{index}].{m}.{key}"
+            if kind == "missing" and not (mo.synthetic and options.backend != "npu"):
                 what = "is not set" if raw is None else f"{path} does not exist"
                 fix = (
                     "synthetic models run on cpu and sim only"
                     if mo.synthetic
                     else "or set synthetic = true"
                 )
-                problems.append(
-                    f"stages[{index}].{m}.{key}: {what} (backend {options.backend}; {fix})"
-                )
+                problems.append(f"{where}: {what} (backend {options.backend}; {fix})")
+            elif kind != "missing":
+                problems.extend(_path_problems(where, Path(path), kind, key))
             problems.extend(
                 runtime_class(m).check_options(mo, config.base_dir, f"stages[{index}].{m}")
             )

@@ -7,18 +7,29 @@ image embeddings into label probabilities (npu.models.clip.post).
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from npu.models.clip.post import ZeroShotError, label_probabilities
 from npu.models.sapiens2.keypoints import NAMES as KEYPOINT_NAMES
 from npu.models.sapiens2.keypoints import face_points
 from npu.models.sapiens2.post import BLUR_KERNEL, dark_keypoints
+from pipeline.config import Config
 from pipeline.errors import NpucamError
+from pipeline.files import path_kind
 from pipeline.graph import MapStage, StageOptions
 from pipeline.messages import ClipResult, FaceResult, PoseResult, now_ns
-from stages.gallery import Gallery, GalleryFile
+from stages.gallery import (
+    GALLERY_MAX_BYTES,
+    Gallery,
+    GalleryError,
+    GalleryFile,
+    GalleryMissingError,
+    read_gallery,
+)
 from stages.jobs import (
     ClipInferred,
     ClipJob,
@@ -41,12 +52,22 @@ class PostprocessError(NpucamError):
 # The infer stage emits one Inferred subclass per kind; each stage's inbox takes only its own.
 
 
+MAX_BLUR_KERNEL = 99  # DARK's blur kernel: the heatmaps are 64 x 48 (Sapiens2: 256 x 192)
+
+
 class DarkOptions(StageOptions):
-    kernel: int = Field(BLUR_KERNEL, ge=3)  # DARK's Gaussian blur kernel (odd)
+    kernel: int = Field(BLUR_KERNEL, ge=3, le=MAX_BLUR_KERNEL)  # DARK's Gaussian blur (odd)
     # face jobs from each 308-keypoint pose's 5 face points (npu.models.sapiens2.keypoints), sent
     # on by the detect stage of the same run with its next frame of that camera
     face_points: bool = False
     face_min_score: float = Field(0.3, ge=0)  # every point used must score above this
+
+    @field_validator("kernel")
+    @classmethod
+    def _odd(cls, kernel: int) -> int:
+        if kernel % 2 == 0:  # npu.models.sapiens2.post.gaussian_taps refuses it on every pose
+            raise PydanticCustomError("odd_kernel", "expected an odd integer")
+        return kernel
 
 
 def _xyxy(box_xywh: np.ndarray) -> np.ndarray:
@@ -151,6 +172,11 @@ class FaceMatchOptions(StageOptions):
     threshold: float = Field(0.4, ge=-1, le=1)
     margin: float = Field(0.05, ge=0, le=2)
     reload_interval_s: float = Field(1.0, ge=0)  # how often the file's stamp is looked at
+    gallery_max_bytes: int = Field(GALLERY_MAX_BYTES, ge=1024)  # largest gallery file read
+
+
+def _gallery_key(config: Config, index: int) -> str:
+    return f"stages[{index}].gallery"
 
 
 class FaceMatch(MapStage):
@@ -167,9 +193,49 @@ class FaceMatch(MapStage):
         self.gallery: GalleryFile | None = None
         if options.gallery is not None:
             self.gallery = GalleryFile(
-                context.config.base_dir / options.gallery, interval_s=options.reload_interval_s
+                context.config.base_dir / options.gallery,
+                interval_s=options.reload_interval_s,
+                max_bytes=options.gallery_max_bytes,
             )
+            if path_kind(self.gallery.path, follow=False) == "missing":
+                names = context.config.stage_names
+                key = f"stages[{names.index(name)}]" if name in names else f"stage {name}"
+                logger.warning(
+                    "%s: %s", context.config.path, _missing_gallery(key, self.gallery.path)
+                )
         self._warned_model = False
+
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        """The gallery file, read and decoded as the stage will at start: a regular file
+        (no FIFO, device, directory or symlink), within gallery_max_bytes, a gallery. A
+        missing one is only a warning (`warnings`): enrolment may create it later."""
+        path, max_bytes = cls._gallery_file(config, index)
+        if path is None:
+            return []
+        try:
+            read_gallery(path, max_bytes)
+        except GalleryMissingError:
+            return []
+        except GalleryError as exc:
+            return [f"{_gallery_key(config, index)}: {exc}"]
+        return []
+
+    @classmethod
+    def warnings(cls, config: Config, index: int) -> list[str]:
+        """A gallery path with no file yet: the run starts, with no identities."""
+        path, _ = cls._gallery_file(config, index)
+        if path is None or path_kind(path, follow=False) != "missing":
+            return []
+        return [_missing_gallery(f"stages[{index}]", path)]
+
+    @staticmethod
+    def _gallery_file(config: Config, index: int):
+        opts = config.stages[index].options
+        raw, max_bytes = opts.get("gallery"), opts.get("gallery_max_bytes", GALLERY_MAX_BYTES)
+        if not isinstance(raw, str) or not raw or type(max_bytes) is not int:  # noqa: E721
+            return None, GALLERY_MAX_BYTES  # Options validation reports these
+        return config.base_dir / raw, max_bytes
 
     def _current(self) -> Gallery | None:
         if self.gallery is None:
@@ -226,6 +292,15 @@ class FaceMatch(MapStage):
                 extra={"reason": reason, "landmark_source": job.landmark_source},
             )
         ]
+
+
+def _missing_gallery(key: str, path) -> str:
+    path = os.path.normpath(path)
+    return (
+        f"{key}.gallery: {path}: no such gallery file; every face is "
+        "`empty_gallery` until someone is enrolled there (`npucam face enroll NAME IMAGE... "
+        f"--gallery {path}`), then the stage loads it"
+    )
 
 
 class ClipLabelsOptions(StageOptions):

@@ -20,8 +20,11 @@ url forms:
                              anything FFmpeg opens through cv2.VideoCapture (incl. HTTP MJPEG)
     images:DIR               the image files of DIR in sorted order, paced by `fps`
     zmq:tcp://HOST:PORT      PULL frames a remote capture process PUSHes (stages.frame_wire);
-                             connects, does not bind; every frame it gets belongs to this camera;
-                             CURVE with the keys of CameraSpec.curve (docs/security.md)
+                             connects, does not bind; every frame it gets belongs to this camera
+                             and keeps the sender's seq and grab time (a grab time further than
+                             max_clock_skew_ms from this host's clock is replaced by the
+                             arrival time and counted in clock_skews); CURVE with the keys of
+                             CameraSpec.curve (docs/security.md)
     synthetic:[?width=W&height=H&fps=F]
                              a deterministic moving test card with the seq drawn in it
 
@@ -73,6 +76,8 @@ FPS_WINDOW_S = 2.0
 # cv2.VideoCapture.read fails once per undecodable frame and keeps failing at the end of the
 # source; this many failures in a row are the end.
 MAX_FAILED_READS = 5
+MAX_WIRE_SEQ = 2**53  # a received seq must stay exact for JSON readers whose numbers are doubles
+SKEWS_LOGGED = 5  # frames re-stamped for clock skew, logged per camera; then one per 100
 
 
 class SourceError(NpucamError):
@@ -93,6 +98,8 @@ class CameraSpec:
         "reconnect" (reopen with backoff); None = "stop" for files, folders and the test
         card, "reconnect" for live sources.
     curve: zmq sources: the CURVE keys to connect with (pipeline.security); None is plain.
+    max_clock_skew_ms: zmq sources: a received grab time further than this from the arrival
+        time is the sender's clock, not the hop: the frame is re-stamped on arrival.
     """
 
     name: str
@@ -107,6 +114,7 @@ class CameraSpec:
     reconnect_max_s: float = 30.0
     end: str | None = None
     curve: Curve | None = None
+    max_clock_skew_ms: float = 10_000.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -114,7 +122,13 @@ class CameraSpec:
         if not isinstance(self.url, str) or not self.url.strip():
             raise SourceError(f"camera {self.name!r}: url must be a non-empty string")
         self.base_dir = Path(self.base_dir)
-        positive = ("staleness_ms", "stall_timeout_s", "reconnect_min_s", "reconnect_max_s")
+        positive = (
+            "staleness_ms",
+            "stall_timeout_s",
+            "reconnect_min_s",
+            "reconnect_max_s",
+            "max_clock_skew_ms",
+        )
         for key in positive:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -267,10 +281,11 @@ class _Source:
         """Raise _SourceFailed if the source cannot be opened now."""
         raise NotImplementedError
 
-    def read(self, seq: int) -> tuple[np.ndarray, int | None, str] | None:
+    def read(self, seq: int) -> tuple | None:
         """(image BGR uint8 [H, W, 3], capture_ts_ns or None = now, description) of the next
-        item (seq is the number it will get); None when no image came: the end, a frame
-        OpenCV could not decode, a timed-out read or stop; _BadFrame to skip one item."""
+        item (seq is the number it will get), or with a 4th element the seq it carries
+        itself (zmq: the sender's); None when no image came: the end, a frame OpenCV could
+        not decode, a timed-out read or stop; _BadFrame to skip one item."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -363,8 +378,9 @@ class _ImageFolderSource(_Source):
 
 
 class _ZmqSource(_Source):
-    """PULL socket that connects to a remote PUSH. A frame keeps its remote capture time; its
-    deadline is that plus this camera's staleness_ms, and its seq is this camera's."""
+    """PULL socket that connects to a remote PUSH. A frame keeps its remote seq and capture
+    time (the reader re-stamps one too far from its own clock); its deadline is that time
+    plus this camera's staleness_ms."""
 
     RCVHWM = 4
     POLL_MS = 50
@@ -403,10 +419,11 @@ class _ZmqSource(_Source):
             self.close()
             raise _SourceFailed(f"cannot connect to {self.endpoint}: {exc}") from None
 
-    def read(self, seq: int) -> tuple[np.ndarray, int, str] | None:
-        """The next frame; None after stop, or after 0.9 * stall_timeout_s without one (the
-        reader's "stalled" mark), with the socket already closed: a frame sent once the
-        camera shows "stale" then waits for the reopened socket instead of being lost."""
+    def read(self, seq: int) -> tuple[np.ndarray, int, str, int] | None:
+        """The next frame (image, capture time, description, the sender's seq); None after
+        stop, or after 0.9 * stall_timeout_s without one (the reader's "stalled" mark), with
+        the socket already closed: a frame sent once the camera shows "stale" then waits for
+        the reopened socket instead of being lost."""
         give_up = time.monotonic() + 0.9 * self.stall_timeout_s
         while not self.stop.is_set():
             left_ms = (give_up - time.monotonic()) * 1000
@@ -420,10 +437,13 @@ class _ZmqSource(_Source):
                 remote = decode_frame(parts)
             except FrameWireError as exc:
                 raise _BadFrame("bad_messages", str(exc)) from None
+            if remote.seq >= MAX_WIRE_SEQ:
+                raise _BadFrame("bad_messages", f"frame seq {remote.seq} is not below 2^53")
             return (
                 remote.image,
                 remote.capture_ts_ns,
                 f"{self.description} {remote.camera}#{remote.seq} ({remote.source})",
+                remote.seq,
             )
         return None
 
@@ -531,6 +551,7 @@ class CameraReader:
             "bad_messages": 0,
             "size_changes": 0,
             "emit_errors": 0,
+            "clock_skews": 0,
         }
         self._last_grab_ns: int | None = None
         self._frame_size: tuple[int, int] | None = None
@@ -578,7 +599,8 @@ class CameraReader:
         return state
 
     def stats(self) -> dict:
-        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, fps,
+        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors,
+        clock_skews (frames re-stamped on arrival, see CameraSpec.max_clock_skew_ms), fps,
         last_grab_ns (and as a string), frame_size [H, W], health, last_error, source."""
         now = time.monotonic()
         with self._lock:
@@ -704,18 +726,19 @@ class CameraReader:
             self._counts["bad_frames"] += failed_reads
             failed_reads = 0
             grab_ns = now_ns()
-            image, capture_ns, description = item
-            capture_ns = grab_ns if capture_ns is None else capture_ns
+            image, capture_ns, description, *own_seq = item
+            capture_ns = grab_ns if capture_ns is None else self._trusted(capture_ns, grab_ns)
+            seq = own_seq[0] if own_seq else self._seq
             self._note_grab(image, grab_ns)
             frame = Frame(
                 camera=spec.name,
-                seq=self._seq,
+                seq=seq,
                 capture_ts_ns=capture_ns,
                 deadline_ns=capture_ns + int(spec.staleness_ms * 1_000_000),
                 image=image,
                 source=description,
             )
-            self._seq += 1
+            self._seq = seq + 1
             flowed = True
             self._state = "online"
             try:
@@ -726,6 +749,23 @@ class CameraReader:
                 self._last_error = f"emit failed: {exc!r}"
                 log.exception("camera %s: emit failed", spec.name)
         return flowed, "stop"
+
+    def _trusted(self, capture_ns: int, grab_ns: int) -> int:
+        """A capture time the source sent (zmq: the sender's clock), or the arrival time
+        when it is further than max_clock_skew_ms from it: one frame stamped a day ahead
+        must not hold the camera's deadlines and tracks a day ahead (counted, logged)."""
+        skew_ns = capture_ns - grab_ns
+        if abs(skew_ns) <= self.spec.max_clock_skew_ms * 1_000_000:
+            return capture_ns
+        self._counts["clock_skews"] += 1
+        n = self._counts["clock_skews"]
+        self._last_error = (
+            f"frame stamped {skew_ns / 1e9:+.3f} s from this host's clock (over "
+            f"max_clock_skew_ms {self.spec.max_clock_skew_ms:g}): re-stamped on arrival"
+        )
+        if n <= SKEWS_LOGGED or n % 100 == 0:
+            log.warning("camera %s: %s (%d so far)", self.spec.name, self._last_error, n)
+        return grab_ns
 
     def _note_grab(self, image: np.ndarray, grab_ns: int) -> None:
         now = time.monotonic()

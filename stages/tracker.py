@@ -1,9 +1,12 @@
 """Per-camera person tracker, ByteTrack-style, and the pose-refresh order it gives the scheduler.
 
 Matches ByteTrack's association (Zhang et al., 2022; as in roboflow/supervision's ByteTrack):
-high-score boxes first match every live or lost track by IoU (Hungarian assignment), then
-low-score boxes may only extend the still-unmatched live tracks, never start one; tracks
-unmatched for longer than the lost buffer expire, and ids are never reused. Motion is a
+high-score boxes first match every live or lost track by IoU (ByteTrack's lapjv assignment
+with a cost limit, solved per group of overlapping boxes), then low-score boxes may only
+extend the still-unmatched live tracks, never start one; tracks unmatched for longer than
+the lost buffer expire, and ids are never reused. A camera keeps at most max_tracks tracks.
+A frame time before the previous one (a clock stepped back) is a clock jump: counted,
+logged, and the tracker's times move with it, so the camera goes on tracking. Motion is a
 constant-velocity prediction of the box corners (px/s) instead of ByteTrack's Kalman filter.
 Each track remembers when its pose was last refreshed, so pose jobs go to the oldest pose
 first and N people share the device fairly.
@@ -11,14 +14,21 @@ first and N people share the device fairly.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from pipeline.errors import NpucamError
 
+log = logging.getLogger(__name__)
+
 _NS = 1_000_000_000
-_GATED = 2.0  # assignment cost of a pair below the IoU gate; real costs (1 - IoU) are < 1
+MAX_TRACKS = 256  # tracks (live and lost) per camera; detect's tracker.max_tracks
+JUMPS_LOGGED = 5  # clock jumps logged per camera; then one line per 100
 
 
 class TrackerError(NpucamError):
@@ -41,65 +51,67 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def linear_assignment(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Minimum-cost assignment of min(N, M) pairs, as scipy.optimize.linear_sum_assignment.
-
-    cost: float [N, M]. Returns (rows, cols), int64 [min(N, M)], rows ascending. Hungarian
-    method with potentials and shortest augmenting paths, O(N^2 M).
-    """
+    """Minimum-cost assignment of min(N, M) pairs: scipy.optimize.linear_sum_assignment (a
+    shortest-augmenting-path solver in C). cost: float [N, M]. Returns (rows, cols), int64
+    [min(N, M)], rows ascending."""
     cost = np.asarray(cost, dtype=np.float64)
     if cost.ndim != 2:
         raise ValueError(f"cost must be 2-D, got shape {cost.shape}")
-    transposed = cost.shape[0] > cost.shape[1]
-    if transposed:
-        cost = cost.T
-    n, m = cost.shape
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    u = np.zeros(n + 1)
-    v = np.zeros(m + 1)
-    row_of = np.zeros(m + 1, dtype=np.int64)  # column j (1-based) -> row (1-based), 0 = free
-    way = np.zeros(m + 1, dtype=np.int64)
-    for i in range(1, n + 1):
-        row_of[0] = i
-        j0 = 0
-        minv = np.full(m + 1, np.inf)
-        used = np.zeros(m + 1, dtype=bool)
-        while True:
-            used[j0] = True
-            i0 = row_of[j0]
-            free = ~used[1:]
-            reduced = cost[i0 - 1] - u[i0] - v[1:]
-            better = free & (reduced < minv[1:])
-            minv[1:][better] = reduced[better]
-            way[1:][better] = j0
-            masked = np.where(free, minv[1:], np.inf)
-            j1 = int(np.argmin(masked)) + 1
-            delta = masked[j1 - 1]
-            u[row_of[used]] += delta
-            v[used] -= delta
-            minv[~used] -= delta
-            j0 = j1
-            if row_of[j0] == 0:
-                break
-        while j0:
-            j1 = way[j0]
-            row_of[j0] = row_of[j1]
-            j0 = j1
-    cols = np.nonzero(row_of[1:])[0]
-    rows = row_of[1:][cols] - 1
-    if transposed:
-        rows, cols = cols, rows
-    order = np.argsort(rows)
-    return rows[order].astype(np.int64), cols[order].astype(np.int64)
+    rows, cols = linear_sum_assignment(cost)
+    return rows.astype(np.int64), cols.astype(np.int64)
 
 
 def match_by_iou(iou: np.ndarray, min_iou: float) -> list[tuple[int, int]]:
-    """Pairs (row, col) of an optimal assignment on 1 - IoU, keeping only IoU >= min_iou."""
-    if iou.size == 0:
+    """Pairs (row, col) of ByteTrack's assignment (lap.lapjv with extend_cost and cost_limit
+    1 - min_iou): the matching that minimises the sum of 1 - IoU over matched pairs plus
+    (1 - min_iou) / 2 for every row and column left unmatched, so no pair below min_iou is
+    ever matched. Sorted by row.
+
+    Only pairs with IoU >= min_iou can match, so the problem splits into the connected
+    components of those pairs, each solved on its own: boxes far from every track cost
+    nothing, and the work is that of the largest group of mutually overlapping boxes
+    (the detect stage bounds the boxes per frame: boxes_max_per_message, tracker.max_tracks).
+    """
+    iou = np.asarray(iou, dtype=np.float64)
+    n, m = iou.shape
+    rows, cols = np.nonzero(iou >= min_iou)
+    if rows.size == 0:
         return []
-    cost = np.where(iou >= min_iou, 1.0 - iou, _GATED)
-    rows, cols = linear_assignment(cost)
-    return [(int(r), int(c)) for r, c in zip(rows, cols, strict=True) if iou[r, c] >= min_iou]
+    graph = coo_matrix((np.ones(rows.size), (rows, n + cols)), shape=(n + m, n + m))
+    _, label = connected_components(graph, directed=False)
+    limit = 1.0 - min_iou
+    out: list[tuple[int, int]] = []
+    for comp in np.unique(label[rows]):
+        r = np.nonzero(label[:n] == comp)[0]
+        c = np.nonzero(label[n:] == comp)[0]
+        if len(r) == 1 and len(c) == 1:
+            out.append((int(r[0]), int(c[0])))
+            continue
+        out.extend(_extended_assignment(iou[np.ix_(r, c)], min_iou, limit, r, c))
+    out.sort()
+    return out
+
+
+def _extended_assignment(
+    sub: np.ndarray, min_iou: float, limit: float, r: np.ndarray, c: np.ndarray
+) -> list[tuple[int, int]]:
+    """One component of match_by_iou: the square extended problem of lapjv's extend_cost,
+    [[C, U_rows], [U_cols, 0]] with C = 1 - IoU (forbidden below min_iou) and U the
+    cost_limit / 2 of leaving a row or a column unmatched (diagonal, else forbidden)."""
+    nr, nc = sub.shape
+    forbidden = 1e6  # larger than any feasible total: nr + nc items at cost <= 1 each
+    big = np.full((nr + nc, nc + nr), forbidden)
+    big[:nr, :nc] = np.where(sub >= min_iou, 1.0 - sub, forbidden)
+    big[np.arange(nr), nc + np.arange(nr)] = limit / 2
+    big[nr + np.arange(nc), np.arange(nc)] = limit / 2
+    big[nr:, nc:] = 0.0
+    rr, cc = linear_sum_assignment(big)
+    keep = (rr < nr) & (cc < nc)
+    return [
+        (int(r[i]), int(c[j]))
+        for i, j in zip(rr[keep], cc[keep], strict=True)
+        if sub[i, j] >= min_iou
+    ]
 
 
 @dataclass(slots=True)
@@ -157,7 +169,10 @@ class PersonTracker:
     high_score / low_score: detection score split of ByteTrack's two stages (below low_score
     a box is ignored); new_track_score: a high box must score this to start a track;
     match_iou / low_match_iou: IoU gates of the two stages (ByteTrack: 1 - 0.8 and 0.5);
-    lost_buffer_s: how long an unmatched track is kept for re-identification.
+    lost_buffer_s: how long an unmatched track is kept for re-identification; max_tracks:
+    live and lost tracks kept (a new one at the cap replaces the lost track seen longest ago,
+    or is not started when every track is live: counted in tracks_refused). clock_jumps
+    counts frames whose time was before the previous frame's.
     """
 
     def __init__(
@@ -171,6 +186,7 @@ class PersonTracker:
         low_match_iou: float = 0.5,
         lost_buffer_s: float = 1.0,
         velocity_alpha: float = 0.5,
+        max_tracks: int = MAX_TRACKS,
     ) -> None:
         if not 0 <= low_score <= high_score <= new_track_score <= 1:
             raise TrackerError(
@@ -179,6 +195,8 @@ class PersonTracker:
             )
         if lost_buffer_s < 0:
             raise TrackerError(f"camera {camera!r}: lost_buffer_s must be >= 0")
+        if max_tracks < 1:
+            raise TrackerError(f"camera {camera!r}: max_tracks must be >= 1")
         self.camera = camera
         self.high_score = high_score
         self.low_score = low_score
@@ -187,6 +205,10 @@ class PersonTracker:
         self.low_match_iou = low_match_iou
         self.lost_buffer_ns = round(lost_buffer_s * _NS)
         self.velocity_alpha = velocity_alpha
+        self.max_tracks = max_tracks
+        self.clock_jumps = 0
+        self.last_jump_ns = 0  # the latest jump: new frame time - previous frame time (< 0)
+        self.tracks_refused = 0
         self._tracks: dict[int, Track] = {}
         self._next_id = 1
         self._last_ts: int | None = None
@@ -207,9 +229,12 @@ class PersonTracker:
 
     def update(self, boxes: np.ndarray, scores: np.ndarray, ts_ns: int) -> list[TrackedBox]:
         """Associate one frame's person detections. boxes: float [N, 4] (x1, y1, x2, y2) px;
-        scores: float [N]; ts_ns: the frame's capture time (non-decreasing). Returns the
-        detections that belong to a track, in detection order."""
-        boxes, scores = self._check(boxes, scores, ts_ns)
+        scores: float [N]; ts_ns: the frame's capture time (a time before the previous
+        frame's is a clock jump, see the class docstring). Returns the detections that belong
+        to a track, in detection order."""
+        boxes, scores = self._check(boxes, scores)
+        if self._last_ts is not None and ts_ns < self._last_ts:
+            self._clock_jumped(ts_ns - self._last_ts)
         self._last_ts = ts_ns
         high = np.nonzero(scores >= self.high_score)[0]
         low = np.nonzero((scores >= self.low_score) & (scores < self.high_score))[0]
@@ -243,6 +268,9 @@ class PersonTracker:
         for i in high:
             if int(i) in matched_high or scores[i] < self.new_track_score:
                 continue
+            if len(self._tracks) >= self.max_tracks and not self._evict_lost():
+                self.tracks_refused += 1
+                continue
             track = Track(
                 track_id=self._next_id,
                 box=boxes[i].copy(),
@@ -256,9 +284,34 @@ class PersonTracker:
         out.sort(key=lambda tb: tb.detection)
         return out
 
-    def _check(
-        self, boxes: np.ndarray, scores: np.ndarray, ts_ns: int
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _clock_jumped(self, delta_ns: int) -> None:
+        """The frame clock stepped back by -delta_ns: move every stored time by delta_ns, as
+        if no time had passed since the previous frame (predictions stay put, lost tracks
+        keep their remaining buffer, pose ages stay in order)."""
+        self.clock_jumps += 1
+        self.last_jump_ns = delta_ns
+        for track in self._tracks.values():
+            track.last_seen_ns += delta_ns
+            if track.pose_ts_ns is not None:
+                track.pose_ts_ns += delta_ns
+        if self.clock_jumps <= JUMPS_LOGGED or self.clock_jumps % 100 == 0:
+            log.warning(
+                "camera %r: frame time %.3f s before the previous frame's (a clock jump, %d so "
+                "far): tracking goes on from the new time",
+                self.camera,
+                -delta_ns / _NS,
+                self.clock_jumps,
+            )
+
+    def _evict_lost(self) -> bool:
+        """Drop the lost track seen longest ago to make room; False if every track is live."""
+        lost = [t for t in self._tracks.values() if t.lost]
+        if not lost:
+            return False
+        del self._tracks[min(lost, key=lambda t: (t.last_seen_ns, t.track_id)).track_id]
+        return True
+
+    def _check(self, boxes: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         where = f"camera {self.camera!r}"
         boxes = np.asarray(boxes, dtype=np.float64)
         scores = np.asarray(scores, dtype=np.float64)
@@ -275,10 +328,6 @@ class PersonTracker:
         bad = np.nonzero((boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1]))[0]
         if bad.size:
             raise TrackerError(f"{where}: box {int(bad[0])} has x2 < x1 or y2 < y1")
-        if self._last_ts is not None and ts_ns < self._last_ts:
-            raise TrackerError(
-                f"{where}: frame time {ts_ns} ns is before the previous frame ({self._last_ts})"
-            )
         return boxes, scores
 
     def _refresh(self, track: Track, box: np.ndarray, score: float, ts_ns: int) -> None:
@@ -321,8 +370,11 @@ class PersonTracker:
         if capture_ts_ns is None:
             return None
         previous = None if track is None else track.pose_ts_ns
-        if track is not None and (previous is None or capture_ts_ns > previous):
-            track.pose_ts_ns = capture_ts_ns
+        # a frame is never later than the newest one tracked (one from before a clock jump
+        # would otherwise look fresh for as long as the jump)
+        posed = capture_ts_ns if self._last_ts is None else min(capture_ts_ns, self._last_ts)
+        if track is not None and (previous is None or posed > previous):
+            track.pose_ts_ns = posed
         return PoseTag(
             track_id=track_id,
             capture_ts_ns=capture_ts_ns,

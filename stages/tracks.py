@@ -34,6 +34,12 @@ class CameraTracks:
                 del self.pose_deadlines[track_id]
                 self.tracker.pose_finished(track_id, None, at_ns)
 
+    def clock_jumped(self, delta_ns: int) -> None:
+        """The frame clock moved by delta_ns (the tracker saw a jump): the outstanding pose
+        jobs' deadlines move with it, so none waits out the jump before it is retried."""
+        for track_id in self.pose_deadlines:
+            self.pose_deadlines[track_id] += delta_ns
+
     def finish_pose(self, track_id: int, capture_ts_ns: int, at_ns: int) -> PoseTag | None:
         with self.lock:
             self.pose_deadlines.pop(track_id, None)

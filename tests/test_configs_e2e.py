@@ -1,6 +1,8 @@
 """The shipped configs as a user runs them (`npucam run`, a SUB socket on the published
 endpoint): the demo publishes det, pose, face and clip messages for both sample cameras;
-multicam-pose and face-kiosk validate and run briefly on the simulated NPU."""
+multicam-pose and face-kiosk validate and run briefly on the simulated NPU; the kiosk's
+documented enrol command works on a fresh clone; split-capture + split-infer run the NPU
+stage on the received frames and keep the sender's seq."""
 
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ def test_demo_publishes_det_pose_face_and_clip_for_both_cameras():
     for _, a in arrays["face"]:
         assert a["embedding"].shape == (512,)
         assert abs(float(np.linalg.norm(a["embedding"])) - 1) < 1e-5
+    assert_faces_carry_their_person_track(arrays)
     for h, a in arrays["clip"]:
         assert abs(float(a["probabilities"].sum()) - 1) < 1e-5
         assert h["top_label"] in h["labels"]
@@ -117,3 +120,104 @@ def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic():
         assert a["landmarks"].shape == (4, 2) and a["box"].shape == (4,)
         assert abs(float(np.linalg.norm(a["embedding"])) - 1) < 1e-5
     assert "pose" not in got and "clip" not in got
+    # no person detector: each face is tracked itself, and its message says which track
+    assert all(isinstance(h["track_id"], int) for h in got["face"]["kiosk"])
+    assert "similarities across models" not in err
+    if not (REPO / "gallery.npz").exists():  # a fresh clone: the missing gallery is named
+        assert "configs/face-kiosk.toml: stages[4].gallery: " in err
+        assert "gallery.npz: no such gallery file" in err
+
+
+def assert_faces_carry_their_person_track(arrays) -> None:
+    """Each face message's track_id is the track of the smallest tracked person box of its
+    frame's det message that contains the face's centre (None when there is none)."""
+    dets = {(h["camera"], h["seq"]): (h, a) for h, a in arrays["det"]}
+    checked = 0
+    for h, a in arrays["face"]:
+        if (h["camera"], h["seq"]) not in dets:
+            continue  # that frame's det message was not received
+        det, det_arrays = dets[h["camera"], h["seq"]]
+        x1, y1, x2, y2 = (float(v) for v in a["box"])
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        best, area = None, float("inf")
+        for box, label, tid in zip(det_arrays["boxes"], det["labels"], det["track_ids"],
+                                   strict=True):  # fmt: skip
+            bx1, by1, bx2, by2 = (float(v) for v in box)
+            inside = bx1 <= cx <= bx2 and by1 <= cy <= by2
+            if (
+                label == "person"
+                and tid is not None
+                and inside
+                and (bx2 - bx1) * (by2 - by1) < area
+            ):
+                best, area = tid, (bx2 - bx1) * (by2 - by1)
+        assert h["track_id"] == best, (h, det)
+        checked += 1
+    assert checked, "no face message had its frame's det message"
+
+
+def kiosk_enrol_command() -> list[str]:
+    """The enrol command configs/face-kiosk.toml's comments give, as argv."""
+    lines = (REPO / "configs" / "face-kiosk.toml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "npucam face enroll" in line)
+    text = ""
+    for line in lines[start:]:
+        text += line.lstrip("#").strip().removesuffix("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            break
+    return text.split()
+
+
+def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_kiosk(tmp_path):
+    import cv2
+    import skimage.data
+
+    from npu.models import ModelSource
+    from stages.gallery import read_gallery
+    from stages.runtimes import open_runtime
+
+    argv = kiosk_enrol_command()
+    assert argv[:4] == [".venv/bin/npucam", "face", "enroll", "NAME"], argv
+    model = argv[argv.index("--model") + 1]
+    assert not (REPO / model).exists(), "this checks a fresh clone: no AdaFace bundle there"
+    photo = tmp_path / "astronaut.png"
+    cv2.imwrite(str(photo), cv2.cvtColor(skimage.data.astronaut(), cv2.COLOR_RGB2BGR))
+    gallery = tmp_path / "gallery.npz"
+    args = [str(NPUCAM), *argv[1:3], "eileen"]
+    # the documented photo1.jpg photo2.jpg become one real photo; the rest as written
+    rest = [str(photo)] + [a for a in argv[4:] if not a.startswith("photo")]
+    rest[rest.index("--gallery") + 1] = str(gallery)
+    done = subprocess.run([*args, *rest], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "SYNTHETIC" in done.stdout and "SYNTHETIC" in done.stderr
+    # the gallery holds what the kiosk's infer stage computes: its faces will match it
+    rt = open_runtime("adaface", "sim", ModelSource(bundle=str(REPO / model), synthetic=True))
+    assert read_gallery(gallery).model == rt.model_id
+    rt.close()
+
+
+def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
+    capture = subprocess.Popen(
+        [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "40"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        code, err, got, arrays = run_and_collect(
+            "configs/split-infer.toml", "tcp://127.0.0.1:5560", duration=25
+        )
+    finally:
+        capture.terminate()
+        capture.communicate(timeout=30)
+    assert code == 0, err
+    assert set(got["det"]) == {"bikes", "carphone"}, err
+    for kind in ("pose", "face", "clip"):
+        assert got[kind], f"no {kind} message from the split infer side\n{err}"
+    for camera, headers in got["det"].items():
+        for h in headers:  # the sender's camera and seq: `source` names both
+            assert f"{camera}#{h['seq']} (" in h["source"], (h["seq"], h["source"])
+        seqs = [h["seq"] for h in headers]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert_faces_carry_their_person_track(arrays)

@@ -37,7 +37,8 @@ class ModelSpec:
     runtime: "module:Class" of the stages.runtimes.Runtime that plugs it into the infer stage
       (named, not imported: npu imports nothing of stages).
     from_checkpoint(path) -> model on the cpu backend; from_bundle(path, device) -> model on
-      a device; model_id(model, path) -> the id results carry.
+      a device; model_id(model, path) -> the id results carry (path: where it was loaded
+      from, or the synthetic stand-in's MODEL_ID).
     synthetic: module path of its synthetic-weight stand-in (npu.models.synthetic reads it),
       or None when it has none.
     wire_meta() -> the facts a subscriber needs to read this model's results (its section of
@@ -153,15 +154,24 @@ def load(
         raise ModelLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     key = "checkpoint" if backend == "cpu" else "bundle"
     raw = source.checkpoint if backend == "cpu" else source.bundle
-    where = f"{source.where}.{key}" if source.where else key
+    # a config key gets the path's key appended; a command-line option ("--model") is whole
+    where = (
+        f"{source.where}.{key}"
+        if source.where and not source.where.startswith("-")
+        else (source.where or key)
+    )
     path = Path(raw) if raw else None
-    if path is not None and path.exists():
+    from npu.models import synthetic
+    from pipeline.files import path_kind
+
+    if path is not None and path_kind(path) != "missing":
         if backend == "cpu":
             model = model_spec.from_checkpoint(path)
         else:
             model = model_spec.from_bundle(path, device)
         bundle_dir = None if backend == "cpu" else path
-        return Loaded(model_spec, model, model_spec.model_id(model, path), False, bundle_dir)
+        marked = synthetic.is_synthetic(path)  # synthetic weights named by their path
+        return Loaded(model_spec, model, model_spec.model_id(model, path), marked, bundle_dir)
     if not source.synthetic:
         missing = "is not set" if path is None else f"= {path} does not exist"
         raise ModelLoadError(
@@ -169,8 +179,6 @@ def load(
             f"{'an HF checkpoint directory' if backend == 'cpu' else 'a bundle directory'}; "
             "or set synthetic = true for the small synthetic-weight model)"
         )
-    from npu.models import synthetic
-
     if backend == "npu":
         raise ModelLoadError(
             f"{where}: {'no path set' if path is None else f'{path} does not exist'}, and "
@@ -186,4 +194,5 @@ def load(
     )
     model = synthetic.load(name, backend, device, cache=synthetic_cache)
     bundle_dir = None if backend == "cpu" else synthetic.bundle_path(name, synthetic_cache)
-    return Loaded(model_spec, model, synthetic.model_id(name), True, bundle_dir)
+    model_id = model_spec.model_id(model, Path(synthetic.model_id(name)))
+    return Loaded(model_spec, model, model_id, True, bundle_dir)

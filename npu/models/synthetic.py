@@ -8,11 +8,13 @@ downstream runs unchanged. Their outputs mean nothing; whatever publishes them s
 directory as a bundle the simulated NPU runs, on sim; the weights are the same on both (the
 bundle is written from the cpu model). A synthetic module defines MODEL_ID, VERSION (bumped
 when the model changes, so cached bundles are rebuilt), `cpu(cache)` and
-`write_bundle(out, cache)`.
+`write_bundle(out, cache)`. Every directory written here holds a MARKER file, so a model
+loaded from it by path (`--model DIR`, `bundle = DIR`) is still known to be synthetic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
@@ -24,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import NpucamError
+
+MARKER = "SYNTHETIC"  # in every synthetic checkpoint or bundle directory
+MARKER_TEXT = "npucam synthetic stand-in: random weights from a fixed seed; outputs mean nothing\n"
 
 
 class SyntheticError(NpucamError):
@@ -65,16 +70,28 @@ def cache_root(cache: str | Path | None = None) -> Path:
     return cache_dir() / "synthetic"
 
 
+def is_synthetic(path: str | Path) -> bool:
+    """Whether path is (or is inside) a directory of synthetic weights (it holds MARKER)."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    return (folder / MARKER).is_file()
+
+
 def written_once(path: Path, write: Any) -> Path:
-    """Run write(tmp_dir) into a sibling temp dir and rename it to path, unless path exists
-    (another process may have won the race: its copy is kept)."""
+    """Run write(tmp_dir) into a sibling temp dir, mark it synthetic (MARKER) and rename it
+    to path, unless path exists (another process may have won the race: its copy is kept;
+    one written before markers existed gets its marker now)."""
     if path.is_dir():
+        if not (path / MARKER).is_file():
+            with contextlib.suppress(OSError):
+                (path / MARKER).write_text(MARKER_TEXT)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         staged = tmp / "out"
         write(staged)
+        (staged / MARKER).write_text(MARKER_TEXT)
         try:
             os.rename(staged, path)
         except OSError:

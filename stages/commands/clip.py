@@ -3,10 +3,13 @@
 classify: images are decoded with OpenCV (BGR -> RGB), preprocessed as HF CLIPImageProcessor
 and classified against the prompt template filled with each label (npu.models.clip). MODEL is
 an HF CLIPModel directory for `--backend cpu`, or a CLIP bundle for `--backend sim` / `npu`;
-the backend is never chosen silently. Prints each image's labels by probability, or JSON.
+the backend is never chosen silently. Prints each image's labels by probability, or JSON;
+with --synthetic and no MODEL there, the synthetic CLIP runs and the output says SYNTHETIC.
 check: a bundle's tokenizer cases and reference sets against their gates (docs/clip.md), on the
-simulated NPU or the real one; prints ALL CHECKS PASSED or the failures.
-Exit codes: 0 done / passed, 1 a check failed, 2 an error naming the file or argument.
+simulated NPU or the real one; prints ALL CHECKS PASSED or the failures, and fails when the
+bundle has nothing to check (no tok_test or refset records).
+Exit codes: 0 done / passed, 1 a check failed (or found nothing to check), 2 an error naming
+the file or argument.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import cv2
 import numpy as np
 
 from npu.device import open_device
-from npu.models import spec
-from npu.models.clip.check import check_bundle
+from npu.models import Loaded, spec
+from npu.models.clip.check import NOTHING_TO_CHECK, check_bundle
 from npu.models.clip.model import ClipInputError, ClipModel
 from pipeline.errors import NpucamError
+from pipeline.files import path_kind
+from stages.commands import models
 
 BACKENDS = ("cpu", "sim", "npu")
 
@@ -40,31 +45,49 @@ def read_rgb(path: str | Path) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
-def load_model(path: Path, backend: str) -> ClipModel:
-    """An HF CLIPModel directory on cpu, or a bundle (manifest.txt) on sim / npu."""
+def load_model(path: Path, backend: str, check_only: bool = False) -> ClipModel | None:
+    """An HF CLIPModel directory on cpu, or a bundle (manifest.txt) on sim / npu (with
+    check_only, only the checks that path fits the backend)."""
     if backend not in BACKENDS:
         raise ClipInputError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
-    is_bundle = (Path(path) / "manifest.txt").is_file()
+    is_bundle = models.is_bundle(path)
     if backend == "cpu":
         if is_bundle:
             raise ClipInputError(
                 f"{path}: a bundle runs on --backend sim or npu; cpu takes an HF CLIPModel dir"
             )
-        return spec("clip").from_checkpoint(Path(path))
+        return None if check_only else spec("clip").from_checkpoint(Path(path))
     if not is_bundle:
         raise ClipInputError(f"{path}: --backend {backend} needs a CLIP bundle (manifest.txt)")
-    return spec("clip").from_bundle(Path(path), open_device(backend))
+    return None if check_only else spec("clip").from_bundle(Path(path), open_device(backend))
+
+
+def classify_model(path: Path, backend: str, synthetic: bool):
+    """classify's model, for a `with` block: load_model's checks when path exists, else
+    (with --synthetic) the synthetic CLIP (stages.commands.models.load_model)."""
+    if backend not in BACKENDS:
+        raise ClipInputError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    if path_kind(path) != "missing":
+        load_model(path, backend, check_only=True)
+    return models.load_model("clip", str(path), backend, synthetic)
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
     if not args.label:
         raise ClipInputError("no labels: pass --label L at least once")
     images = [read_rgb(p) for p in args.images]
-    model = load_model(args.model, args.backend)
+    with classify_model(args.model, args.backend, args.synthetic) as loaded:
+        return _classify(args, images, loaded)
+
+
+def _classify(args: argparse.Namespace, images: list[np.ndarray], loaded: Loaded) -> int:
+    model = loaded.model
     result = model.classify(images, args.label, args.template)
     if args.json:
         doc = {
             "model": str(args.model),
+            "model_id": loaded.model_id,
+            "synthetic": loaded.synthetic,
             "backend": result.backend,
             "template": args.template or model.template,
             "labels": list(result.labels),
@@ -80,8 +103,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
+    if loaded.synthetic:
+        print(f"SYNTHETIC weights ({loaded.model_id}): these probabilities mean nothing")
     for i, path in enumerate(args.images):
-        print(f"{path} (backend {result.backend}):")
+        weights = ", SYNTHETIC weights" if loaded.synthetic else ""
+        print(f"{path} (backend {result.backend}{weights}):")
         order = np.argsort(-result.probs[i], kind="stable")
         for j in order[: args.top or None]:
             print(f"  {result.probs[i, j]:.4f}  {result.labels[j]}")
@@ -90,13 +116,16 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     model = load_model(args.bundle, args.backend)
-    lines = check_bundle(model, read_rgb)
     print(f"{args.bundle} (backend {model.backend}):")
+    lines = check_bundle(model, read_rgb)
     for line in lines:
         mark = "info" if line.ok is None else ("ok" if line.ok else "FAIL")
         print(f"  [{mark:4s}] {line.name}: {line.detail}")
     failed = [line for line in lines if line.ok is False]
-    print("ALL CHECKS PASSED" if not failed else f"{len(failed)} CHECK(S) FAILED")
+    if lines == [NOTHING_TO_CHECK]:
+        print("NOTHING CHECKED")
+    else:
+        print("ALL CHECKS PASSED" if not failed else f"{len(failed)} CHECK(S) FAILED")
     return 0 if not failed else 1
 
 
@@ -112,7 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model",
         type=Path,
         help="HF CLIPModel directory (config.json, *.safetensors, vocab.json, merges.txt) for "
-        "--backend cpu, or a CLIP bundle for sim / npu",
+        "--backend cpu, or a CLIP bundle for sim / npu (with --synthetic it may be missing)",
     )
     p.add_argument("images", nargs="+", help="image files (any format OpenCV reads)")
     p.add_argument("--label", "-l", action="append", default=[], help="a label (repeat)")
@@ -129,6 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "real NPU",
     )
     p.add_argument("--top", type=int, default=0, help="print only the top K labels")
+    models.add_synthetic_flag(p, "CLIP", "MODEL")
     p.add_argument(
         "--json", action="store_true", help="print JSON (probs per image, in --label order)"
     )

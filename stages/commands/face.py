@@ -4,7 +4,9 @@ Enrolment reads still images, or a camera (any stages.sources url) for up to --s
 keeping the --samples sharpest gated faces spread over time. Images and frames go through
 the same chain as the face-ID stage: BlazeFace -> 4-point alignment -> AdaFace (cpu: a
 cvlface-style safetensors dir; sim/npu: a bundle) -> the gallery (stages.gallery). `face
-check` is taconite's run_ir18 bundle self-check. Exit codes: 0 done, 1 an identify found no
+check` is taconite's run_ir18 bundle self-check. --synthetic runs the synthetic AdaFace when
+--model is missing (stages.commands.models), and everything printed then says SYNTHETIC.
+Exit codes: 0 done, 1 an identify found no
 known face (or a check mismatched), 2 an error (a bad image or camera, no enrollable face, a
 corrupt gallery, ...), each message naming the file or camera.
 """
@@ -13,18 +15,22 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from npu.models import Loaded
 from pipeline.messages import Frame
+from stages.commands.models import add_synthetic_flag, load_model, tag
 from stages.gallery import (
     FaceEncoder,
     FaceObservation,
@@ -44,41 +50,41 @@ def _gallery_path(args: argparse.Namespace) -> Path:
     return Path(args.gallery or os.environ.get("NPUCAM_GALLERY") or DEFAULT_GALLERY)
 
 
-def load_embedder(model: str, backend: str):
-    """AdaFace for a backend: cpu from a cvlface-style safetensors dir (AdaFaceCpu), sim/npu
-    from a bundle (AdafaceBundle); both have the embedder interface FaceEncoder reads."""
-    from npu.device import open_device
-    from npu.models import spec
-
-    if backend not in BACKENDS:
-        raise GalleryError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
-    adaface = spec("adaface")
-    if backend == "cpu":
-        return adaface.from_checkpoint(Path(model))
-    return adaface.from_bundle(Path(model), open_device(backend))
-
-
-def _encoder(args: argparse.Namespace) -> tuple[FaceEncoder, str]:
-    """The detector + embedder the arguments name, and the model id stored in the gallery."""
+@contextlib.contextmanager
+def _encoder(args: argparse.Namespace) -> Iterator[tuple[FaceEncoder, Loaded]]:
+    """The detector + embedder the arguments name (--model, else $NPUCAM_FACE_MODEL; with
+    --synthetic the synthetic AdaFace when neither exists), open for the `with` block; the
+    loaded model's id is what the gallery records (its fingerprint, as the face_match
+    stage's faces carry)."""
     from stages.detectors.blazeface import BlazeFace
 
+    if args.backend not in BACKENDS:
+        raise GalleryError(f"--backend {args.backend}: expected one of {', '.join(BACKENDS)}")
     model_dir = args.model or os.environ.get("NPUCAM_FACE_MODEL")
-    if not model_dir:
-        raise GalleryError("no face model: pass --model DIR (or set NPUCAM_FACE_MODEL)")
-    embedder = load_embedder(model_dir, args.backend)
-    if args.yunet:
-        from stages.detectors.yunet import YuNet
+    if not model_dir and not args.synthetic:
+        raise GalleryError(
+            "no face model: pass --model DIR (or set NPUCAM_FACE_MODEL), or --synthetic for "
+            "the synthetic AdaFace (its identities mean nothing)"
+        )
+    with load_model("adaface", model_dir, args.backend, args.synthetic) as loaded:
+        if args.yunet:
+            from stages.detectors.yunet import YuNet
 
-        detector = YuNet(args.yunet)
-    else:
-        detector = BlazeFace(args.detector)
-    return FaceEncoder(detector, embedder), embedder.fingerprint()
+            detector = YuNet(args.yunet)
+        else:
+            detector = BlazeFace(args.detector)
+        yield FaceEncoder(detector, loaded.model), loaded
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
     if bool(args.images) == bool(args.camera):
         raise GalleryError(f"{args.name}: give either IMAGES or --camera URL, not both or neither")
-    encoder, model_id = _encoder(args)
+    with _encoder(args) as (encoder, loaded):
+        return _enroll(args, encoder, loaded)
+
+
+def _enroll(args: argparse.Namespace, encoder: FaceEncoder, loaded: Loaded) -> int:
+    model_id = loaded.model_id
     gate = QualityGate(args.min_face_px, args.min_score, args.min_sharpness, args.max_nose_offset)
     if args.camera:
         faces, rejected = camera_enrolment_faces(
@@ -99,9 +105,11 @@ def cmd_enroll(args: argparse.Namespace) -> int:
             raise GalleryError(f"{args.name}: no image passed the quality gate; nothing enrolled")
     store = GalleryFile(_gallery_path(args), encoder.embedder.embed_dim(), model_id)
     g = store.enrol(args.name, np.stack(samples), model=model_id)
+    weights = f" (SYNTHETIC weights {model_id}: for synthetic pipelines only)"
     print(
         f"enrolled {args.name!r}: {len(samples)} sample(s), {rejected} rejected; "
         f"{store.path} holds {len(g.identities())} identities"
+        + (weights if loaded.synthetic else "")
     )
     return 0
 
@@ -206,7 +214,14 @@ def cmd_identify(args: argparse.Namespace) -> int:
     store = GalleryFile(_gallery_path(args))
     if not store.path.exists():
         raise GalleryError(f"{store.path}: no such gallery file (enroll someone first)")
-    encoder, model_id = _encoder(args)
+    with _encoder(args) as (encoder, loaded):
+        return _identify(args, store, encoder, loaded)
+
+
+def _identify(
+    args: argparse.Namespace, store: GalleryFile, encoder: FaceEncoder, loaded: Loaded
+) -> int:
+    model_id = loaded.model_id
     if store.current.model and store.current.model != model_id:
         raise GalleryError(
             f"{store.path}: gallery was enrolled with {store.current.model!r}, "
@@ -229,14 +244,17 @@ def cmd_identify(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        print(json.dumps({"image": args.image, "faces": results}))
+        doc = {"image": args.image, "model": model_id, "synthetic": loaded.synthetic}
+        print(json.dumps({**doc, "faces": results}))
     elif not results:
-        print(f"{args.image}: no face found")
+        print(f"{args.image}: no face found{tag(loaded)}")
+    elif loaded.synthetic:
+        print(f"SYNTHETIC weights ({model_id}): these identities and similarities mean nothing")
     for r in [] if args.json else results:
         who = r["identity"] or f"unknown ({r['reason']}, best {r['best']!r})"
         print(
             f"face {r['face']}: box {r['box']} score {r['score']:.2f} -> {who} "
-            f"similarity {r['similarity']:.3f} margin {r['margin']:.3f}"
+            f"similarity {r['similarity']:.3f} margin {r['margin']:.3f}{tag(loaded)}"
         )
     return 0 if any(r["identity"] for r in results) else 1
 
@@ -310,6 +328,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 "($NPUCAM_FACE_MODEL)",
             )
             p.add_argument("--backend", default="cpu", choices=BACKENDS, help="default cpu")
+            add_synthetic_flag(p, "AdaFace")
             p.add_argument(
                 "--detector", default="short", choices=("short", "full"), help="BlazeFace range"
             )

@@ -3,7 +3,9 @@
 `pose image IMAGE --box x,y,w,h [--box ...] --model DIR` runs crop (stages.detect) ->
 heatmaps (npu.models.sapiens2 on the chosen backend) -> DARK keypoints (stages.postprocess)
 and writes taconite's JSON, `[{"box": [x, y, w, h], "keypoints": [[x, y, score], ...]}]`,
-each person also naming the backend. `--draw` saves the image with the keypoints whose score
+each person also naming the backend and whether the weights are synthetic (`--synthetic`
+runs the synthetic Sapiens2 when --model is not given or missing; its keypoints mean
+nothing and stderr says SYNTHETIC). `--draw` saves the image with the keypoints whose score
 is above --threshold and the skeleton links between them.
 
 `pose check BUNDLE [--backend sim|npu]` replays every `ref` case of a bundle as taconite's
@@ -26,6 +28,8 @@ import numpy as np
 
 from npu.models.sapiens2.check import check_case
 from pipeline.errors import NpucamError
+from pipeline.files import path_kind
+from stages.commands import models
 
 BACKENDS = ("cpu", "sim", "npu")
 
@@ -56,24 +60,26 @@ def read_rgb(path: str) -> np.ndarray:
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
-def load_model(model: str, backend: str):
-    """The Sapiens2-Pose model a --model / --backend pair names."""
-    from npu.device import open_device
-    from npu.models import spec
-
+def check_model_path(model: str, backend: str) -> None:
+    """PoseCommandError when an existing --model does not fit the backend."""
     path = Path(model)
-    if not path.is_dir():
+    if path_kind(path) != "directory":
         raise PoseCommandError(f"--model {model}: not a directory")
-    if backend == "cpu":
-        if (path / "manifest.txt").exists() and not (path / "config.json").exists():
-            raise PoseCommandError(
-                f"--model {model} is a bundle; the cpu backend reads an HF checkpoint "
-                "(config.json + safetensors); use --backend sim or npu for bundles"
-            )
-        return spec("sapiens2").from_checkpoint(path)
+    if backend == "cpu" and models.is_bundle(path) and path_kind(path / "config.json") != "file":
+        raise PoseCommandError(
+            f"--model {model} is a bundle; the cpu backend reads an HF checkpoint "
+            "(config.json + safetensors); use --backend sim or npu for bundles"
+        )
+
+
+def load_model(model: str | None, backend: str, synthetic: bool = False):
+    """The Sapiens2-Pose model a --model / --backend pair names (with synthetic, the
+    synthetic stand-in when --model is not given or missing), for a `with` block."""
     if backend not in BACKENDS:
         raise PoseCommandError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
-    return spec("sapiens2").from_bundle(path, open_device(backend))
+    if model is not None and (not synthetic or path_kind(model) != "missing"):
+        check_model_path(model, backend)
+    return models.load_model("sapiens2", model, backend, synthetic)
 
 
 def estimate(model, rgb: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -113,13 +119,15 @@ def draw(rgb: np.ndarray, keypoints: np.ndarray, boxes: np.ndarray, threshold: f
 def cmd_image(args: argparse.Namespace) -> int:
     boxes = np.array([parse_box(b) for b in args.box], dtype=np.float32)
     rgb = read_rgb(args.image)
-    model = load_model(args.model, args.backend)
-    keypoints = estimate(model, rgb, boxes)
+    with load_model(args.model, args.backend, args.synthetic) as loaded:
+        keypoints = estimate(loaded.model, rgb, boxes)
+        backend = loaded.model.backend
     persons = [
         {
             "box": [float(v) for v in box],
             "keypoints": [[float(v) for v in k] for k in kp],
-            "backend": model.backend,
+            "backend": backend,
+            "synthetic": loaded.synthetic,
         }
         for box, kp in zip(boxes, keypoints, strict=True)
     ]
@@ -138,8 +146,8 @@ def cmd_image(args: argparse.Namespace) -> int:
             raise PoseCommandError(f"--draw {args.draw}: cannot write the image")
     confident = int((keypoints[:, :, 2] > args.threshold).sum())
     print(
-        f"pose: {len(boxes)} box(es) on {model.backend}, {confident} of {keypoints[:, :, 0].size}"
-        f" keypoints with score > {args.threshold}",
+        f"pose: {len(boxes)} box(es) on {backend}{models.tag(loaded)}, {confident} of "
+        f"{keypoints[:, :, 0].size} keypoints with score > {args.threshold}",
         file=sys.stderr,
     )
     return 0
@@ -148,12 +156,13 @@ def cmd_image(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from npu.bundle import Bundle
 
-    model = load_model(args.bundle, args.backend)
-    bundle = Bundle.open(args.bundle)
-    cases = list(bundle.tagged("ref"))
-    if not cases:
-        raise PoseCommandError(f"{args.bundle}/manifest.txt: no ref records to check")
-    results = [check_case(model, bundle, r) for r in cases]
+    with load_model(args.bundle, args.backend) as loaded:
+        model = loaded.model
+        bundle = Bundle.open(args.bundle)
+        cases = list(bundle.tagged("ref"))
+        if not cases:
+            raise PoseCommandError(f"{args.bundle}/manifest.txt: no ref records to check")
+        results = [check_case(model, bundle, r) for r in cases]
     for r in results:
         print(
             f"{r['name']}: pixels max|d| {r['pixels_max_diff']:.2e}, features cos "
@@ -182,11 +191,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--box", action="append", required=True, help="person box x,y,w,h (repeatable)"
     )
     img.add_argument(
-        "--model",
-        required=True,
-        help="HF Sapiens2ForPoseEstimation directory (cpu) or a bundle (sim, npu)",
+        "--model", help="HF Sapiens2ForPoseEstimation directory (cpu) or a bundle (sim, npu)"
     )
     img.add_argument("--backend", choices=BACKENDS, default="cpu")
+    models.add_synthetic_flag(img, "Sapiens2")
     img.add_argument("-o", "--output", help="write the JSON here instead of stdout")
     img.add_argument("--draw", help="save an annotated copy of the image here")
     img.add_argument("--threshold", type=float, default=0.3, help="score to draw (0.3)")

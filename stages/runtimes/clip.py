@@ -16,7 +16,7 @@ from pydantic import Field
 
 from npu.models import ModelLoadError
 from pipeline.errors import NpucamError
-from pipeline.files import FileWatch
+from pipeline.files import FileRefusedError, FileRuleError, FileWatch, read_regular
 from stages.jobs import ClipInferred, ClipJob, Job
 from stages.runtimes import JobInputError, ModelOptions, Prepared, Ran, Runtime, resolve
 
@@ -28,17 +28,22 @@ class LabelsFileError(NpucamError):
     without letters. The message names the file and, where there is one, the line."""
 
 
-def read_labels_file(path: str | Path) -> list[tuple[int, str]]:
+LABELS_FILE_MAX_BYTES = 1 << 20  # [stages.clip] labels_file_max_bytes
+MAX_LABELS = 1000  # [stages.clip] labels_max: labels in effect (each is a text-tower prompt)
+
+
+def read_labels_file(
+    path: str | Path, max_bytes: int = LABELS_FILE_MAX_BYTES, max_labels: int = MAX_LABELS
+) -> list[tuple[int, str]]:
     """A CLIP labels file -> [(line number, label)]: UTF-8 text (a BOM is skipped), one label
     per line, surrounding whitespace stripped; blank lines and lines starting with `#` are
-    skipped."""
+    skipped. Read by pipeline.files.read_regular's rules (a regular file, no symlink, never
+    blocking, at most max_bytes), with at most max_labels labels."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise LabelsFileError(
-            f"{path}: cannot read the labels file: {exc.strerror or exc}"
-        ) from exc
+        raw = read_regular(path, max_bytes)
+    except FileRuleError as exc:
+        raise LabelsFileError(f"{path}: cannot read the labels file: {exc.reason}") from exc
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -51,6 +56,10 @@ def read_labels_file(path: str | Path) -> list[tuple[int, str]]:
             labels.append((n, label))
     if not labels:
         raise LabelsFileError(f"{path}: no labels (only blank lines and # comments)")
+    if len(labels) > max_labels:
+        raise LabelsFileError(
+            f"{path}: {len(labels)} labels, over the limit of {max_labels} (labels_max)"
+        )
     return labels
 
 
@@ -72,6 +81,8 @@ class ClipOptions(ModelOptions):
     max_wait_ms: float = Field(150.0, ge=0)
     labels: list[str] = []
     labels_file: str | None = Field(None, min_length=1)
+    labels_file_max_bytes: int = Field(LABELS_FILE_MAX_BYTES, ge=1, le=1 << 30)
+    labels_max: int = Field(MAX_LABELS, ge=1, le=100_000)
     template: str | None = None  # default: the bundle's prompt_template, "a photo of a {}"
 
 
@@ -124,7 +135,10 @@ class ClipRuntime(Runtime):
     def _read_labels_file(self) -> tuple[str, ...]:
         """The labels file's labels, each checked to have letters (LabelsFileError)."""
         assert self.labels_file is not None
-        labels = read_labels_file(self.labels_file)
+        options: ClipOptions = self.options  # type: ignore[assignment]
+        labels = read_labels_file(
+            self.labels_file, options.labels_file_max_bytes, options.labels_max
+        )
         for n, label in labels:
             try:
                 self.model.tokenizer.encode_prompt(label, what=f"{self.labels_file}:{n}: label")
@@ -157,17 +171,32 @@ class ClipRuntime(Runtime):
     def check_options(cls, options: ModelOptions, base_dir: Path, where: str) -> list[str]:
         """CLIP needs a label: in `labels`, or in a readable labels_file."""
         assert isinstance(options, ClipOptions)
-        if options.labels:
-            return []
+        problems = []
+        if len(options.labels) > options.labels_max:
+            problems.append(
+                f"{where}.labels: {len(options.labels)} labels, over labels_max "
+                f"({options.labels_max})"
+            )
         if options.labels_file is None:
-            return [
-                f"{where}.labels: CLIP needs at least one label (in labels or in a labels_file)"
-            ]
+            if not options.labels:
+                problems.append(
+                    f"{where}.labels: CLIP needs at least one label (in labels or in a labels_file)"
+                )
+            return problems
         try:
-            read_labels_file(resolve(base_dir, options.labels_file))
+            read_labels_file(
+                resolve(base_dir, options.labels_file),
+                options.labels_file_max_bytes,
+                options.labels_max,
+            )
         except LabelsFileError as exc:
-            return [f"{where}.labels_file: {exc} (and labels is empty)"]
-        return []
+            if not options.labels:
+                problems.append(f"{where}.labels_file: {exc} (and labels is empty)")
+            elif isinstance(exc.__cause__, FileRefusedError):
+                # a file the stage will never read as it is (a FIFO, a symlink, over the cap);
+                # one missing or not yet valid falls back to `labels` (docs/configuration.md)
+                problems.append(f"{where}.labels_file: {exc}")
+        return problems
 
     def gauges(self) -> dict[str, float]:
         """The labels in effect, label sets encoded and labels-file errors."""

@@ -87,3 +87,74 @@ def test_subscribe_prints_one_json_line_per_message_and_skips_malformed(free_por
         "values": det.boxes.tolist(),
     }
     assert "skipped malformed message" in err
+
+
+# ---- validate catches what run would die on, each with the file and key -------------------
+
+
+def validate(path, capsys) -> tuple[int, str, str]:
+    code = main(["validate", str(path)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_validate_refuses_an_even_dark_kernel_that_fails_every_pose(write_config, capsys):
+    path = write_config(
+        '[[cameras]]\nname = "a"\nurl = "synthetic:"\n[[stages]]\nkind = "capture"\n'
+        'to = ["dark"]\n[[stages]]\nkind = "dark"\nkernel = 4\n'
+    )
+    code, _, err = validate(path, capsys)
+    assert code == 2
+    assert f"{path}: stages[1].kernel: expected an odd integer (got an integer: 4)" in err
+
+
+def test_validate_refuses_a_camera_that_is_not_a_video(write_config, make_clip, capsys):
+    notes = write_config("just some text\n", name="notes.mp4")
+    path = write_config(f'[[cameras]]\nname = "a"\nurl = "{notes}"\n[[stages]]\nkind = "capture"\n')
+    code, _, err = validate(path, capsys)
+    assert code == 2 and f"{path}: cameras[0].url: {notes}: not a video OpenCV can open" in err
+    clip = make_clip("ok.avi")
+    path = write_config(f'[[cameras]]\nname = "a"\nurl = "{clip}"\n[[stages]]\nkind = "capture"\n')
+    assert validate(path, capsys)[0] == 0  # a real video passes
+
+
+def test_validate_refuses_an_image_folder_without_images(write_config, tmp_path, capsys):
+    (tmp_path / "frames").mkdir()
+    (tmp_path / "frames" / "readme.txt").write_text("x")
+    path = write_config(
+        '[[cameras]]\nname = "a"\nurl = "images:frames"\n[[stages]]\nkind = "capture"\n'
+    )
+    code, _, err = validate(path, capsys)
+    assert code == 2 and "cameras[0].url: " in err and "no image files" in err
+
+
+def test_validate_refuses_an_empty_bundle_folder_naming_the_key(write_config, tmp_path, capsys):
+    (tmp_path / "empty-bundle").mkdir()
+    path = write_config(
+        '[[stages]]\nkind = "infer"\nbackend = "sim"\n[stages.sapiens2]\nenabled = true\n'
+        'bundle = "empty-bundle"\n'
+    )
+    code, _, err = validate(path, capsys)
+    assert code == 2 and f"{path}: stages[0].sapiens2.bundle: not a usable bundle" in err
+
+
+def test_validate_refuses_a_text_file_as_gallery_without_a_pickle_message(write_config, capsys):
+    write_config("alice\nbob\n", name="gallery.npz")
+    path = write_config(
+        '[[cameras]]\nname = "a"\nurl = "synthetic:"\n[[stages]]\nkind = "capture"\n'
+        'to = ["face_match"]\n[[stages]]\nkind = "face_match"\ngallery = "gallery.npz"\n'
+    )
+    code, _, err = validate(path, capsys)
+    assert code == 2 and "pickle" not in err
+    assert f"{path}: stages[1].gallery: " in err and "not a readable face gallery" in err
+
+
+def test_validate_warns_about_a_missing_gallery_naming_the_file_and_key(write_config, capsys):
+    path = write_config(
+        '[[cameras]]\nname = "a"\nurl = "synthetic:"\n[[stages]]\nkind = "capture"\n'
+        'to = ["face_match"]\n[[stages]]\nkind = "face_match"\ngallery = "nobody.npz"\n'
+    )
+    code, out, err = validate(path, capsys)
+    assert code == 0 and "ok" in out
+    assert f"warning: {path}: stages[1].gallery: " in err
+    assert "nobody.npz: no such gallery file" in err and "npucam face enroll" in err

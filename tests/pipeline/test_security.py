@@ -418,12 +418,14 @@ def test_bundle_paths_cannot_leave_the_bundle(tmp_path):
     (root / "w").mkdir(parents=True)
     (tmp_path / "secret").write_text("x")
     (root / "w" / "escape").symlink_to(tmp_path / "secret")
-    assert confine(root, "w/ok.bin") == (root / "w" / "ok.bin").resolve()
+    assert confine(root, "w/ok.bin") == root / "w" / "ok.bin"
+    # the manifest text is confined; a file the bundle's owner linked elsewhere is followed
+    # (a Hugging Face cache snapshot links every file into ../../blobs: docs/bundles.md)
+    assert confine(root, "w/escape").read_text() == "x"
     for rel, reason in [
         ("/etc/passwd", "absolute"),
         ("../secret", "climbs out"),
         ("w/../../secret", "climbs out"),
-        ("w/escape", "resolves outside"),
         ("a\x00b", "NUL"),
     ]:
         with pytest.raises(ValueError, match=reason):

@@ -404,7 +404,10 @@ def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flo
     code, rec, last, (t0, t1) = asyncio.run(main())
     assert code == 0
     remote = rec.frames("remote")
-    assert [s.header["seq"] for s in remote] == list(range(n_valid))
+    # each keeps the seq its sender gave it (a bit flip may have changed a digit)
+    assert [s.header["seq"] for s in remote] == [
+        decode_frame(msg).seq for _, msg in stream if decodes(msg)
+    ]
     assert all((s.header["width"], s.header["height"]) == (64, 48) for s in remote)
     assert last["remote"]["bad_messages"] == n_bad
     assert last["remote"]["frames"] == n_valid

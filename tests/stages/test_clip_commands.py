@@ -243,3 +243,54 @@ def test_finding_7_clip_check_reads_ref_image_paths_with_spaces(
     code, out, _ = run(["clip", "check", str(moved)], capsys)
     assert code == 0, out
     assert "[ok  ] set 0 preprocess refs/0/first  image.png: 0 of " in out
+
+
+# ---- honest output: synthetic weights say so; a check with nothing to check fails ---------
+
+
+def test_classify_with_synthetic_runs_the_stand_in_and_says_so(image_files, tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    args = ["clip", "classify", str(missing), str(image_files[0]), *label_args(), "--synthetic"]
+    code, out, err = run(args, capsys)
+    assert code == 0
+    assert "WARNING: SYNTHETIC clip weights" in err
+    assert out.startswith("SYNTHETIC weights (clip-synthetic)")
+    assert f"{image_files[0]} (backend cpu, SYNTHETIC weights):" in out
+    code, out, _ = run([*args, "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["synthetic"] is True and doc["model_id"] == "clip-synthetic"
+
+
+def test_classify_of_a_real_model_says_it_is_not_synthetic(tiny_clip_dir, image_files, capsys):  # noqa: F811
+    args = ["clip", "classify", str(tiny_clip_dir), str(image_files[0]), *label_args()]
+    code, out, err = run([*args, "--json"], capsys)
+    assert code == 0 and json.loads(out)["synthetic"] is False and "SYNTHETIC" not in err
+    code, out, _ = run(args, capsys)
+    assert "SYNTHETIC" not in out
+
+
+def test_a_synthetic_bundle_named_by_its_path_is_still_labelled_synthetic(
+    image_files, sim_registry, capsys
+):
+    from npu.models.synthetic import bundle_path
+
+    args = ["clip", "classify", str(bundle_path("clip")), str(image_files[0]), *label_args()]
+    code, out, err = run([*args, "--backend", "sim", "--json"], capsys)
+    assert code == 0 and json.loads(out)["synthetic"] is True
+    assert "WARNING: SYNTHETIC clip weights" in err
+
+
+def test_classify_without_a_model_names_the_synthetic_option(image_files, tmp_path, capsys):
+    args = ["clip", "classify", str(tmp_path / "none"), str(image_files[0]), *label_args()]
+    code, _, err = run(args, capsys)
+    assert code == 2 and "no such file or folder" in err and "--synthetic" in err
+
+
+def test_check_with_nothing_to_check_fails(tiny_clip_dir, tmp_path, sim_registry, capsys):  # noqa: F811
+    from npu.models.clip.export import write_sim_bundle
+
+    empty = write_sim_bundle(tiny_clip_dir, tmp_path / "no-refs")  # no tok_test, no refset
+    code, out, _ = run(["clip", "check", str(empty)], capsys)
+    assert code == 1
+    assert "nothing to check" in out and out.strip().endswith("NOTHING CHECKED")
+    assert "ALL CHECKS PASSED" not in out

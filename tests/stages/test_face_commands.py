@@ -403,3 +403,80 @@ def test_enroll_from_a_camera_without_faces_or_frames_fails_cleanly(files, capsy
     assert _run(["face", "enroll", "x", str(missing), "--camera", "synthetic:", *base]) == 2
     assert "either IMAGES or --camera" in capsys.readouterr().out
     assert not gallery.exists()
+
+
+# ---- honest output: the synthetic AdaFace, explicitly, and said so everywhere -------------
+
+
+def test_synthetic_enrol_and_identify_say_so_in_text_and_json(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))  # this test's contexts
+    root, _ = files
+    gallery = str(tmp_path / "g.npz")
+    missing = str(tmp_path / "no-bundle")  # as on a fresh clone: the bundle is not there
+    base = ["--gallery", gallery, "--model", missing, "--backend", "sim", "--synthetic"]
+    assert _run(["face", "enroll", "eileen", str(root / "astronaut.png"), *base]) == 0
+    out = capsys.readouterr()
+    assert "SYNTHETIC weights IR-synthetic:" in out.out
+    assert "WARNING: SYNTHETIC adaface weights" in out.err
+    assert _run(["face", "identify", str(root / "astronaut.png"), *base]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SYNTHETIC weights (IR-synthetic:")
+    assert re.search(r"-> eileen similarity 1\.000 margin \S+ SYNTHETIC$", out, re.M), out
+    assert _run(["face", "identify", str(root / "astronaut.png"), *base, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["synthetic"] is True and doc["model"] == read_gallery(gallery).model
+
+
+def test_real_weights_are_not_called_synthetic(files, tmp_path, capsys):
+    root, model = files
+    base = ["--gallery", str(tmp_path / "g.npz"), "--model", str(model)]
+    assert _run(["face", "enroll", "eileen", str(root / "astronaut.png"), *base]) == 0
+    capsys.readouterr()
+    assert _run(["face", "identify", str(root / "astronaut.png"), *base, "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["synthetic"] is False and "SYNTHETIC" not in out.err
+
+
+def test_a_missing_model_without_synthetic_names_the_option(files, tmp_path, capsys):
+    root, _ = files
+    argv = ["face", "enroll", "x", str(root / "astronaut.png"), "--gallery", str(tmp_path / "g")]
+    assert _run([*argv, "--model", str(tmp_path / "none"), "--backend", "sim"]) == 2
+    out = capsys.readouterr().out
+    assert "no such file or folder" in out and "--synthetic" in out
+
+
+def test_the_pipelines_faces_match_a_gallery_the_cli_enrolled_without_a_model_warning(
+    files, tmp_path, monkeypatch, capsys, caplog
+):
+    """The face_match stage used to warn that a gallery of the synthetic AdaFace held
+    another model's embeddings: the gallery recorded the fingerprint, the faces the bare
+    model name. Both are the fingerprint now."""
+    from npu.models import ModelSource
+    from pipeline.config import parse_config
+    from pipeline.graph import Context
+    from pipeline.messages import now_ns
+    from pipeline.metrics import Metrics
+    from stages.jobs import FaceInferred, FaceJob
+    from stages.postprocess import FaceMatch, FaceMatchOptions
+    from stages.runtimes import open_runtime
+
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    root, _ = files
+    gallery = tmp_path / "g.npz"
+    base = ["--gallery", str(gallery), "--backend", "sim", "--synthetic"]
+    assert _run(["face", "enroll", "eileen", str(root / "astronaut.png"), *base]) == 0
+    rt = open_runtime("adaface", "sim", ModelSource(bundle=str(tmp_path / "x"), synthetic=True))
+    assert rt.model_id == read_gallery(gallery).model  # what the infer stage's faces carry
+    config = parse_config({"stages": [{"kind": "capture"}]}, tmp_path / "run.toml")
+    stage = FaceMatch("face", FaceMatchOptions(gallery="g.npz"), Context(config, Metrics()))
+    t = now_ns()
+    job = FaceJob(camera="kiosk", seq=1, capture_ts_ns=t, deadline_ns=t + 10**10,
+                  box_xywh=np.zeros(4, np.float32), score=0.9,
+                  landmarks=np.zeros((5, 2), np.float32), track_id=1)  # fmt: skip
+    item = FaceInferred(job=job, output=read_gallery(gallery).embeddings[0], backend="sim",
+                        model=rt.model_id, synthetic=True)  # fmt: skip
+    with caplog.at_level("WARNING"):
+        (result,) = stage.process(item)
+    assert result.identity == "eileen"
+    assert not [r for r in caplog.records if "similarities across models" in r.getMessage()]
+    rt.close()

@@ -270,3 +270,22 @@ def test_finding_8_a_bundle_laid_out_as_a_hugging_face_snapshot_loads_and_checks
     assert str((snap / "kernels" / "mha.bin").readlink()).startswith("../../../blobs/")
     assert main(["pose", "check", str(snap)]) == 0
     assert "3/3 ref cases pass on sim" in capsys.readouterr().out
+
+
+def test_pose_image_with_synthetic_says_so_and_real_weights_do_not(tiny, image, capsys):
+    _, model_dir = tiny
+    _, img = image
+    assert main(["pose", "image", str(img), "--box", "5,5,40,60", "--synthetic"]) == 0
+    out = capsys.readouterr()
+    persons = json.loads(out.out)
+    assert persons[0]["synthetic"] is True and len(persons[0]["keypoints"]) == 308
+    assert "WARNING: SYNTHETIC sapiens2 weights" in out.err and "on cpu SYNTHETIC" in out.err
+    assert main(["pose", "image", str(img), "--box", "5,5,40,60", "--model", str(model_dir)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)[0]["synthetic"] is False and "SYNTHETIC" not in out.err
+
+
+def test_pose_image_without_a_model_names_the_synthetic_option(image, capsys):
+    _, img = image
+    assert main(["pose", "image", str(img), "--box", "5,5,40,60"]) == 2
+    assert "--synthetic" in capsys.readouterr().err

@@ -107,6 +107,7 @@ def test_dark_finishes_the_tracks_pose_and_reports_its_age(tmp_path):
     tracks.pose_deadlines[tb.track_id] = t0 + 10**10
     maps, _ = peaked_heatmaps(3, 24, 18)
     item = pose_item(maps, (50, 50, 40, 40), track_id=tb.track_id)
+    item.job.capture_ts_ns = t0  # the pose of the frame the tracker saw
     (result,) = Dark("dark", DarkOptions(), ctx).process(item)
     track = tracker.track(tb.track_id)
     assert not track.pose_running and track.pose_ts_ns == item.job.capture_ts_ns

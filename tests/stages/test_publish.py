@@ -151,10 +151,13 @@ def test_frames_pushed_by_one_pipeline_arrive_at_a_zmq_camera_of_another(write_c
     got = receiver.stages["sink"].items
     assert len(got) > 20
     assert all(f.camera == "remote" and f.image.shape == (48, 64, 3) for f in got)
-    assert [f.seq for f in got] == list(range(len(got)))
     pushed = sender.metrics.items_out["zmq_push", "card"]
     lost = sender.metrics.dropped("zmq_push", "card", "queue_full")
     assert pushed >= len(got) and pushed + lost == sender.metrics.items_in["zmq_push", "card"]
+    # each frame keeps the sender's seq: in order, and a gap is a drop counted on one side
+    seqs = [f.seq for f in got]
+    assert seqs == sorted(set(seqs))
+    assert seqs[-1] - seqs[0] + 1 - len(seqs) <= lost + receiver.metrics.dropped(camera="remote")
 
 
 def test_the_protocol_docs_subscriber_example_reads_what_publish_sends(write_config, tmp_path):

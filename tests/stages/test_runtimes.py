@@ -6,6 +6,8 @@ load rules (explicit backend, synthetic only when allowed, errors naming the con
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -175,18 +177,32 @@ def test_synthetic_is_never_used_on_npu(cache):
         open_runtime("clip", "npu", SYN, options=ClipOptions(labels=["x"]), synthetic_cache=cache)
 
 
-def test_real_bundle_is_preferred_to_synthetic(cache, device):
-    path = synthetic.bundle_path("sapiens2", cache)
+def unmarked(path, dest):
+    """A copy of a synthetic model directory without its SYNTHETIC marker: a "real" model
+    as far as npucam can tell (a bundle or checkpoint from elsewhere)."""
+    shutil.copytree(path, dest, ignore=shutil.ignore_patterns(synthetic.MARKER))
+    return dest
+
+
+def test_real_bundle_is_preferred_to_synthetic(tmp_path, cache, device):
+    path = unmarked(synthetic.bundle_path("sapiens2", cache), tmp_path / "sapiens2-real")
     rt = open_runtime(
         "sapiens2", "sim", ModelSource(bundle=str(path), synthetic=True), device=device
     )
     assert not rt.synthetic and rt.model_id == path.name
 
 
+def test_synthetic_weights_named_by_their_path_are_still_labelled_synthetic(cache, device):
+    path = synthetic.bundle_path("sapiens2", cache)
+    rt = open_runtime("sapiens2", "sim", ModelSource(bundle=str(path)), device=device)
+    assert rt.synthetic and rt.model_id == path.name  # loaded from the path, marked
+
+
 def test_real_checkpoints_and_bundles_load_on_their_backends(tmp_path, cache, device):
     from safetensors.numpy import save_file
 
-    clip_dir = clip_synthetic.checkpoint_path(cache)  # an HF CLIPModel directory
+    # an HF CLIPModel directory
+    clip_dir = unmarked(clip_synthetic.checkpoint_path(cache), tmp_path / "clip-hf")
     rt = open_runtime(
         "clip", "cpu", ModelSource(checkpoint=str(clip_dir)), options=ClipOptions(labels=["a dog"])
     )
@@ -196,9 +212,11 @@ def test_real_checkpoints_and_bundles_load_on_their_backends(tmp_path, cache, de
     save_file(ada_synthetic.state_dict(), str(face_dir / "model.safetensors"))
     (face_dir / "config.json").write_text('{"name": "IR-test", "units": [1, 1, 1, 1]}')
     rt = open_runtime("adaface", "cpu", ModelSource(checkpoint=str(face_dir)))
-    assert rt.model_id == "IR-test" and not rt.synthetic
+    # the id a gallery records: the model's name and its head's digest
+    assert rt.model_id == rt.model.fingerprint() and rt.model_id.startswith("IR-test:")
+    assert not rt.synthetic
     for name in ("adaface", "clip"):
-        bundle = synthetic.bundle_path(name, cache)
+        bundle = unmarked(synthetic.bundle_path(name, cache), tmp_path / f"{name}-bundle")
         options = ClipOptions(labels=["x"]) if name == "clip" else None
         rt = open_runtime(
             name, "sim", ModelSource(bundle=str(bundle)), device=device, options=options

@@ -167,11 +167,104 @@ def test_bad_detections_are_refused_naming_the_camera(boxes, scores, message):
         PersonTracker("lobby").update(boxes, scores, 0)
 
 
-def test_time_going_backwards_is_refused():
+def test_a_clock_jump_back_is_counted_and_tracking_goes_on_with_the_same_ids(caplog):
     tracker = PersonTracker("lobby")
-    tracker.update(np.zeros((0, 4)), np.zeros(0), 10)
-    with pytest.raises(TrackerError, match="'lobby'.*before the previous frame"):
-        tracker.update(np.zeros((0, 4)), np.zeros(0), 9)
+    day = 86_400 * S
+    t = 1_700_000_000 * S
+    ids = []
+    for k in range(3):
+        ids.append(
+            [tb.track_id for tb in tracker.update(np.array([person(100 + 5 * k)]), [0.9], t)]
+        )
+        t += FRAME_NS
+    tracker.pose_started(1)
+    tracker.pose_finished(1, t - FRAME_NS, t)  # posed on the last frame before the jump
+    with caplog.at_level("WARNING"):
+        for k in range(3, 20):  # the clock stepped back a day, then runs on
+            at = t - day + (k - 3) * FRAME_NS
+            ids.append(
+                [tb.track_id for tb in tracker.update(np.array([person(100 + 5 * k)]), [0.9], at)]
+            )
+    assert ids == [[1]] * 20
+    assert tracker.clock_jumps == 1 and tracker.last_jump_ns == -day + FRAME_NS
+    assert [r for r in caplog.records if "clock jump" in r.message and "'lobby'" in r.message]
+    # the pose time moved with the clock: the track's pose is old, not a day in the future
+    track = tracker.track(1)
+    assert track.pose_ts_ns is not None and track.pose_ts_ns <= at
+    assert tracker.pose_queue() == [track]
+
+
+def test_a_pose_from_before_a_jump_never_looks_newer_than_the_newest_frame():
+    tracker = PersonTracker("lobby")
+    tracker.update(np.array([person(100)]), [0.9], 5 * S)
+    tracker.update(np.array([person(100)]), [0.9], 1 * S)  # back 4 s
+    tracker.pose_started(1)
+    tracker.pose_finished(1, 5 * S, 2 * S)  # the job was made on the frame before the jump
+    assert tracker.track(1).pose_ts_ns == 1 * S
+
+
+def test_a_camera_keeps_at_most_max_tracks_and_the_oldest_lost_make_room():
+    tracker = PersonTracker("lobby", max_tracks=3)
+    tracker.update(np.array([person(0), person(200), person(400)]), np.full(3, 0.9), 0)
+    out = tracker.update(np.array([person(600)]), [0.9], FRAME_NS)  # 1-3 lost, 4 replaces 1
+    assert [tb.track_id for tb in out] == [4]
+    assert {t.track_id for t in tracker.tracks + tracker.lost_tracks} == {2, 3, 4}
+    boxes = np.array([person(600), person(800), person(1000), person(1200)])
+    out = tracker.update(boxes, np.full(4, 0.9), 2 * FRAME_NS)
+    assert [tb.track_id for tb in out] == [4, 5, 6]  # 2 and 3 made room; no room for a 4th
+    assert tracker.tracks_refused == 1 and len(tracker.tracks) == 3
+
+
+def _extended_optimum(iou: np.ndarray, min_iou: float) -> float:
+    """ByteTrack's lapjv(extend_cost=True, cost_limit=1 - min_iou) objective, solved on the
+    whole matrix at once by scipy: the reference for the per-component solver."""
+    n, m = iou.shape
+    limit = 1.0 - min_iou
+    big = np.full((n + m, m + n), 1e6)
+    big[:n, :m] = np.where(iou >= min_iou, 1.0 - iou, 1e6)
+    big[np.arange(n), m + np.arange(n)] = limit / 2
+    big[n + np.arange(m), np.arange(m)] = limit / 2
+    big[n:, m:] = 0
+    r, c = linear_sum_assignment(big)
+    return float(big[r, c].sum())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    boxes=st.tuples(st.integers(0, 9), st.integers(0, 9)).flatmap(
+        lambda nm: st.tuples(
+            arrays(np.float64, (nm[0], 3), elements=st.floats(0, 60, allow_nan=False)),
+            arrays(np.float64, (nm[1], 3), elements=st.floats(0, 60, allow_nan=False)),
+        )
+    ),
+    min_iou=st.sampled_from([0.2, 0.5]),
+)
+def test_match_by_iou_finds_bytetracks_optimum_over_the_whole_matrix(boxes, min_iou):
+    a, b = (np.column_stack([p[:, 0], p[:, 1], p[:, 0] + 5 + p[:, 2], p[:, 1] + 5 + p[:, 2]])
+            for p in boxes)  # fmt: skip
+    iou = iou_matrix(a, b)
+    pairs = match_by_iou(iou, min_iou)
+    assert len({r for r, _ in pairs}) == len(pairs) == len({c for _, c in pairs})
+    assert all(iou[r, c] >= min_iou for r, c in pairs)
+    limit = 1.0 - min_iou
+    unmatched = iou.shape[0] + iou.shape[1] - 2 * len(pairs)
+    total = sum(1.0 - iou[r, c] for r, c in pairs) + unmatched * limit / 2
+    assert total == pytest.approx(_extended_optimum(iou, min_iou), abs=1e-9)
+
+
+def test_match_by_iou_solves_far_apart_boxes_one_pair_at_a_time(monkeypatch):
+    import stages.tracker as tracker_module
+
+    sizes = []
+    real = tracker_module.linear_sum_assignment
+    monkeypatch.setattr(
+        tracker_module, "linear_sum_assignment", lambda c: (sizes.append(c.shape), real(c))[1]
+    )
+    xs = np.arange(1000) * 100.0
+    tracks = np.column_stack([xs, np.zeros(1000), xs + 50, np.full(1000, 100.0)])
+    pairs = match_by_iou(iou_matrix(tracks, tracks + 2.0), 0.2)
+    assert pairs == [(i, i) for i in range(1000)]
+    assert sizes == []  # every pair is a component of its own: no assignment problem at all
 
 
 @settings(max_examples=80, deadline=None)

@@ -33,7 +33,8 @@ MODEL = ModelSpec(
     from_checkpoint=_from_checkpoint,
     from_bundle=_from_bundle,
     synthetic="npu.models.adaface.synthetic",
-    model_id=lambda model, path: model.model() or path.name,
+    # what a face gallery records (docs/face-id.md): the face_match stage compares the two
+    model_id=lambda model, path: model.fingerprint(),
     export_batch=lambda model, bundle_dir: bundle_batch(bundle_dir),
     wire_meta=lambda: {
         "model": "adaface",

@@ -31,6 +31,9 @@ class CheckLine:
     detail: str
 
 
+NOTHING_TO_CHECK = CheckLine("bundle", False, "no tok_test or refset records: nothing to check")
+
+
 def unescape(s: str) -> str:
     """Python's `unicode_escape` of a text undone, exactly as taconite-sam3's bundle.rs
     `unescape` (493a895): `\\t \\n \\r \\\\` and `\\xNN \\uNNNN \\UNNNNNNNN` (the next 2 / 4 / 8
@@ -119,9 +122,7 @@ def check_bundle(model: ClipModel, read_rgb: Any) -> list[CheckLine]:
     refsets = list(bundle.tagged("refset"))
     for rec in refsets:
         lines += _refset_lines(model, rec, images_by_set, labels_by_set, read_rgb)
-    if not lines:
-        lines.append(CheckLine("bundle", False, "no tok_test or refset records: nothing to check"))
-    return lines
+    return lines or [NOTHING_TO_CHECK]
 
 
 def _refset_lines(model, rec, images_by_set, labels_by_set, read_rgb) -> list[CheckLine]:
