@@ -30,9 +30,11 @@ Timing, as the bindings behave (none of these calls releases the GIL):
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import enum
 import itertools
+import json
 import os
 import signal
 import time
@@ -51,7 +53,7 @@ hang_next = 0  # the next n run starts hang
 hang_file: str | None = None  # a start while this file exists hangs (and removes it)
 tdr_s: float | None = None  # a hung run ends in TIMEOUT after this long (None: never)
 state_calls = 0
-timeline: dict[int, tuple[float, float]] = {}  # run id -> (begin, end) of its last start
+timeline: list[tuple[int, float, float]] = []  # (run id, begin, end) of every start
 _busy_until = 0.0
 _ids = itertools.count(1)
 
@@ -82,14 +84,22 @@ def reset(hwctx_limit: int = 16) -> None:
 
 def configure(settings: dict[str, Any]) -> None:
     """Set the timing knobs from a dict: dispatch_s ({substring: s}), default_dispatch_s,
-    hang_next, hang_file, tdr_s, limit."""
+    hang_next, hang_file, tdr_s, limit; timeline_file: where to write `timeline` (JSON) at
+    exit."""
     global default_dispatch_s, hang_next, hang_file, tdr_s, limit
+    if settings.get("timeline_file"):
+        atexit.register(_write_timeline, settings["timeline_file"])
     dispatch_s.update(settings.get("dispatch_s", {}))
     default_dispatch_s = float(settings.get("default_dispatch_s", default_dispatch_s))
     hang_next = int(settings.get("hang_next", hang_next))
     hang_file = settings.get("hang_file", hang_file)
     tdr_s = settings.get("tdr_s", tdr_s)
     limit = int(settings.get("limit", limit))
+
+
+def _write_timeline(path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(timeline, fh)
 
 
 def of(name: str) -> list[tuple[Any, ...]]:
@@ -325,7 +335,7 @@ class run:  # noqa: N801
         self.begin = max(now, _busy_until)
         self.end = self.begin + dispatch_time(ctx.path)
         _busy_until = self.end
-        timeline[self.id] = (self.begin, self.end)
+        timeline.append((self.id, self.begin, self.end))
 
     def _state(self) -> ert_cmd_state:
         if not self.started:
