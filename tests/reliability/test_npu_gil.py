@@ -13,7 +13,8 @@ host's load drift (its 2 cores serve other work too). Proven, from the det messa
 subscriber gets (lag = publish_ts - capture_ts): over the busy phases the det rate is >= 90%
 of the idle phases' and the p95 lag within 1/0.9 of theirs plus LAG_SLACK_MS, with the
 emulated device busy (and idle in the idle phases). A wait that holds the GIL (`run.wait()`,
-npucam's before issue 14) fails: 2.9-3.9x the p95 lag (docs/inference.md, "Device waits").
+npucam's before issue 14) fails: 0.54-0.91x the rate, 1.6-3.9x the p95 lag (docs/inference.md,
+"Device waits").
 """
 
 from __future__ import annotations
