@@ -429,7 +429,7 @@ def test_a_wait_lets_other_threads_run_where_run_wait_stops_them(dev):
         f"run.wait() {theirs.gap * 1e3:.1f} ms"
     )
     assert theirs.gap > 0.25  # the fake blocks as pyxrt does
-    assert ours.gap < theirs.gap / 5
+    assert ours.gap < theirs.gap / 3
     assert fake.of("wait") == [("wait", r.id, 0)]  # only the test's own call
 
 
@@ -513,7 +513,7 @@ def test_a_hung_dispatch_times_out_parks_its_context_and_the_kernel_is_reloaded(
     with pytest.raises(DeviceTimeout, match=r"dispatch of g0 not done .* context was parked"):
         launch.wait()
     late = time.perf_counter() - deadline
-    assert 0 <= late < 0.1  # given up at its deadline, not later
+    assert 0 <= late < 0.25  # given up at its deadline, not a deadline later
     assert deadline - launch.begin < 0.25  # max(8 x ~2 ms, ~2 ms + 200 ms)
     assert fake.of("wait") == [] and dev.stats.timeouts == 1 and dev.parked_contexts == 1
     # reloaded at once: a fresh context and instruction BO, its patch re-applied
