@@ -55,15 +55,15 @@ def stall_of_other_thread(call) -> float:
 
 
 def test_wait_holds_the_gil_for_the_device_time_and_state_does_not_block():
-    fake.default_dispatch_s = 0.25
+    fake.default_dispatch_s = 0.5
     r = fake.run(kernel())
     r.start()
     assert int(r.state()) == 3 and r.state().name == "???"  # RUNNING, unbound in pyxrt
     t0 = time.perf_counter()
     assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
-    assert time.perf_counter() - t0 >= 0.2
+    assert time.perf_counter() - t0 >= 0.45
     r.start()
-    assert stall_of_other_thread(r.wait) > 0.2  # one C call that keeps the GIL
+    assert stall_of_other_thread(r.wait) > 0.3  # one C call that keeps the GIL
     r.start()
     t0 = time.perf_counter()
     states = {int(r.state()) for _ in range(1000)}
