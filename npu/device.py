@@ -6,20 +6,26 @@ share an (xclbin, kernel name) share one hardware context, and resident contexts
 LRU capped at 16 (`TACONITE_CTX_CACHE`) with evict-and-retry when creation fails, as
 taconite's shim and taconite-adaface do, then a bounded wait for slots other processes hold,
 as taconite-sapiens2 does; each context is counted against the model that loaded it
-(docs/device.md). `DeviceCore` holds the
-bookkeeping both devices share (which kernels use which context, buffers, counters, teardown);
-each device adds only what its backend does with a context, a kernel, a buffer and a run.
+(docs/device.md). `DeviceCore` holds the bookkeeping both devices share (which kernels use
+which context, buffers, counters, teardown) and the wait every dispatch goes through: paced
+`state()` polls that never block in a call holding the GIL, a per-dispatch deadline from the
+record's expected time, and the recovery from a hung dispatch (its context parked, the kernel
+reloaded; docs/inference.md, "Device waits"). Each device adds only what its backend does with
+a context, a kernel, a buffer and a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
+import logging
 import os
 import re
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,19 +35,69 @@ import numpy as np
 
 from pipeline.errors import NpucamError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_CTX_CACHE = 16
 # taconite-sapiens2 npu.rs `WAITS` (50 at 465946c; 200 at 1e2c515): 100 ms waits for a slot
 # other processes hold, once this process has no context of its own left to give up.
 CONTEXT_WAITS = 50
 CONTEXT_WAIT_S = 0.1
-# ert_cmd_state values of XRT's ert.h; the simulator reports the same numbers.
+# ert_cmd_state values of XRT's ert.h; the simulator reports the same numbers. pyxrt's enum
+# has no RUNNING member, so states are always compared by value.
+ERT_CMD_STATE_NEW = 1
+ERT_CMD_STATE_QUEUED = 2
+ERT_CMD_STATE_RUNNING = 3
 ERT_CMD_STATE_COMPLETED = 4
 ERT_CMD_STATE_ERROR = 5
+ERT_CMD_STATE_SUBMITTED = 7
 ERT_CMD_STATE_TIMEOUT = 8
+# not finished yet; every other value but COMPLETED is a failure (SUBMITTED is 7, so a
+# dispatch is not done merely because its state is >= COMPLETED)
+IN_FLIGHT_STATES = frozenset(
+    {ERT_CMD_STATE_NEW, ERT_CMD_STATE_QUEUED, ERT_CMD_STATE_RUNNING, ERT_CMD_STATE_SUBMITTED}
+)
 
 
 class DeviceError(NpucamError):
     """A device could not be opened, a kernel could not be loaded or a run failed."""
+
+
+class DeviceTimeout(DeviceError):
+    """A dispatch passed its deadline: its job fails (`device_timeout`), its context is
+    parked and its kernel reloaded in a fresh one."""
+
+
+class DeviceFailed(DeviceTimeout):
+    """The device is marked failed after hung dispatches (a reloaded kernel hung again, or
+    too many contexts are parked): every later dispatch fails at once."""
+
+
+class DeviceInterrupted(DeviceError):
+    """The device is stopping (interrupt()): waits in progress were given up."""
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How a dispatch is waited for (docs/inference.md, "Device waits").
+
+    The wait sleeps (time.sleep releases the GIL) until `pace` of the dispatch's expected
+    time has passed, when that time is known and at least `min_pace_s`; then it reads the
+    run's state every `poll_s` until twice the expected time, every `slow_poll_s` after.
+    The deadline is `begin + max(deadline_factor * expected, expected + deadline_margin_s)`;
+    past it the dispatch is hung. More than `max_parked` parked contexts fail the device.
+    """
+
+    pace: float = 0.9
+    min_pace_s: float = 3e-4
+    poll_s: float = 5e-5
+    slow_poll_s: float = 1e-3
+    deadline_factor: float = 8.0
+    deadline_margin_s: float = 0.2
+    max_parked: int = 2
+
+    def deadline_after(self, expected_s: float) -> float:
+        """Seconds from a dispatch's start to its deadline."""
+        return max(self.deadline_factor * expected_s, expected_s + self.deadline_margin_s)
 
 
 def ctx_cache_cap(environ: Mapping[str, str] | None = None) -> int:
@@ -228,13 +284,34 @@ def check_insts_words(nbytes: int, words: Iterable[tuple[int, int]]) -> list[tup
     return out
 
 
+EWMA_ALPHA = 0.25
+
+
 @dataclass
 class KernelTiming:
-    """Per-kernel-key dispatch counters (host wall time); kernels loaded twice share them."""
+    """Per-kernel-key dispatch counters (host wall time); kernels loaded twice share them.
+
+    expected_s: the measured time of one dispatch, an EWMA (EWMA_ALPHA) of `samples`
+    completions, each from when the device could start it (its start, or the completion of
+    the dispatch before it) to when its wait saw it done. A completion already done at the
+    wait's first poll only bounds the time from above, so it is taken only when it lowers
+    the estimate (a late wake-up must not teach a longer time, which would pace the next
+    wait later still)."""
 
     runs: int = 0
     run_s: float = 0.0
     wait_s: float = 0.0
+    expected_s: float | None = None
+    samples: int = 0
+
+    def learn(self, seconds: float, exact: bool) -> None:
+        if self.expected_s is None:
+            self.expected_s = seconds
+        elif exact or seconds < self.expected_s:
+            self.expected_s += EWMA_ALPHA * (seconds - self.expected_s)
+        else:
+            return
+        self.samples += 1
 
 
 @dataclass
@@ -250,6 +327,7 @@ class DeviceStats:
     load_s: float = 0.0
     run_s: float = 0.0
     wait_s: float = 0.0
+    timeouts: int = 0  # dispatches that passed their deadline
     kernels: dict[str, KernelTiming] = field(default_factory=dict)
 
     def line(self, backend: str) -> str:
@@ -391,6 +469,10 @@ class ContextCache:
         self._stats.evict += 1
         self._release(key, ctx)
 
+    def take(self, key: str) -> Any:
+        """Remove a context without releasing it (it is being parked); None if not resident."""
+        return self._lru.pop(key, None)
+
     def drop(self, key: str) -> None:
         """Free a context whose last kernel was freed (not counted as an eviction)."""
         ctx = self._lru.pop(key, None)
@@ -414,9 +496,14 @@ class Kernel(Protocol):
 
 
 class Launch(Protocol):
-    """A started run; wait() blocks, checks the final state and returns wall seconds."""
+    """A started run. wait() waits for it without holding the GIL, checks the final state
+    and returns wall seconds; past `deadline` (time.perf_counter() seconds; default the
+    launch's own) it raises DeviceTimeout. expected_s: the time the device should take."""
 
-    def wait(self) -> float: ...
+    expected_s: float
+    deadline: float
+
+    def wait(self, deadline: float | None = None) -> float: ...
 
 
 class Device(Protocol):
@@ -450,10 +537,18 @@ class Device(Protocol):
 
     def from_device(self, buf: Buffer) -> None: ...
 
-    def start(self, kernel: Kernel, buffers: Sequence[Buffer]) -> Launch: ...
+    def start(self, kernel: Kernel, buffers: Sequence[Buffer]) -> Launch:
+        """Queue a run and return at once; runs execute in submission order."""
+        ...
 
     def run(self, kernel: Kernel, buffers: Sequence[Buffer]) -> float:
         """start + wait: the wall seconds of the dispatch."""
+        ...
+
+    def run_all(
+        self, dispatches: Iterable[tuple[Kernel, Sequence[Buffer]]], depth: int = 2
+    ) -> float:
+        """Run independent dispatches with up to `depth` in flight; wall seconds."""
         ...
 
     def resident_contexts(self) -> list[str]:
@@ -487,8 +582,61 @@ class LoadedKernel(Protocol):
     spec: KernelSpec
     patches: dict[int, int]
     timing: KernelTiming
-    pending: Any  # launches in flight: a count or a list; falsy when none
+    pending: list[DeviceLaunch]  # launches not yet waited for, in submission order
     freed: bool
+
+
+class DeviceLaunch:
+    """A started dispatch (each device subclasses it with its run handle).
+
+    t0: the start() call; t_start: submission; begin: when the device should start it (after
+    the dispatches queued before it); expected_s: its expected device time; wake_at: when its
+    wait first reads the state; deadline: past it the dispatch is hung. Once finished, wall
+    (seconds since t0) or error is set."""
+
+    def __init__(
+        self, device: DeviceCore, kernel: Any, buffers: Sequence[Buffer], t0: float
+    ) -> None:
+        self.device, self.kernel, self.buffers = device, kernel, tuple(buffers)
+        self.key = tuple(b.id for b in self.buffers)
+        self.t0 = t0
+        self.t_start = self.begin = self.wake_at = self.fast_until = time.perf_counter()
+        self.expected_s = 0.0
+        self.deadline = float("inf")
+        self.seen_running = False  # a poll saw it in flight: its completion time is exact
+        self.wall: float | None = None
+        self.error: DeviceError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.wall is not None or self.error is not None
+
+    def wait(self, deadline: float | None = None) -> float:
+        return self.device.wait(self, deadline)
+
+
+@dataclass
+class Parked:
+    """A context taken out of use with a dispatch hung (or abandoned) on it: its launches and
+    every device object they touch, kept referenced so that no destructor runs on them while
+    they may still be in use by the device."""
+
+    key: str
+    ctx: Any
+    launches: list[DeviceLaunch]
+    objects: list[Any]
+    at: float
+
+
+_kept_forever: list[Any] = []
+
+
+def keep_forever(obj: Any) -> None:
+    """Never let obj (and what it references) be destroyed, not even at interpreter exit:
+    a reference here and one the interpreter never gives back (its destructors may block
+    in the driver on a hung device)."""
+    _kept_forever.append(obj)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 K = TypeVar("K", bound=LoadedKernel)
@@ -503,6 +651,15 @@ class DeviceCore(Generic[K, B]):
     (they come back on the next run, patches re-applied). Buffers are tracked by id until
     freed. A subclass supplies the backend's part through the hooks below; its kernels carry
     `spec`, `patches`, `timing`, `pending` and `freed`.
+
+    Waits (wait(), run(), run_all()) follow `waits` (a WaitPolicy): they sleep and poll the
+    run's state without holding the device lock or the GIL in between. A dispatch past its
+    deadline is hung: it and every launch queued on its context fail with DeviceTimeout,
+    the context and the objects those launches touch are parked (kept, never destroyed,
+    until the backend reports every parked run finished), and the kernel is reloaded in a
+    fresh context. The device is marked failed (`failed`, DeviceFailed on every later
+    dispatch) when a context hangs again after its reload or more than
+    `waits.max_parked` contexts are parked. interrupt() gives up every wait at once.
     """
 
     backend: str
@@ -517,8 +674,20 @@ class DeviceCore(Generic[K, B]):
             ctx_cache_cap(), self._create_context, self._release_context, self.stats,
             holders=self._context_holders, cost=self._context_cost,
         )  # fmt: skip
+        self._cap = self._contexts.cap
         self._buffers: dict[int, B] = {}
         self.closed = False
+        self.waits = WaitPolicy()
+        self.failed: str | None = None  # why the device was marked failed
+        self._parked: list[Parked] = []
+        self._releasing: dict[str, Any] = {}  # contexts being released, by key
+        self._suspect: set[str] = set()  # contexts reloaded after a hang, not yet proven
+        self._queue_end = 0.0  # when the last dispatch submitted should end
+        self._last_done = 0.0  # when a wait last saw a dispatch finish
+        self._in_flight = 0
+        self._next_reap = 0.0
+        self._interrupted = threading.Event()
+        self._interrupt_reason = ""
 
     # hooks
 
@@ -539,7 +708,8 @@ class DeviceCore(Generic[K, B]):
         raise NotImplementedError
 
     def _unload(self, kernel: K) -> None:
-        """Drop the kernel's device objects (its context is going, or it is freed)."""
+        """Drop the kernel's device objects (its context is going, or it is freed; its
+        launches have finished)."""
         raise NotImplementedError
 
     def _patch(self, kernel: K, words: list[tuple[int, int]]) -> None:
@@ -559,8 +729,29 @@ class DeviceCore(Generic[K, B]):
         raise NotImplementedError
 
     def start(self, kernel: K, buffers: Sequence[Buffer]) -> Launch:
-        """Start a run of kernel over the argument buffers."""
+        """Start a run of kernel over the argument buffers (_check_usable, then queue it and
+        call _submitted)."""
         raise NotImplementedError
+
+    def _state(self, launch: Any) -> int:
+        """The launch's ert_cmd_state value now; never blocks."""
+        raise NotImplementedError
+
+    def _retired(self, launch: Any) -> None:
+        """A launch has finished and was waited for: drop its one-off handles."""
+
+    def _park(self, key: str, ctx: Any, kernels: list[K], launches: list[Any]) -> list[Any]:
+        """Take a context with a hung dispatch out of use: detach its kernels' device
+        objects (they are rebuilt on the next run) and replace the buffers the launches
+        touch; return every object to keep alive instead of destroying."""
+        raise NotImplementedError
+
+    def _release_parked(self, parked: Parked) -> None:
+        """Every run of a parked context has finished: give back what it holds."""
+
+    def _close_parked(self) -> bool:
+        """close() with contexts parked: whether to tear the rest down as usual."""
+        return True
 
     def _shutdown(self) -> None:
         """Release what the backend holds beyond kernels, contexts and buffers."""
@@ -583,6 +774,16 @@ class DeviceCore(Generic[K, B]):
     # contexts and kernels
 
     def _release_context(self, key: str, ctx: Any) -> None:
+        """Unload a context's kernels and free it, once its launches have finished; if one
+        of them hangs meanwhile, the context is parked instead."""
+        self._releasing[key] = ctx
+        try:
+            for kernel in list(self._users.get(key, [])):
+                self._settle(kernel)
+        finally:
+            kept = self._releasing.pop(key, None)
+        if kept is None:
+            return  # parked while its launches were waited for
         for kernel in self._users.get(key, []):
             self._unload(kernel)
         self._destroy_context(key, ctx)
@@ -590,7 +791,7 @@ class DeviceCore(Generic[K, B]):
     def load(self, spec: KernelSpec) -> K:
         """Load a kernel: share or create its context (LRU), upload its instructions."""
         with self._lock:
-            self._check_open()
+            self._check_usable()
             kernel = self._new_kernel(spec)
             kernel.timing = self.stats.kernels.setdefault(spec.key, kernel.timing)
             self._users.setdefault(spec.context_key, []).append(kernel)
@@ -614,6 +815,7 @@ class DeviceCore(Generic[K, B]):
         with self._lock:
             if kernel.freed:
                 return
+            self._settle(kernel)
             self._unload(kernel)
             kernel.freed = True
             self._forget(kernel)
@@ -627,6 +829,11 @@ class DeviceCore(Generic[K, B]):
         what it loaded at what cost, who evicted its contexts, how long it waited."""
         with self._lock:
             return self._contexts.view()
+
+    @property
+    def parked_contexts(self) -> int:
+        """Contexts parked with a hung (or abandoned) dispatch, not yet given back."""
+        return len(self._parked)
 
     def set_insts_words(self, kernel: K, words: Iterable[tuple[int, int]]) -> None:
         with self._lock:
@@ -676,24 +883,250 @@ class DeviceCore(Generic[K, B]):
             timing.run_s += wall
             timing.wait_s += waited
 
+    def _submitted(
+        self,
+        launch: DeviceLaunch,
+        expected_s: float,
+        *,
+        paced: bool,
+        begin: float | None = None,
+    ) -> None:
+        """Register a launch just started: its expected time, when the device should begin
+        it (default: at once if nothing is in flight, else when the dispatches queued before
+        it should end), its wait's wake-up and its deadline."""
+        launch.kernel.pending.append(launch)
+        if begin is None:
+            begin = max(launch.t_start, self._queue_end) if self._in_flight else launch.t_start
+        self._in_flight += 1
+        w = self.waits
+        launch.expected_s, launch.begin = expected_s, begin
+        self._queue_end = begin + expected_s
+        launch.deadline = begin + w.deadline_after(expected_s)
+        launch.fast_until = begin + 2 * expected_s
+        if paced and expected_s >= w.min_pace_s:
+            launch.wake_at = begin + w.pace * expected_s
+
     def run(self, kernel: K, buffers: Sequence[Buffer]) -> float:
         """start + wait: the wall seconds of the dispatch."""
         return self.start(kernel, buffers).wait()
+
+    def run_all(self, dispatches: Iterable[tuple[K, Sequence[Buffer]]], depth: int = 2) -> float:
+        """Run dispatches that need no host work between them (syncs, patches) with up to
+        `depth` in flight: dispatch N+1 is queued on the device before N is waited for, so
+        the device never idles while a wait notices N's end. Waited in order; wall seconds
+        of the whole. On an error the launches already started are waited for, then the
+        first error is raised."""
+        if depth < 1:
+            raise DeviceError(f"run_all: depth {depth} < 1")
+        t0 = time.perf_counter()
+        window: deque[Launch] = deque()
+        try:
+            for kernel, buffers in dispatches:
+                if len(window) >= depth:
+                    window.popleft().wait()
+                window.append(self.start(kernel, buffers))
+            while window:
+                window.popleft().wait()
+        except BaseException:
+            for launch in window:
+                with contextlib.suppress(DeviceError):  # the first error is the one raised
+                    launch.wait()
+            raise
+        return time.perf_counter() - t0
+
+    def wait(self, launch: DeviceLaunch, deadline: float | None = None) -> float:
+        """Wait for a launch (Launch.wait): its wall seconds, or its error raised."""
+        if not launch.done:
+            self._await(launch, launch.deadline if deadline is None else deadline)
+        if launch.error is not None:
+            raise launch.error
+        assert launch.wall is not None
+        return launch.wall
+
+    def _await(self, launch: DeviceLaunch, deadline: float) -> None:
+        """Sleep to the launch's wake-up, then poll its state until it finishes, passes
+        `deadline` (hung) or the device is interrupted. Only the polls take the lock."""
+        pause = launch.wake_at - time.perf_counter()
+        if pause > 0:
+            self._interrupted.wait(pause)
+        w = self.waits
+        while True:
+            with self._lock:
+                if launch.done:
+                    return
+                now = time.perf_counter()
+                try:
+                    state = self._state(launch)
+                except Exception as exc:
+                    self._retire(launch, now, error=f"reading the run state failed: {exc}")
+                    return
+                if state not in IN_FLIGHT_STATES:
+                    self._retire(launch, now, state=state)
+                    return
+                launch.seen_running = True
+                if self._interrupted.is_set():
+                    self._abandon(launch, now)
+                    return
+                if now >= deadline:
+                    self._hung(launch, now, deadline)
+                    return
+            time.sleep(w.poll_s if now < launch.fast_until else w.slow_poll_s)
+
+    def _unqueue(self, launch: DeviceLaunch) -> None:
+        pending = launch.kernel.pending
+        if launch in pending:
+            pending.remove(launch)
+            self._in_flight -= 1
+
+    def _retire(
+        self, launch: DeviceLaunch, now: float, state: int | None = None, error: str = ""
+    ) -> None:
+        """A launch finished with `state` (or its state could not be read: `error`)."""
+        kernel = launch.kernel
+        self._unqueue(launch)
+        self._retired(launch)
+        wall = now - launch.t0
+        self._count_run(kernel, wall, now - launch.t_start)
+        began = max(launch.t_start, self._last_done)
+        self._last_done = max(self._last_done, now)
+        if state == ERT_CMD_STATE_COMPLETED:
+            kernel.timing.learn(now - began, exact=launch.seen_running)
+            self._suspect.discard(kernel.spec.context_key)
+            launch.wall = wall
+        elif error:
+            launch.error = DeviceError(f"{kernel.spec.key}: {error}")
+        else:
+            launch.error = DeviceError(f"kernel finished in state {state}")
+
+    def _settle(self, kernel: K) -> None:
+        """Wait for the kernel's launches in flight (their errors stay with the launches)."""
+        for launch in list(kernel.pending):
+            if not launch.done:
+                self._await(launch, launch.deadline)
+
+    def _park_context(self, key: str, launches: list[DeviceLaunch], now: float) -> None:
+        """Take context `key` out of use with `launches` (every launch in flight on it)."""
+        ctx = self._contexts.take(key)
+        if ctx is None:
+            ctx = self._releasing.pop(key, None)
+        for launch in launches:
+            self._unqueue(launch)
+        kernels = list(self._users.get(key, []))
+        objects = self._park(key, ctx, kernels, launches)
+        self._parked.append(Parked(key, ctx, launches, objects, now))
+        self._contexts.cap = max(1, self._cap - len(self._parked))
+        while len(self._contexts.keys()) > self._contexts.cap:
+            self._contexts.evict_lru()
+
+    def _hung(self, launch: DeviceLaunch, now: float, deadline: float) -> None:
+        """A dispatch passed its deadline: fail it and the launches queued on its context,
+        park the context, reload the kernel in a fresh one, or mark the device failed."""
+        kernel = launch.kernel
+        spec = kernel.spec
+        key = spec.context_key
+        self.stats.timeouts += 1
+        victims = [v for k in self._users.get(key, []) for v in k.pending]
+        if launch not in victims:
+            victims.append(launch)
+        message = (
+            f"{spec.where()}: dispatch of {spec.key} not done {now - launch.begin:.3f} s after "
+            f"it began, past its deadline of {deadline - launch.begin:.3f} s (expected "
+            f"{launch.expected_s * 1e3:.3f} ms); its context was parked"
+        )
+        again = key in self._suspect
+        self._park_context(key, victims, now)
+        for other in victims:
+            if other is not launch:
+                other.error = DeviceTimeout(
+                    f"{other.kernel.spec.key}: queued on the context of a hung dispatch "
+                    f"({spec.key}); parked with it"
+                )
+        if again or len(self._parked) > self.waits.max_parked:
+            why = (
+                f"{spec.key} hung again after its context was reloaded"
+                if again
+                else f"{len(self._parked)} contexts parked with hung dispatches"
+            )
+            self.failed = why
+            launch.error = DeviceFailed(
+                f"{message}; the {self.label} device is marked failed: {why}"
+            )
+            log.error("%s", launch.error)
+            return
+        self._suspect.add(key)
+        try:
+            self._resident(kernel)
+            message += " and the kernel reloaded in a fresh context"
+        except DeviceError as exc:
+            message += f"; reloading the kernel failed ({exc}), retried on its next dispatch"
+        launch.error = DeviceTimeout(message)
+        log.warning("%s", message)
+
+    def _abandon(self, launch: DeviceLaunch, now: float) -> None:
+        """interrupt(): give up a launch still in flight; its context is parked."""
+        key = launch.kernel.spec.context_key
+        victims = [v for k in self._users.get(key, []) for v in k.pending]
+        if launch not in victims:
+            victims.append(launch)
+        self._park_context(key, victims, now)
+        for v in victims:
+            v.error = DeviceInterrupted(
+                f"{v.kernel.spec.key}: dispatch abandoned in flight ({self._interrupt_reason})"
+            )
+
+    def interrupt(self, reason: str) -> None:
+        """Give up every wait at once (from any thread; at shutdown): launches in flight
+        fail with DeviceInterrupted and their contexts are parked; later dispatches fail."""
+        self._interrupt_reason = reason
+        self._interrupted.set()
+
+    def _reap(self) -> None:
+        """Give back parked contexts whose runs have all finished (the driver's job timeout
+        ended them); at most every 0.5 s."""
+        now = time.perf_counter()
+        if not self._parked or now < self._next_reap:
+            return
+        self._next_reap = now + 0.5
+        for parked in list(self._parked):
+            try:
+                finished = all(self._state(v) not in IN_FLIGHT_STATES for v in parked.launches)
+            except Exception:
+                continue
+            if finished:
+                self._parked.remove(parked)
+                self._release_parked(parked)
+                log.info("%s: a parked context's runs finished; released", self.label)
+        self._contexts.cap = max(1, self._cap - len(self._parked))
 
     def _check_open(self) -> None:
         if self.closed:
             raise DeviceError(f"the {self.label} device is closed")
 
+    def _check_usable(self) -> None:
+        """Open, not interrupted and not marked failed; else the DeviceError saying which."""
+        self._check_open()
+        if self._interrupted.is_set():
+            raise DeviceInterrupted(
+                f"the {self.label} device is stopping ({self._interrupt_reason})"
+            )
+        if self.failed is not None:
+            raise DeviceFailed(f"the {self.label} device is marked failed: {self.failed}")
+
     def close(self) -> None:
-        """Free every kernel, buffer and context; print the TACONITE_TIMING line(s) if on."""
+        """Free every kernel, buffer and context; print the TACONITE_TIMING line(s) if on.
+        With contexts parked the backend decides what may still be torn down."""
         with self._lock:
             if self.closed:
                 return
-            for kernel in [k for ks in self._users.values() for k in ks]:
-                self.free_kernel(kernel)
-            self._contexts.clear()
-            self._drop_buffers(list(self._buffers.values()))
-            self._shutdown()
+            kernels = [k for ks in self._users.values() for k in ks]
+            for kernel in kernels:
+                self._settle(kernel)
+            if not self._parked or self._close_parked():
+                for kernel in [k for ks in self._users.values() for k in ks]:
+                    self.free_kernel(kernel)
+                self._contexts.clear()
+                self._drop_buffers(list(self._buffers.values()))
+                self._shutdown()
             self.closed = True
             if self._timing:
                 for line in self._timing_lines():

@@ -31,12 +31,16 @@ from npu.device import (
     CONTEXT_WAITS,
     ERT_CMD_STATE_COMPLETED,
     ERT_CMD_STATE_ERROR,
+    ERT_CMD_STATE_RUNNING,
+    ERT_CMD_STATE_SUBMITTED,
     ERT_CMD_STATE_TIMEOUT,
     Buffer,
     DeviceCore,
     DeviceError,
+    DeviceLaunch,
     KernelSpec,
     KernelTiming,
+    Parked,
     check_insts_stream,
     patched_insts,
 )
@@ -86,14 +90,18 @@ class CostModel:
 @dataclass
 class SimFaults:
     """Fault injection. error_kernels: kernel keys whose runs end in ERT_CMD_STATE_ERROR;
-    hang_kernels: keys whose runs hang until the watchdog (ERT_CMD_STATE_TIMEOUT after
-    watchdog_s of device time); context_failures: the next n context creations fail as
-    CREATE_HWCTX does."""
+    hang_kernels: keys whose runs hang; hang_next: the next n dispatches (any kernel) hang;
+    context_failures: the next n context creations fail as CREATE_HWCTX does. A hung run
+    stays RUNNING (and so does every run queued behind it on its context) until watchdog_s
+    wall seconds after its start, the driver's job timeout (amdxdna's HWCTX_MAX_TIMEOUT,
+    60 s), when it ends in ERT_CMD_STATE_TIMEOUT; the wait's deadline normally gives up on
+    it first (docs/inference.md)."""
 
     error_kernels: set[str] = field(default_factory=set)
     hang_kernels: set[str] = field(default_factory=set)
+    hang_next: int = 0
     context_failures: int = 0
-    watchdog_s: float = 10.0  # the direct path's give-up time
+    watchdog_s: float = 60.0
 
 
 @dataclass
@@ -612,32 +620,38 @@ class SimKernel:
     patches: dict[int, int] = field(default_factory=dict)
     timing: KernelTiming = field(default_factory=KernelTiming)
     words: np.ndarray | None = None
-    pending: int = 0
+    pending: list[DeviceLaunch] = field(default_factory=list)
     freed: bool = False
 
     def set_insts_words(self, words: Iterable[tuple[int, int]]) -> None:
         self.device.set_insts_words(self, words)
 
 
-class SimLaunch:
-    """A simulated run: computed at start; wait() checks the state (and sleeps if asked)."""
+class SimLaunch(DeviceLaunch):
+    """A simulated run, computed at start. Its state (what run.state() would read) is
+    SUBMITTED, then RUNNING until ready_at (the modelled end; at once without sleep), then
+    `final`; a hung one stays RUNNING until the watchdog, then TIMEOUT."""
 
-    def __init__(self, kernel: SimKernel, state: int, ready_at: float, t0: float) -> None:
-        self.kernel, self.state, self.ready_at, self.t0 = kernel, state, ready_at, t0
-        self._waited = False
-
-    def wait(self) -> float:
-        self.kernel.device._finish(self)
-        if self.state != ERT_CMD_STATE_COMPLETED:
-            raise DeviceError(f"kernel finished in state {self.state}")
-        return time.perf_counter() - self.t0
+    def __init__(
+        self,
+        device: SimDevice,
+        kernel: SimKernel,
+        buffers: Sequence[Buffer],
+        t0: float,
+        final: int,
+        hung: bool,
+        ready_at: float,
+    ) -> None:
+        super().__init__(device, kernel, buffers, t0)
+        self.final, self.hung, self.ready_at = final, hung, ready_at
 
 
 class SimDevice(DeviceCore[SimKernel, SimBuffer]):
     """The simulated NPU (backend "sim"). Same interface as npu.xrt.XrtDevice.
 
-    cost: the CostModel; sleep: also sleep the modelled time (the device serialises
-    dispatches, so wait() returns when a real NPU would); registry_dir / hwctx_limit: the
+    cost: the CostModel; sleep: runs take the modelled time in wall time (the device
+    serialises dispatches, so a wait sees a run finish when a real NPU would; without it
+    every run is done at once); registry_dir / hwctx_limit: the
     machine-wide context table (default $NPUCAM_SIM_HWCTX_DIR or a per-user temp dir, 16);
     faults: SimFaults for reliability tests; context_waits / context_wait_s: the bounded wait
     for slots other processes hold (taconite-sapiens2's 50 x 100 ms by default).
@@ -668,6 +682,7 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
         self.sim = SimTime()
         self._last_context: str | None = None
         self._busy_until = 0.0
+        self._hung_runs: dict[str, SimLaunch] = {}  # context key -> its hung run in flight
         # a device dropped without close() still gives its machine-wide slots back
         self._slots: set[Path] = set()
         self._release_slots = weakref.finalize(self, _release_slots, self.registry, self._slots)
@@ -758,7 +773,8 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
 
     def start(self, kernel: SimKernel, buffers: Sequence[Buffer]) -> SimLaunch:
         with self._lock:
-            self._check_open()
+            self._check_usable()
+            self._reap()
             t0 = time.perf_counter()
             if kernel.freed:
                 raise DeviceError(f"{kernel.spec.key}: kernel was freed")
@@ -778,20 +794,23 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
             self._resident(kernel)
             assert kernel.words is not None
             key = kernel.spec.key
+            ctx_key = kernel.spec.context_key
             nbytes = sum(b.nbytes for b in buffers) + len(kernel.spec.insts)
             dispatch = self.cost.dispatch(kernel.spec.kind, model.flops, nbytes)
-            state = ERT_CMD_STATE_COMPLETED
-            if key in self.faults.error_kernels:
-                state = ERT_CMD_STATE_ERROR
-            elif key in self.faults.hang_kernels:
-                state, dispatch = ERT_CMD_STATE_TIMEOUT, self.faults.watchdog_s
-            else:
+            faults = self.faults
+            behind = self._hung_runs.get(ctx_key)
+            hung = behind is not None and self._state(behind) == ERT_CMD_STATE_RUNNING
+            if not hung and (key in faults.hang_kernels or faults.hang_next > 0):
+                faults.hang_next = max(0, faults.hang_next - 1)
+                hung = True
+            state = ERT_CMD_STATE_ERROR if key in faults.error_kernels else ERT_CMD_STATE_COMPLETED
+            if not hung and state == ERT_CMD_STATE_COMPLETED:
                 model.execute(buffers, kernel.words)
             switch = 0.0
-            if self._last_context != kernel.spec.context_key:
+            if self._last_context != ctx_key:
                 switch = self.cost.ctx_switch_s
                 self.sim.switches += 1
-                self._last_context = kernel.spec.context_key
+                self._last_context = ctx_key
             self.sim.ctx_switch_s += switch
             self.sim.dispatch_s += dispatch
             self.sim.device_time_s += switch + dispatch
@@ -800,22 +819,44 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
             kt.device_s += dispatch
             kt.flops += model.flops
             kt.bytes += nbytes
-            ready_at = max(t0, self._busy_until) + switch + dispatch
-            self._busy_until = ready_at
-            kernel.pending += 1
-            return SimLaunch(kernel, state, ready_at, t0)
+            expected = switch + dispatch
+            ready_at = t0
+            if self.sleep and not hung:  # a hung run holds no place on the device clock
+                ready_at = max(t0, self._busy_until) + expected
+                self._busy_until = ready_at
+            launch = SimLaunch(self, kernel, buffers, t0, state, hung, ready_at)
+            if hung and behind is None:
+                self._hung_runs[ctx_key] = launch
+            begin = ready_at - expected if self.sleep and not hung else launch.t_start
+            self._submitted(launch, expected, paced=self.sleep, begin=begin)
+            return launch
 
-    def _finish(self, launch: SimLaunch) -> None:
-        if launch._waited:
-            return
-        if self.sleep:
-            time.sleep(max(0.0, launch.ready_at - time.perf_counter()))
-        with self._lock:
-            launch._waited = True
-            kernel = launch.kernel
-            kernel.pending -= 1
-            wall = time.perf_counter() - launch.t0
-            self._count_run(kernel, wall, wall)
+    def _state(self, launch: SimLaunch) -> int:
+        now = time.perf_counter()
+        if launch.hung:
+            if now - launch.t_start >= self.faults.watchdog_s:
+                return ERT_CMD_STATE_TIMEOUT
+            return ERT_CMD_STATE_RUNNING
+        if now < launch.ready_at:
+            return ERT_CMD_STATE_SUBMITTED if now < launch.begin else ERT_CMD_STATE_RUNNING
+        return launch.final
+
+    def _park(
+        self, key: str, ctx: Path | None, kernels: list[SimKernel], launches: list[SimLaunch]
+    ) -> list[object]:
+        """The context's slot stays held (in the machine-wide registry too) until its hung
+        runs end; nothing writes the buffers of a simulated hung run, so they stay."""
+        for kernel in kernels:
+            kernel.words = None
+        self._hung_runs.pop(key, None)
+        if self._last_context == key:
+            self._last_context = None
+        return [ctx]
+
+    def _release_parked(self, parked: Parked) -> None:
+        if parked.ctx is not None:
+            self._slots.discard(parked.ctx)
+            self.registry.release(parked.ctx)
 
     def _shutdown(self) -> None:
         self._release_slots()

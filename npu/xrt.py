@@ -4,6 +4,9 @@ Follows docs/device.md (taconite iron_xrt_shim.cpp and taconite-adaface's LRU):
 one pyxrt.device per process; one hw_context per (xclbin, kernel name) shared by its
 kernels; instruction BOs `cacheable` in group_id(1); data BOs `host_only` in group 0;
 kernel args (3, insts BO, insts bytes, *data BOs); a cached pyxrt.run per argument tuple.
+pyxrt holds the GIL in every call (Xilinx/XRT pyxrt.cpp), so a dispatch is never waited for
+with `run.wait()`: DeviceCore's wait polls `run.state()` (a read of the command's state
+word) between GIL-free sleeps, paced by the kernel's measured time (docs/inference.md).
 pyxrt is imported lazily and is never a pip dependency.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import logging
 import os
 import threading
 import time
@@ -26,17 +30,30 @@ from npu.device import (
     Buffer,
     DeviceCore,
     DeviceError,
+    DeviceLaunch,
     KernelSpec,
     KernelTiming,
+    Parked,
     check_insts_stream,
+    keep_forever,
     patched_insts,
 )
 
+log = logging.getLogger(__name__)
+
 DEVICE_NODE = "/dev/accel/accel0"
+# A kernel's expected dispatch time until WARM_SAMPLES completions are measured (its deadline
+# is then 8 x this: 4 s, over the slowest upstream dispatch, CLIP ViT-H fc1's ~0.27 s); after
+# that the measured time (KernelTiming.expected_s), never below EXPECTED_FLOOR_S.
+FIRST_EXPECTED_S = 0.5
+WARM_SAMPLES = 2
+EXPECTED_FLOOR_S = 20e-6
 
 
-def probe(device_node: str = DEVICE_NODE) -> tuple[ModuleType | None, list[str]]:
-    """Import pyxrt and check the device node; returns (pyxrt or None, what is missing)."""
+def probe(device_node: str | None = None) -> tuple[ModuleType | None, list[str]]:
+    """Import pyxrt and check the device node (default DEVICE_NODE); returns (pyxrt or
+    None, what is missing)."""
+    device_node = device_node or DEVICE_NODE
     missing = []
     module = None
     try:
@@ -81,7 +98,7 @@ class XrtKernel:
     xk: Any = None
     insts_bo: Any = None
     runs: dict[tuple[int, ...], Any] = field(default_factory=dict)
-    pending: list[XrtLaunch] = field(default_factory=list)
+    pending: list[DeviceLaunch] = field(default_factory=list)
     freed: bool = False
 
     def in_flight(self, key: tuple[int, ...]) -> bool:
@@ -91,22 +108,14 @@ class XrtKernel:
         self.device.set_insts_words(self, words)
 
 
-class XrtLaunch:
-    """A started pyxrt run; wait() checks ERT_CMD_STATE_COMPLETED."""
+class XrtLaunch(DeviceLaunch):
+    """A started pyxrt run (DeviceCore waits for it by polling run.state())."""
 
-    def __init__(self, device: XrtDevice, kernel: XrtKernel, key: tuple[int, ...], run: Any):
-        self._device, self.kernel, self.key, self.run = device, kernel, key, run
-        self.t0 = self.t_start = time.perf_counter()
-        self._done: float | None = None
-        self._error: DeviceError | None = None
-
-    def wait(self) -> float:
-        if self._done is None and self._error is None:
-            self._device._finish(self)
-        if self._error is not None:
-            raise self._error
-        assert self._done is not None
-        return self._done
+    def __init__(
+        self, device: XrtDevice, kernel: XrtKernel, buffers: Sequence[Buffer], t0: float, run: Any
+    ) -> None:
+        super().__init__(device, kernel, buffers, t0)
+        self.run = run
 
 
 class XrtBuffer(Buffer):
@@ -121,7 +130,7 @@ _device_lock = threading.Lock()
 _device: XrtDevice | None = None
 
 
-def xrt_device(device_node: str = DEVICE_NODE) -> XrtDevice:
+def xrt_device(device_node: str | None = None) -> XrtDevice:
     """The process's one XRT device (opened on first call; each pyxrt.device reopens the node)."""
     global _device
     with _device_lock:
@@ -137,7 +146,8 @@ class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
     backend = "npu"
     label = "xrt"
 
-    def __init__(self, device_node: str = DEVICE_NODE) -> None:
+    def __init__(self, device_node: str | None = None) -> None:
+        device_node = device_node or DEVICE_NODE
         pyxrt, missing = probe(device_node)
         if missing or pyxrt is None:
             raise DeviceError("the npu backend is unavailable: " + "; ".join(missing))
@@ -172,9 +182,7 @@ class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
         ctx.hw_context = None
 
     def _unload(self, kernel: XrtKernel) -> None:
-        """Wait for the kernel's launches in flight, then drop its pyxrt objects."""
-        for launch in list(kernel.pending):
-            self._finish(launch)
+        """Drop the kernel's pyxrt objects (DeviceCore waited for its launches first)."""
         kernel.runs.clear()
         kernel.xk = kernel.insts_bo = None
 
@@ -248,7 +256,8 @@ class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
 
     def start(self, kernel: XrtKernel, buffers: Sequence[Buffer]) -> XrtLaunch:
         with self._lock:
-            self._check_open()
+            self._check_usable()
+            self._reap()
             if kernel.freed:
                 raise DeviceError(f"{kernel.spec.key}: kernel was freed")
             t0 = time.perf_counter()
@@ -273,31 +282,79 @@ class XrtDevice(DeviceCore[XrtKernel, XrtBuffer]):
             except Exception as exc:
                 kernel.runs.pop(key, None)
                 raise DeviceError(f"{kernel.spec.key}: launch failed: {exc}") from exc
-            launch = XrtLaunch(self, kernel, key, run)
-            launch.t0 = t0
-            kernel.pending.append(launch)
+            launch = XrtLaunch(self, kernel, buffers, t0, run)
+            timing = kernel.timing
+            measured = timing.samples >= WARM_SAMPLES and timing.expected_s is not None
+            if measured:
+                assert timing.expected_s is not None
+                self._submitted(launch, max(timing.expected_s, EXPECTED_FLOOR_S), paced=True)
+            else:
+                self._submitted(launch, FIRST_EXPECTED_S, paced=False)
             return launch
 
-    def _finish(self, launch: XrtLaunch) -> None:
-        with self._lock:
-            kernel = launch.kernel
-            if launch not in kernel.pending:
-                return
-            try:
-                state = launch.run.wait()
-            except Exception as exc:
-                launch._error = DeviceError(f"{kernel.spec.key}: run.wait failed: {exc}")
-                return
-            finally:
-                kernel.pending.remove(launch)
-                launch.run = None  # a held handle must not keep the run (and its context) alive
-            t1 = time.perf_counter()
-            wall = t1 - launch.t0
-            self._count_run(kernel, wall, t1 - launch.t_start)
-            if state != self._x.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
-                launch._error = DeviceError(f"kernel finished in state {int(state)}")
-                return
-            launch._done = wall
+    def _state(self, launch: XrtLaunch) -> int:
+        return int(launch.run.state())
+
+    def _retired(self, launch: XrtLaunch) -> None:
+        launch.run = None  # a held handle must not keep the run (and its context) alive
+
+    def _park(
+        self, key: str, ctx: Any, kernels: list[XrtKernel], launches: list[XrtLaunch]
+    ) -> list[Any]:
+        """Detach the context's kernels (pyxrt kernel, instruction BO, cached runs) and give
+        every buffer the hung runs touch a fresh BO (the device may still write the old
+        ones); the old objects are returned to be kept, never destroyed."""
+        kept: list[Any] = [ctx]
+        for kernel in kernels:
+            kept += [kernel.xk, kernel.insts_bo, *kernel.runs.values()]
+            kernel.runs = {}
+            kernel.xk = kernel.insts_bo = None
+        kept += [launch.run for launch in launches]
+        roots = {id(b.root): b.root for launch in launches for b in launch.buffers}
+        for root in roots.values():
+            if not root.freed:
+                assert isinstance(root, XrtBuffer)
+                kept += self._renew(root)
+        return kept
+
+    def _renew(self, root: XrtBuffer) -> list[Any]:
+        """Move a root buffer and its subs to a fresh BO holding the same bytes; returns the
+        old BOs and the cached runs that used them."""
+        try:
+            bo = self._x.bo(self._dev, root.nbytes, self._x.bo.host_only, 0)
+            host = np.frombuffer(bo.map(), np.uint8, count=root.nbytes)
+            np.copyto(host, root.host)
+            bo.sync(self._to_dev)
+        except Exception as exc:
+            raise DeviceError(
+                f"alloc({root.nbytes} bytes) replacing a parked buffer: {exc}"
+            ) from exc
+        old: list[Any] = [root.bo]
+        root.bo, root.host = bo, host
+        for sub in root.subs:
+            assert isinstance(sub, XrtBuffer)
+            old.append(sub.bo)
+            sub.bo = self._x.bo(bo, sub.nbytes, sub.offset)
+            sub.host = host[sub.offset : sub.offset + sub.nbytes]
+        ids = {root.id, *(sub.id for sub in root.subs)}
+        for kernel in (k for ks in self._users.values() for k in ks):
+            for key in [k for k in kernel.runs if ids.intersection(k)]:
+                old.append(kernel.runs.pop(key))
+        return old
+
+    def _release_parked(self, parked: Parked) -> None:
+        parked.objects.clear()  # every run finished: their destructors no longer wait
+
+    def _close_parked(self) -> bool:
+        """Skip XRT's teardown: a destructor of a parked object, or of anything sharing the
+        device with it, may block in the driver. The process's exit frees the contexts."""
+        log.warning(
+            "%s: %d context(s) parked with hung dispatches: XRT teardown skipped",
+            self.label,
+            len(self._parked),
+        )
+        keep_forever(self)
+        return False
 
     def _shutdown(self) -> None:
         self._xclbins.clear()

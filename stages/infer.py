@@ -22,6 +22,11 @@ DeviceCloseError unless another exception is already ending the stage.
 A device error, or a malformed pass report the scheduler refuses (wrong output count, bad
 device time), fails that batch's jobs (dropped `error`, counted per model and camera) and
 the stage goes on; running out of hardware contexts makes the device's LRU evict, not fail.
+A dispatch past its deadline (npu.device.DeviceTimeout: the device parked its context and
+reloaded the kernel) fails its batch's jobs as `device_timeout`; once the device is marked
+failed every later batch fails the same way at once, and the stage goes on. When the stage
+is cancelled its device's waits are interrupted, and a device with parked contexts is
+closed without tearing down XRT (docs/inference.md, "Device waits").
 Its scheduler and device numbers are registered as stage gauges (`<stage>` and
 `<stage>/<model>`) with pipeline.metrics, so they are on the `stats` topic and Prometheus.
 Configuration keys: docs/configuration.md ("infer stage"); design: docs/inference.md.
@@ -46,7 +51,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, create_model
 
 from npu import models
-from npu.device import open_device
+from npu.device import DeviceFailed, DeviceTimeout, open_device
 from npu.models import ModelLoadError
 from pipeline.config import Config
 from pipeline.errors import NpucamError
@@ -270,7 +275,9 @@ class Infer(Stage):
         self.device: Any = None
         self.runtimes: dict[str, Runtime] = {}
         self.scheduler: BatchScheduler | None = None
-        self.errors: Counter = Counter()  # model -> jobs failed with `error`
+        self.errors: Counter = Counter()  # model -> jobs failed (`error` or `device_timeout`)
+        self.timeouts: Counter = Counter()  # model -> jobs failed with `device_timeout`
+        self._failed_logged = False
         self.last_error: dict[str, str] = {}
         self.published: Counter = Counter()  # model -> results sent on
         self._mirrored: Counter = Counter()
@@ -382,7 +389,16 @@ class Infer(Stage):
         if another failed; the failures as (what, exception), each logged as it happens."""
         backend = self.options.backend
         failures = []
-        for rt in self.runtimes.values():
+        parked = getattr(self.device, "parked_contexts", 0)
+        if parked:
+            log.warning(
+                "stage %s: %d %s context(s) parked with hung dispatches: models not closed, "
+                "the device closed without teardown",
+                self.name,
+                parked,
+                backend,
+            )
+        for rt in [] if parked else self.runtimes.values():
             try:
                 rt.close()
             except Exception as exc:
@@ -449,6 +465,9 @@ class Infer(Stage):
                 "; ".join(_batch_name(b) for b in unrun),
             )
         prep.shutdown(wait=False, cancel_futures=True)
+        interrupt = getattr(self.device, "interrupt", None)
+        if failure is not None and interrupt is not None:
+            interrupt(f"stage {self.name} stopping")  # a pass waiting on the device ends now
         closed = device.submit("closing the models and the device", self._close)
         device.shutdown()
         waited = asyncio.wrap_future(closed)
@@ -586,9 +605,24 @@ class Infer(Stage):
     def _failed(
         self, batch: Batch, exc: BaseException, device_s: float, finish_ns: int | None = None
     ) -> None:
+        """A batch failed: its jobs dropped `device_timeout` (a dispatch past its deadline,
+        or the device marked failed) or `error` (anything else)."""
         assert self.scheduler is not None
-        self.scheduler.fail(batch, device_s, finish_ns=finish_ns)
+        timeout = isinstance(exc, DeviceTimeout)
+        reason = "device_timeout" if timeout else "error"
+        self.scheduler.fail(batch, device_s, finish_ns=finish_ns, reason=reason)
         self._sync_drops()
+        if timeout:
+            self.timeouts[batch.model] += len(batch.jobs)
+        if isinstance(exc, DeviceFailed) and not self._failed_logged:
+            self._failed_logged = True
+            log.error(
+                "stage %s: the %s device is marked failed; every job fails with "
+                "device_timeout until npucam is restarted: %s",
+                self.name,
+                self.options.backend,
+                exc,
+            )
         self._record_error(batch.model, len(batch.jobs), exc, batch.jobs[0].camera)
 
     def _record_error(self, model: str, n: int, exc: BaseException, camera: str) -> None:
@@ -670,6 +704,7 @@ class Infer(Stage):
                 "contexts": len(rt.contexts),
                 "published": self.published[name],
                 "errors": self.errors[name],
+                "device_timeouts": self.timeouts[name],
                 "last_error": self.last_error.get(name),
             }
             for name, rt in self.runtimes.items()
@@ -677,7 +712,14 @@ class Infer(Stage):
         snap["contexts"] = {m: asdict(c) for m, c in self.scheduler.context_view().items()}
         if self.device is not None:
             st = self.device.stats
-            snap["device"] = {"loads": st.loads, "hits": st.hits, "evictions": st.evict}
+            snap["device"] = {
+                "loads": st.loads,
+                "hits": st.hits,
+                "evictions": st.evict,
+                "timeouts": st.timeouts,
+                "parked_contexts": self.device.parked_contexts,
+                "failed": self.device.failed,
+            }
             sim = getattr(self.device, "sim", None)
             if sim is not None:
                 snap["device"]["sim_device_time_s"] = sim.device_time_s
@@ -686,7 +728,8 @@ class Infer(Stage):
     def device_gauges(self) -> dict[str, float]:
         """The stage's device-wide gauges (the `<stage>` entry of pipeline.metrics): busy
         fraction and seconds, context loads / evictions as the scheduler models them, closes
-        that failed at shutdown, and the device's own context counters when there is a device.
+        that failed at shutdown, and when there is a device its own context counters, its
+        dispatches past their deadline, its parked contexts and whether it is marked failed.
         Read from any thread."""
         assert self.scheduler is not None
         st = self.scheduler.stats
@@ -704,12 +747,16 @@ class Infer(Stage):
             gauges["device_context_loads"] = dev.loads
             gauges["device_context_hits"] = dev.hits
             gauges["device_context_evictions"] = dev.evict
+            gauges["device_timeouts"] = dev.timeouts
+            gauges["device_parked_contexts"] = self.device.parked_contexts
+            gauges["device_failed"] = float(self.device.failed is not None)
         return gauges
 
     def model_gauges(self, model: str) -> dict[str, float]:
         """One model's gauges (the `<stage>/<model>` entry of pipeline.metrics): batches,
         fill ratio, padded slots, padding waste, queue wait mean / max (submit to dispatch),
-        the learned pass cost and its bound, queued jobs, published results and errors; for
+        the learned pass cost and its bound, queued jobs, published results, errors (every
+        failed job) and device timeouts (those dropped `device_timeout`); for
         CLIP also the labels in effect, label sets encoded and labels-file errors."""
         assert self.scheduler is not None
         m = self.scheduler.stats.models[model]
@@ -725,6 +772,7 @@ class Infer(Stage):
             "queued": self.scheduler.pending(model),
             "published": self.published[model],
             "errors": self.errors[model],
+            "device_timeouts": self.timeouts[model],
         }
         rt = self.runtimes.get(model)
         if rt is not None:

@@ -31,8 +31,8 @@ QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new")
 # Why a job was dropped: past its deadline; still in time but unable to finish before it
 # even on an optimistic cost (the device's backlog, or a pass longer than the time left);
 # its model's queue was full or a later frame's job of its key superseded it; its device
-# run failed.
-DROP_REASONS: tuple[str, ...] = ("stale", "npu_busy", "queue_full", "error")
+# run failed; one of its device dispatches passed its deadline.
+DROP_REASONS: tuple[str, ...] = ("stale", "npu_busy", "queue_full", "error", "device_timeout")
 
 NPU2_CONTEXT_SLOTS = 16
 CONTEXT_LOAD_S = 0.0025  # per context load/switch on NPU2 (~2-3 ms)
@@ -923,13 +923,22 @@ class BatchScheduler:
             self.stats.models[job.model].results += 1
         return out
 
-    def fail(self, batch: Batch, device_s: float = 0.0, finish_ns: int | None = None) -> None:
-        """Report a batch whose device run failed: its jobs are dropped with reason `error`.
-        finish_ns: when the device gave up on it, as in `complete` (None, or not an int: now)."""
+    def fail(
+        self,
+        batch: Batch,
+        device_s: float = 0.0,
+        finish_ns: int | None = None,
+        reason: str = "error",
+    ) -> None:
+        """Report a batch whose device run failed: its jobs are dropped with `reason`
+        (`error`, or `device_timeout` for a dispatch past its deadline). finish_ns: when the
+        device gave up on it, as in `complete` (None, or not an int: now)."""
+        if reason not in DROP_REASONS:
+            raise SchedulerError(f"drop reason {reason!r} is not one of {DROP_REASONS}")
         self._retire(batch, finish_ns if _is_int(finish_ns) else None)
         self.stats.busy_s += max(device_s, 0.0)
         for job in batch.jobs:
-            self._drop(job, "error")
+            self._drop(job, reason)
 
     def _check_order(self, batch: Batch) -> None:
         if not self._in_flight or self._in_flight[0] is not batch:

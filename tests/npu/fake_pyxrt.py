@@ -1,15 +1,43 @@
-"""A recording fake of XRT's pyxrt module (the names of Xilinx/XRT src/python/pybind11).
+"""A recording fake of XRT's pyxrt module that blocks like the real one (Xilinx/XRT
+src/python/pybind11/src/pyxrt.cpp; docs/device.md, "The test fake pyxrt").
 
-Tests inject it with `monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)` after reset().
-Every call lands in `calls` as a tuple. Hardware contexts count against a machine-wide
-`limit` and free their slot when garbage-collected, as a released xrt::hw_context does; a
-full machine raises RuntimeError mentioning CREATE_HWCTX, as the amdxdna driver does.
+Tests inject it with `monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)` after reset();
+a subprocess gets it through tests/npu/pyxrt_shim (configure() from $NPUCAM_FAKE_PYXRT).
+Every call except state() lands in `calls` as a tuple (state() polls are counted in
+`state_calls`). Hardware contexts count against a machine-wide `limit` and free their slot
+when garbage-collected, as a released xrt::hw_context does; a full machine raises
+RuntimeError mentioning CREATE_HWCTX, as the amdxdna driver does.
+
+Timing, as the bindings behave (none of these calls releases the GIL):
+- `run.start()` returns at once; runs execute one after another on one emulated device, each
+  for `dispatch_time(xclbin path)` seconds (`dispatch_s`, first matching substring, else
+  `default_dispatch_s`; 0 by default, so plain tests run instantly).
+- `run.state()` is NEW (1) before a start, SUBMITTED (7) while queued behind another run,
+  RUNNING (3) while it runs, then its final state (COMPLETED, or the next of `next_states`).
+  pyxrt's enum has no RUNNING member: 3 comes back as an unnamed value (`int()` of it is 3).
+- `run.wait()` / `run.wait(timeout_ms)` sleep in libc through ctypes.PyDLL, which keeps the
+  GIL, for the run's remaining device time (at most timeout_ms; then TIMEOUT, 8).
+- A hung run (`hang_next` starts, or any start while the file `hang_file` exists, which is
+  then removed) never completes: state() stays RUNNING (until `tdr_s`, the driver's job
+  timeout, if set: then TIMEOUT), runs queued behind it on its context never complete
+  either, and wait() on it blocks forever with the GIL held. Destroying a run or hw_context
+  with a hung run in flight blocks forever too (pybind11 runs destructors with the GIL), so
+  code that lets one be collected freezes, as it would on hardware.
+- `bo.map()` keeps no owner: once a root BO is collected its memory reads 0xEE.
+- `kernel(...)` called with arguments builds a new run per call, silently skips arguments
+  that are neither a bo nor an int, and starts it (pyxrt's `__call__`).
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import enum
 import itertools
+import json
+import os
+import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -18,23 +46,86 @@ calls: list[tuple[Any, ...]] = []
 live_contexts: set[int] = set()
 limit = 16
 fail_contexts = 0  # the next n hw_context creations raise a non-"full" error
-next_states: list[int] = []  # states returned by the next waits (default COMPLETED)
+next_states: list[int] = []  # final states of the next runs started (default COMPLETED)
+dispatch_s: dict[str, float] = {}  # xclbin path substring -> emulated device seconds
+default_dispatch_s = 0.0
+hang_next = 0  # the next n run starts hang
+hang_file: str | None = None  # a start while this file exists hangs (and removes it)
+tdr_s: float | None = None  # a hung run ends in TIMEOUT after this long (None: never)
+state_calls = 0
+timeline: list[tuple[int, float, float]] = []  # (run id, begin, end) of every start
+_busy_until = 0.0
 _ids = itertools.count(1)
+
+_libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held across the call, as in pyxrt
+_libc.usleep.argtypes = [ctypes.c_uint]
+_libc.usleep.restype = ctypes.c_int
+FOREVER_US = 4_000_000_000  # one usleep of ~67 minutes
 
 
 def reset(hwctx_limit: int = 16) -> None:
-    global limit, fail_contexts, _ids
+    global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s
+    global state_calls, _busy_until
     calls.clear()
     live_contexts.clear()
     next_states.clear()
+    dispatch_s.clear()
     limit = hwctx_limit
     fail_contexts = 0
+    default_dispatch_s = 0.0
+    hang_next = 0
+    hang_file = None
+    tdr_s = None
+    state_calls = 0
+    timeline.clear()
+    _busy_until = 0.0
     _ids = itertools.count(1)
+
+
+def configure(settings: dict[str, Any]) -> None:
+    """Set the timing knobs from a dict: dispatch_s ({substring: s}), default_dispatch_s,
+    hang_next, hang_file, tdr_s, limit; timeline_file: where to write `timeline` (JSON) at
+    exit."""
+    global default_dispatch_s, hang_next, hang_file, tdr_s, limit
+    if settings.get("timeline_file"):
+        atexit.register(_write_timeline, settings["timeline_file"])
+    dispatch_s.update(settings.get("dispatch_s", {}))
+    default_dispatch_s = float(settings.get("default_dispatch_s", default_dispatch_s))
+    hang_next = int(settings.get("hang_next", hang_next))
+    hang_file = settings.get("hang_file", hang_file)
+    tdr_s = settings.get("tdr_s", tdr_s)
+    limit = int(settings.get("limit", limit))
+
+
+def _write_timeline(path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(timeline, fh)
 
 
 def of(name: str) -> list[tuple[Any, ...]]:
     """The recorded calls named `name`."""
     return [c for c in calls if c[0] == name]
+
+
+def gil_sleep(seconds: float) -> None:
+    """Sleep in C without releasing the GIL, as a blocking pyxrt call does."""
+    if seconds > 0:
+        _libc.usleep(min(int(seconds * 1e6), FOREVER_US))
+
+
+def block_forever() -> None:
+    """A C call that never returns, GIL held; this thread's signals are blocked, so a
+    signal cannot cut the sleep short (the process's handlers then never run)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    while True:
+        _libc.usleep(FOREVER_US)
+
+
+def dispatch_time(path: str) -> float:
+    for part, seconds in dispatch_s.items():
+        if part in path:
+            return float(seconds)
+    return default_dispatch_s
 
 
 class xclBOSyncDirection(enum.IntEnum):  # noqa: N801 (pyxrt's spelling)
@@ -43,13 +134,29 @@ class xclBOSyncDirection(enum.IntEnum):  # noqa: N801 (pyxrt's spelling)
 
 
 class ert_cmd_state(enum.IntEnum):  # noqa: N801
+    """pyxrt's binding of ert.h's ert_cmd_state: RUNNING (3) is not bound."""
+
     ERT_CMD_STATE_NEW = 1
     ERT_CMD_STATE_QUEUED = 2
-    ERT_CMD_STATE_RUNNING = 3
     ERT_CMD_STATE_COMPLETED = 4
     ERT_CMD_STATE_ERROR = 5
     ERT_CMD_STATE_ABORT = 6
+    ERT_CMD_STATE_SUBMITTED = 7
     ERT_CMD_STATE_TIMEOUT = 8
+    ERT_CMD_STATE_NORESPONSE = 9
+    ERT_CMD_STATE_SKERROR = 10
+    ERT_CMD_STATE_SKCRASHED = 11
+
+    @classmethod
+    def _missing_(cls, value: object) -> ert_cmd_state:
+        """An unbound value (3) comes back unnamed, as pybind11's `<ert_cmd_state.???: 3>`."""
+        pseudo = int.__new__(cls, value)
+        pseudo._name_ = "???"
+        pseudo._value_ = value
+        return pseudo
+
+
+RUNNING = 3
 
 
 class uuid:  # noqa: N801
@@ -96,10 +203,15 @@ class hw_context:  # noqa: N801
             )
         self.id = next(_ids)
         self.path = id_.path
+        self.hung: run | None = None  # a hung run in flight on this context
         live_contexts.add(self.id)
         calls.append(("hw_context", id_.path))
 
     def __del__(self) -> None:
+        hung = getattr(self, "hung", None)
+        if hung is not None and hung.in_flight():
+            calls.append(("hw_context.free_blocked", self.path))
+            block_forever()  # the driver waits for the outstanding job
         if getattr(self, "id", None) in live_contexts:
             live_contexts.discard(self.id)
             calls.append(("hw_context.free", self.path))
@@ -113,6 +225,16 @@ class kernel:  # noqa: N801
 
     def group_id(self, i: int) -> int:
         return 100 + i  # distinct from i, so a test sees that the kernel was asked
+
+    def __call__(self, *args: Any) -> run:
+        """pyxrt's kernel.__call__: a new run per call, args set by position (anything not
+        a bo or an int is skipped without an error), started."""
+        r = run(self)
+        for i, value in enumerate(args):
+            if isinstance(value, (bo, int)) and not isinstance(value, bool):
+                r.set_arg(i, value)
+        r.start()
+        return r
 
 
 class bo:  # noqa: N801
@@ -149,12 +271,36 @@ class bo:  # noqa: N801
     def size(self) -> int:
         return self.nbytes
 
+    def __del__(self) -> None:
+        if getattr(self, "parent", 0) is None:  # a root: its memory goes back to the driver
+            self.storage[:] = 0xEE
+
+
+def _take_hang() -> bool:
+    global hang_next
+    if hang_next > 0:
+        hang_next -= 1
+        return True
+    if hang_file is not None:
+        try:
+            os.unlink(hang_file)
+        except FileNotFoundError:
+            return False
+        with open(hang_file + ".started", "w") as fh:
+            fh.write(str(time.time_ns()))
+        return True
+    return False
+
 
 class run:  # noqa: N801
     def __init__(self, k: kernel) -> None:
         self.id = next(_ids)
         self.kernel = k
         self.args: dict[int, Any] = {}
+        self.t_start = self.begin = self.end = 0.0
+        self.started = False
+        self.hung = False
+        self.final = ert_cmd_state.ERT_CMD_STATE_COMPLETED
         calls.append(("run", self.id, k.name))
 
     def set_arg(self, i: int, value: Any) -> None:
@@ -162,13 +308,65 @@ class run:  # noqa: N801
         shown = value.id if isinstance(value, bo) else value
         calls.append(("set_arg", self.id, i, type(value).__name__, shown))
 
-    def start(self) -> None:
-        calls.append(("start", self.id))
+    def in_flight(self) -> bool:
+        return self.started and int(self._state()) in (1, 2, 3, 7)
 
-    def wait(self, timeout_ms: int | None = None) -> ert_cmd_state:
-        calls.append(("wait", self.id))
-        return (
+    def start(self) -> None:
+        global _busy_until
+        if self.in_flight():
+            raise RuntimeError(f"run {self.id} started while in flight")
+        calls.append(("start", self.id))
+        now = time.perf_counter()
+        ctx = self.kernel.ctx
+        self.started, self.t_start = True, now
+        self.final = (
             ert_cmd_state(next_states.pop(0))
             if next_states
-            else (ert_cmd_state.ERT_CMD_STATE_COMPLETED)
+            else ert_cmd_state.ERT_CMD_STATE_COMPLETED
         )
+        behind_hung = ctx.hung is not None and ctx.hung.in_flight()
+        self.hung = _take_hang() or behind_hung
+        if self.hung:
+            self.begin = self.end = float("inf")
+            if not behind_hung:
+                ctx.hung = self
+                calls.append(("hang", self.id))
+            return
+        self.begin = max(now, _busy_until)
+        self.end = self.begin + dispatch_time(ctx.path)
+        _busy_until = self.end
+        timeline.append((self.id, self.begin, self.end))
+
+    def _state(self) -> ert_cmd_state:
+        if not self.started:
+            return ert_cmd_state.ERT_CMD_STATE_NEW
+        now = time.perf_counter()
+        if self.hung:
+            if tdr_s is not None and now - self.t_start >= tdr_s:
+                return ert_cmd_state.ERT_CMD_STATE_TIMEOUT
+            return ert_cmd_state(RUNNING)
+        if now < self.begin:
+            return ert_cmd_state.ERT_CMD_STATE_SUBMITTED
+        if now < self.end:
+            return ert_cmd_state(RUNNING)
+        return self.final
+
+    def state(self) -> ert_cmd_state:
+        global state_calls
+        state_calls += 1
+        return self._state()
+
+    def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
+        """wait() is wait(0): no timeout. wait(t) gives up after t ms with TIMEOUT (8)."""
+        calls.append(("wait", self.id, timeout_ms))
+        if self.hung and tdr_s is None and timeout_ms == 0:
+            block_forever()
+        remaining = (self.t_start + tdr_s if self.hung else self.end) - time.perf_counter()
+        gil_sleep(remaining if timeout_ms == 0 else min(remaining, timeout_ms / 1000))
+        state = self._state()
+        return ert_cmd_state.ERT_CMD_STATE_TIMEOUT if int(state) in (1, 2, 3, 7) else state
+
+    def __del__(self) -> None:
+        if getattr(self, "hung", False) and self.in_flight():
+            calls.append(("run.free_blocked", self.id))
+            block_forever()

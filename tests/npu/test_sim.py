@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import torch
 from npu.bf16 import bf16_to_f32, f32_to_bf16, round_bf16, unpack_bfp16
 from npu.bundle import Bundle
 from npu.bundle_writer import BundleWriter
-from npu.device import DeviceError, kernel_spec
+from npu.device import DeviceError, DeviceTimeout, kernel_spec
 from npu.ops import LOG2E
 from npu.sim import (
     ContextRegistry,
@@ -339,18 +340,35 @@ def test_faults_kernel_error_hang_and_context_failure(tmp_path, reg):
     bufs = [dev.alloc(64 * 64 * 2) for _ in range(4)]
     with pytest.raises(DeviceError, match=r"^kernel finished in state 5$"):
         dev.run(k0, bufs)
-    before = dev.sim.device_time_s
-    with pytest.raises(DeviceError, match=r"^kernel finished in state 8$"):
-        dev.run(k1, bufs)
-    assert dev.sim.device_time_s - before >= 10.0
+    t0 = time.perf_counter()
+    with pytest.raises(DeviceTimeout, match=r"dispatch of m1 not done .* past its deadline"):
+        dev.run(k1, bufs)  # caught by the wait's deadline, long before the 10 s watchdog
+    assert 0.2 <= time.perf_counter() - t0 < 2.0
+    assert dev.stats.timeouts == 1 and dev.parked_contexts == 1
     faults.error_kernels.clear()
+    faults.hang_kernels.clear()
     dev.run(k0, bufs)  # the device stays usable
+    dev.run(k1, bufs)  # and m1 runs in its fresh context
     dev.close()
+    assert ContextRegistry(reg).held() == []  # the parked slot is given back at close
     dev = SimDevice(registry_dir=reg)
     dev.load(specs[0])
     dev.faults.context_failures = 1
     dev.load(specs[1])  # the injected CREATE_HWCTX failure evicts m0's context and retries
     assert dev.stats.evict == 1 and dev.resident_contexts() == [specs[1].context_key]
+    dev.close()
+
+
+def test_a_hung_run_ends_in_timeout_when_the_watchdog_fires_first(tmp_path, reg):
+    # the driver's job timeout (watchdog_s) shorter than the wait's deadline: TIMEOUT, state 8
+    _, specs = _ctx_bundle(tmp_path / "b", 1)
+    dev = SimDevice(registry_dir=reg, faults=SimFaults(hang_next=1, watchdog_s=0.05))
+    k = dev.load(specs[0])
+    bufs = [dev.alloc(64 * 64 * 2) for _ in range(4)]
+    with pytest.raises(DeviceError, match=r"^kernel finished in state 8$"):
+        dev.run(k, bufs)
+    assert dev.stats.timeouts == 0 and dev.parked_contexts == 0
+    dev.run(k, bufs)  # hang_next was one dispatch
     dev.close()
 
 

@@ -2,11 +2,12 @@
 two synthetic cameras -> face jobs -> infer (backend sim, synthetic AdaFace) -> a sink.
 
 Injected one after the other while frames keep flowing: a kernel that ends in ERROR, a
-kernel that hangs until the watchdog (TIMEOUT), and hardware-context creation failing as
-CREATE_HWCTX does (the machine-wide context limit is 4, AdaFace needs 9: contexts are
-evicted and re-created all the time). Proven for each: the affected jobs fail and are
-reported (per-model error drops in the metrics / `stats`, the stage's last_error names the
-fault), the stage recovers once the
+dispatch that hangs (caught by its wait's deadline: a `device_timeout` drop, its context
+parked and the kernel reloaded; the parked context is given back once the emulated driver's
+job timeout ends the hung run), and hardware-context creation failing as CREATE_HWCTX does
+(the machine-wide context limit is 4, AdaFace needs 9: contexts are evicted and re-created
+all the time). Proven for each: the affected jobs fail and are reported (per-model drops in
+the metrics / `stats`, the stage's last_error names the fault), the stage recovers once the
 fault clears (results for both cameras again; the time is measured), no deadlock (the
 pipeline stops within its drain timeout with nothing abandoned), and no stuck context (the
 machine-wide context registry never holds more than the cap and is empty after the run).
@@ -16,6 +17,7 @@ All device behaviour here is simulated; no NPU is involved.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -26,7 +28,6 @@ from npu.sim import ContextRegistry
 from pipeline.messages import now_ns
 
 CTX_CAP = 4
-WATCHDOG_S = 0.5
 CAMERAS = ("c0", "c1")
 FAULT_STAGES = str(Path(__file__).parent)
 
@@ -117,11 +118,11 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
                 dev.faults.error_kernels = set()
 
             def set_hang():
-                dev.faults.watchdog_s = WATCHDOG_S
-                dev.faults.hang_kernels = kernels
+                dev.faults.watchdog_s = 1.0  # the driver's job timeout: the parked slot returns
+                dev.faults.hang_next = 1  # one dispatch: a hang every time would fail the device
 
             def clear_hang():
-                dev.faults.hang_kernels = set()
+                dev.faults.hang_next = 0
 
             def set_ctx():
                 dev.faults.context_failures = 10**9
@@ -131,7 +132,7 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
 
             faults = {
                 "kernel error": (set_error, clear_error),
-                "hang past watchdog": (set_hang, clear_hang),
+                "hung dispatch": (set_hang, clear_hang),
                 "context creation": (set_ctx, clear_ctx),
             }
             for name, (inject, clear) in faults.items():
@@ -151,14 +152,15 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
                 measured[name] = (t_reported - t_inject, t_back - t_clear, last_error)
             snapshot = pipeline.metrics.snapshot()
             stats = infer.stats()
+            parked_at_end = dev.parked_contexts
         finally:
             t_stop = time.monotonic()
             pipeline.stop()
             code = await asyncio.wait_for(task, 30)
             stop_s = time.monotonic() - t_stop
-        return code, pipeline, measured, snapshot, stats, stop_s
+        return code, pipeline, measured, snapshot, stats, stop_s, parked_at_end
 
-    code, pipeline, measured, snapshot, stats, stop_s = asyncio.run(main())
+    code, pipeline, measured, snapshot, stats, stop_s, parked_at_end = asyncio.run(main())
     print()
     for name, (reported, recovered, last_error) in measured.items():
         print(
@@ -169,19 +171,29 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
     assert code == 0 and pipeline.abandoned == []
     assert stop_s < 5.0  # no deadlock: well inside the drain timeout
     for name, (_, recovered, last_error) in measured.items():
-        text = {"kernel error": "state 5", "hang past watchdog": "state 8"}.get(
+        text = {"kernel error": "state 5", "hung dispatch": "past its deadline"}.get(
             name, "CREATE_HWCTX"
         )
         assert text in last_error, (name, last_error)
         assert recovered < 5.0
-    # The hang is reported once the watchdog gives up, not before.
-    assert measured["hang past watchdog"][0] >= WATCHDOG_S * 0.9
+    # The hung dispatch was given up at its deadline (~0.2 s for these ~ms dispatches).
+    given_up = re.search(
+        r"not done ([0-9.]+) s after it began, past its deadline of ([0-9.]+) s",
+        measured["hung dispatch"][2],
+    )
+    assert given_up, measured["hung dispatch"]
+    waited, deadline = map(float, given_up.groups())
+    assert deadline < 0.3 and deadline <= waited < deadline + 0.1
     drops = snapshot["stages"]["infer/adaface"]["drops"]
+    timeouts = sum(drops[c].get("device_timeout", 0) for c in CAMERAS if c in drops)
+    assert timeouts == stats["runtimes"]["adaface"]["device_timeouts"] == 1
     assert (
-        sum(drops[c].get("error", 0) for c in CAMERAS if c in drops)
+        sum(drops[c].get("error", 0) for c in CAMERAS if c in drops) + timeouts
         == stats["runtimes"]["adaface"]["errors"]
         >= 3
     )
+    assert stats["device"]["failed"] is None
+    assert parked_at_end == 0  # the hung run ended at the job timeout and its slot was reaped
     assert stats["runtimes"]["adaface"]["published"] > 0
     # No stuck context: never above the cap, and all given back once the stage stopped.
     assert 1 <= held_max <= CTX_CAP

@@ -9,6 +9,7 @@ Runtime.run call (the device thread's passes), against the wall time of the run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -607,14 +608,13 @@ def test_a_hung_close_at_the_end_of_a_run_is_bounded_and_raised(tmp_path, cache,
     assert stage._device_thread.join(5) and stage.device.closed  # the close finished later
 
 
-def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
+def test_a_cancel_interrupts_a_hung_device_wait_and_queued_batches_never_run(
     tmp_path, cache, monkeypatch, caplog
 ):
-    # the pipeline cancels a stage that did not drain while a device pass hangs (the simulated
-    # kernel waits 3 s for its watchdog): the stage ends within CLOSE_TIMEOUT_S, names the
-    # batch still on the device, and the batches queued behind it never run; once the hung pass
-    # ends, the device thread closes the models and the device and exits
-    monkeypatch.setattr(infer, "CLOSE_TIMEOUT_S", 0.2)
+    # the pipeline cancels a stage that did not drain while a dispatch hangs (its deadline
+    # is an hour away here): the cancel interrupts the device's wait at once, the hung
+    # context is parked, the batches queued behind it never run, and the device thread
+    # closes the device (skipping the teardown of what is parked) well inside CLOSE_TIMEOUT_S
     ran: list[int] = []
     run = Runtime.run
 
@@ -627,8 +627,8 @@ def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
 
     async def source():
         await started(stage)
-        stage.device.faults.watchdog_s = 3.0
-        stage.device.faults.hang_kernels = set(stage.device.sim.kernels)
+        stage.device.waits = dataclasses.replace(stage.device.waits, deadline_margin_s=3600.0)
+        stage.device.faults.hang_next = 1
         for i in range(4):
             yield face("c0", i)
         await asyncio.sleep(60)  # the inbox stays open: only the cancel ends the stage
@@ -637,6 +637,7 @@ def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
         task = asyncio.create_task(stage.run(source(), Recorder()))
         while ran != [0] or len(stage._in_flight) < 2:  # one pass hangs, one queued behind it
             await asyncio.sleep(0.005)
+        await asyncio.sleep(0.3)  # the pass is inside its wait
         t0 = time.perf_counter()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -645,22 +646,132 @@ def test_a_pass_hung_at_cancel_is_reported_and_queued_batches_never_run(
 
     with caplog.at_level(logging.WARNING, logger="stages.infer"):
         ended_s = asyncio.run(asyncio.wait_for(main(), timeout=30))
-    assert ended_s < 0.2 + 1.0, ended_s  # not the 3 s the pass hangs
+    assert ended_s < infer.CLOSE_TIMEOUT_S, ended_s
     messages = [r.getMessage() for r in caplog.records]
-    hung = [m for m in messages if "did not finish" in m]
-    assert len(hung) == 1 and re.search(r"still adaface batch \d+ \(c0 #0\), running for", hung[0])
+    assert not [m for m in messages if "did not finish" in m]
     unrun = [m for m in messages if "not run" in m]
     assert len(unrun) == 1 and re.search(
         r"1 dispatched batch\(es\) not run: adaface batch \d+ \(c0 #1\)", unrun[0]
     ), messages
-    assert stage.close_errors == 1
-    assert stage._device_thread.join(10)  # the watchdog ended the pass, then the closes ran
+    assert any("parked with hung dispatches: models not closed" in m for m in messages)
+    assert stage.close_errors == 0 and stage._device_thread.join(5)
     assert stage.device.closed and ran == [0]  # nothing queued ran after the cancel
+    assert stage.device.parked_contexts == 1 and stage.device.stats.timeouts == 0
+    assert ContextRegistry(tmp_path / "hwctx").held() == []  # the sim's slots given back
+
+
+def test_a_device_call_that_never_returns_at_cancel_is_reported(
+    tmp_path, cache, monkeypatch, caplog
+):
+    # a call no deadline can end (on hardware: a hang inside a GIL-free XRT call): the stage
+    # ends within CLOSE_TIMEOUT_S, names the batch still on the device, and the batches
+    # queued behind it never run; once the call returns, the device thread closes up
+    monkeypatch.setattr(infer, "CLOSE_TIMEOUT_S", 0.2)
+    release = threading.Event()
+    ran: list[int] = []
+
+    def stuck(self, prepared):
+        ran.append(prepared.jobs[0].seq)
+        release.wait(30)
+        raise DeviceError("released")
+
+    monkeypatch.setattr(Runtime, "run", stuck)
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    async def source():
+        await started(stage)
+        for i in range(4):
+            yield face("c0", i)
+        await asyncio.sleep(60)
+
+    async def main() -> float:
+        task = asyncio.create_task(stage.run(source(), Recorder()))
+        while ran != [0] or len(stage._in_flight) < 2:
+            await asyncio.sleep(0.005)
+        t0 = time.perf_counter()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.perf_counter() - t0
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="stages.infer"):
+            ended_s = asyncio.run(asyncio.wait_for(main(), timeout=30))
+    finally:
+        release.set()
+    assert ended_s < 0.2 + 1.0, ended_s
+    messages = [r.getMessage() for r in caplog.records]
+    hung = [m for m in messages if "did not finish" in m]
+    assert len(hung) == 1 and re.search(r"still adaface batch \d+ \(c0 #0\), running for", hung[0])
+    assert stage.close_errors == 1
+    assert stage._device_thread.join(10)
+    assert stage.device.closed and ran == [0]
+
+
+def test_a_hung_dispatch_fails_its_job_as_device_timeout_and_the_next_job_completes(
+    tmp_path, cache
+):
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+    hung_at: list[float] = []
+
+    async def source():
+        await started(stage)
+        yield face("c0", 0)
+        while not stage.published["adaface"]:
+            await asyncio.sleep(0.01)
+        stage.device.faults.hang_next = 1
+        hung_at.append(time.perf_counter())
+        yield face("c1", 1)
+        while not stage.timeouts["adaface"]:
+            await asyncio.sleep(0.01)
+        hung_at.append(time.perf_counter())
+        yield face("c1", 2)
+        while stage.published["adaface"] < 2:
+            await asyncio.sleep(0.01)
+
+    out = run_stage(stage, source())
+    assert [(i.job.camera, i.job.seq) for _, i in out.items] == [("c0", 0), ("c1", 2)]
+    assert hung_at[1] - hung_at[0] < 2.0  # a ~5 ms dispatch's deadline is ~0.2 s
+    drops = stage.metrics.snapshot()["stages"]["infer/adaface"]["drops"]
+    assert drops == {"c1": {"device_timeout": 1}}
+    stats = stage.stats()
+    assert stats["runtimes"]["adaface"]["device_timeouts"] == 1
+    assert "DeviceTimeout" in stats["runtimes"]["adaface"]["last_error"]
+    assert stats["device"]["timeouts"] == 1 and stats["device"]["failed"] is None
+    gauges = stage.device_gauges()
+    assert gauges["device_timeouts"] == 1 and gauges["device_failed"] == 0
+    assert stage.model_gauges("adaface")["device_timeouts"] == 1
+
+
+def test_a_failed_device_fails_every_job_as_device_timeout_and_the_stage_goes_on(
+    tmp_path, cache, caplog
+):
+    stage = make_stage(tmp_path, cache, models=("adaface",))
+
+    async def source():
+        await started(stage)
+        stage.device.faults.hang_kernels = set(stage.device.sim.kernels)  # hangs every time
+        for i in range(5):
+            yield face("c0", i)
+            await asyncio.sleep(0.05)
+        while stage.errors["adaface"] < 5:
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.ERROR, logger="stages.infer"):
+        run_stage(stage, source())
+    assert stage.timeouts["adaface"] == 5 and stage.published["adaface"] == 0
+    assert stage.device.failed is not None and stage.device_gauges()["device_failed"] == 1
+    marked = [r for r in caplog.records if "is marked failed; every job fails" in r.getMessage()]
+    assert len(marked) == 1
+    assert stage.stats()["runtimes"]["adaface"]["last_error"].startswith(
+        "DeviceFailed: the sim device is marked failed"
+    )
 
 
 HUNG_AT_EXIT = """
-import asyncio, sys, types
+import asyncio, sys, threading, types
 from pipeline.messages import now_ns
+from stages.runtimes import Runtime
 from pipeline.metrics import Metrics
 from stages.infer import Infer, InferOptions
 from stages.jobs import FaceJob
@@ -679,11 +790,14 @@ class Out:
     async def send(self, item):
         pass
 
+def never_returns(self, prepared):  # a device call no deadline or interrupt can end
+    threading.Event().wait()
+
+Runtime.run = never_returns
+
 async def source():
     while stage.scheduler is None:
         await asyncio.sleep(0.01)
-    stage.device.faults.watchdog_s = 3600.0  # a device call that never returns
-    stage.device.faults.hang_kernels = set(stage.device.sim.kernels)
     t = now_ns()
     yield FaceJob(camera="c0", seq=0, capture_ts_ns=t, deadline_ns=t + 60 * 10**9,
                   box_xywh=np.zeros(4, np.float32), score=0.9,

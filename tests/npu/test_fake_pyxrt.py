@@ -1,0 +1,156 @@
+"""The test fake pyxrt (tests/npu/fake_pyxrt.py) blocks and reports as the real bindings do
+(Xilinx/XRT pyxrt.cpp): the facts npucam's waits are built on, proven of the fake itself."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "fake_pyxrt", Path(__file__).with_name("fake_pyxrt.py")
+)
+fake = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fake)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    fake.reset()
+    yield
+    fake.reset()
+
+
+def kernel(path: str = "/b/gemm.xclbin"):
+    return fake.kernel(fake.hw_context(fake.device(0), fake.uuid(path)), "MLIR_AIE")
+
+
+def stall_of_other_thread(call) -> float:
+    """The longest time a spinning thread could not run while `call` ran."""
+    gap, stop = [0.0], threading.Event()
+
+    def spin():
+        last = time.perf_counter()
+        while not stop.is_set():
+            now = time.perf_counter()
+            gap[0] = max(gap[0], now - last)
+            last = now
+
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.02)
+    call()
+    stop.set()
+    t.join()
+    return gap[0]
+
+
+def test_wait_holds_the_gil_for_the_device_time_and_state_does_not_block():
+    fake.default_dispatch_s = 0.5
+    r = fake.run(kernel())
+    r.start()
+    assert int(r.state()) == 3 and r.state().name == "???"  # RUNNING, unbound in pyxrt
+    t0 = time.perf_counter()
+    assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    assert time.perf_counter() - t0 >= 0.45
+    r.start()
+    assert stall_of_other_thread(r.wait) > 0.3  # one C call that keeps the GIL
+    r.start()
+    t0 = time.perf_counter()
+    states = {int(r.state()) for _ in range(1000)}
+    assert time.perf_counter() - t0 < 0.1 and states == {3}  # reads, never waits
+
+
+def test_wait_with_a_timeout_returns_timeout_while_the_run_goes_on():
+    fake.default_dispatch_s = 0.2
+    r = fake.run(kernel())
+    r.start()
+    assert r.wait(20) == fake.ert_cmd_state.ERT_CMD_STATE_TIMEOUT
+    assert int(r.state()) == 3
+    assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+
+
+def test_the_enum_has_no_running_member_and_runs_queue_in_order():
+    assert not hasattr(fake.ert_cmd_state, "ERT_CMD_STATE_RUNNING")
+    assert int(fake.ert_cmd_state.ERT_CMD_STATE_SUBMITTED) == 7
+    fake.default_dispatch_s = 0.05
+    k = kernel()
+    first, second = fake.run(k), fake.run(k)
+    assert int(first.state()) == 1  # NEW before a start
+    first.start()
+    second.start()
+    assert int(second.state()) == 7  # SUBMITTED: behind the first one
+    with pytest.raises(RuntimeError, match="started while in flight"):
+        first.start()
+    second.wait()
+    assert int(first.state()) == int(second.state()) == 4
+
+
+def test_kernel_call_builds_a_run_per_call_and_skips_other_arguments():
+    k = kernel()
+    b = fake.bo(fake.device(0), 16, fake.bo.host_only, 0)
+    r1, r2 = k(3, b, 2.5, "x", b), k(3, b)
+    assert r1 is not r2 and len(fake.of("run")) == 2
+    assert sorted(r1.args) == [0, 1, 4]  # the float and the str were dropped silently
+    assert len(fake.of("start")) == 2
+
+
+def test_map_keeps_no_owner_so_a_view_of_a_freed_bo_reads_garbage():
+    b = fake.bo(fake.device(0), 8, fake.bo.host_only, 0)
+    view = np.frombuffer(b.map(), np.uint8)
+    view[:] = 1
+    del b
+    gc.collect()
+    assert (view == 0xEE).all()
+
+
+HUNG = """
+import gc, importlib.util, signal, sys, threading, time
+spec = importlib.util.spec_from_file_location("fake_pyxrt", sys.argv[1])
+fake = importlib.util.module_from_spec(spec); spec.loader.exec_module(fake)
+signal.signal(signal.SIGTERM, lambda *a: (print("handler ran", flush=True), sys.exit(0)))
+ctx = fake.hw_context(fake.device(0), fake.uuid("/b/x.xclbin"))
+k = fake.kernel(ctx, "MLIR_AIE")
+fake.hang_next = 1
+r = fake.run(k); r.start()
+assert int(r.state()) == 3
+what = sys.argv[2]
+print("blocking", flush=True)
+if what == "wait":
+    threading.Thread(target=r.wait, daemon=True).start()
+else:  # the context's destructor, with the hung run still in flight on it
+    del k, r, ctx
+    gc.collect()
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("what", ["wait", "context_destructor"])
+def test_a_hung_run_blocks_its_wait_and_destructors_forever_holding_the_gil(tmp_path, what):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HUNG), str(Path(fake.__file__)), what],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "blocking"
+        time.sleep(0.5)
+        proc.terminate()  # its Python handler needs the GIL, which the blocked call holds
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(2.0)
+    finally:
+        proc.kill()
+        out, _ = proc.communicate()
+    assert "handler ran" not in out
+    assert os.WIFSIGNALED(proc.returncode) or proc.returncode < 0
