@@ -50,6 +50,7 @@ def camera_spec(camera: CameraConfig, config: Config, curve: Curve | None = None
         reconnect_max_s=camera.reconnect_max_s,
         end=camera.end,
         curve=curve,
+        max_pixels=camera.max_pixels,
     )
 
 
@@ -101,6 +102,8 @@ class Capture(Stage):
                 problems.append(f"cameras[{i}].url: {missing}")
             if spec.kind != "zmq" and cam.security is not None:
                 problems.append(f"cameras[{i}].security: only zmq: cameras open a socket to secure")
+            if spec.kind != "zmq" and "max_pixels" in cam.model_fields_set:
+                problems.append(f"cameras[{i}].max_pixels: only zmq: cameras check frame sizes")
             if spec.kind == "zmq":
                 problems.extend(
                     security.check_curve(

@@ -57,10 +57,11 @@ import numpy as np
 import zmq
 
 from pipeline import assets
+from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
 from pipeline.security import Curve, SocketSecurity
-from stages.frame_wire import MAX_SIDE, FrameWireError, decode_frame
+from stages.frame_wire import FrameWireError, decode_frame
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ FPS_WINDOW_S = 2.0
 # cv2.VideoCapture.read fails once per undecodable frame and keeps failing at the end of the
 # source; this many failures in a row are the end.
 MAX_FAILED_READS = 5
+LOGGED_SKIPS = 5  # bad frames / messages logged one by one before one line per 100
 
 
 class SourceError(NpucamError):
@@ -93,6 +95,9 @@ class CameraSpec:
         "reconnect" (reopen with backoff); None = "stop" for files, folders and the test
         card, "reconnect" for live sources.
     curve: zmq sources: the CURVE keys to connect with (pipeline.security); None is plain.
+    max_pixels: zmq sources: a frame of more pixels is refused (counted bad_messages) from its
+        header, before its JPEG is decoded; the socket drops a peer whose message could not
+        be such a frame (MAXMSGSIZE).
     """
 
     name: str
@@ -107,6 +112,7 @@ class CameraSpec:
     reconnect_max_s: float = 30.0
     end: str | None = None
     curve: Curve | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -130,6 +136,8 @@ class CameraSpec:
             )
         if self.end not in (None, "stop", "reconnect"):
             raise self._error(f"end must be 'stop' or 'reconnect', got {self.end!r}")
+        if type(self.max_pixels) is not int or self.max_pixels < 1:
+            raise self._error(f"max_pixels must be a positive integer, got {self.max_pixels!r}")
         self._parsed = _parse_url(self)
 
     @property
@@ -362,9 +370,6 @@ class _ZmqSource(_Source):
 
     RCVHWM = 4
     POLL_MS = 50
-    # The largest message the wire format allows (raw 16384 x 16384 x 3) plus its header;
-    # ZeroMQ drops a peer that sends more instead of allocating it.
-    MAXMSGSIZE = MAX_SIDE * MAX_SIDE * 3 + 65536
 
     def __init__(
         self,
@@ -373,8 +378,13 @@ class _ZmqSource(_Source):
         curve: Curve | None,
         camera: str,
         stall_timeout_s: float,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ):
         self.endpoint = endpoint
+        self.max_pixels = max_pixels
+        # The largest part a frame of max_pixels needs (its raw payload) and room for a JPEG's
+        # tables on tiny frames: ZeroMQ drops a peer that sends more instead of allocating it.
+        self.max_message_bytes = max_pixels * 3 + 65536
         self.description = f"zmq:{endpoint}"
         self.stop = stop
         self.stall_timeout_s = stall_timeout_s
@@ -388,7 +398,7 @@ class _ZmqSource(_Source):
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAXMSGSIZE)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
             SocketSecurity(self.ctx, self.curve, f"camera {self.camera}").connect(
                 self.sock, self.endpoint
@@ -411,7 +421,7 @@ class _ZmqSource(_Source):
                 continue
             parts = self.sock.recv_multipart()
             try:
-                remote = decode_frame(parts)
+                remote = decode_frame(parts, self.max_pixels)
             except FrameWireError as exc:
                 raise _BadFrame("bad_messages", str(exc)) from None
             return (
@@ -497,7 +507,9 @@ def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
         ]
         return _CaptureSource(target, redact(target), params)
     if kind == "zmq":
-        return _ZmqSource(target, stop, spec.curve, spec.name, spec.stall_timeout_s)
+        return _ZmqSource(
+            target, stop, spec.curve, spec.name, spec.stall_timeout_s, spec.max_pixels
+        )
     return _SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
 
 
@@ -668,8 +680,7 @@ class CameraReader:
             try:
                 item = self._source.read(self._seq)
             except _BadFrame as exc:
-                self._counts[exc.key] += 1
-                self._last_error = str(exc)
+                self._skipped(exc.key, str(exc))
                 continue
             except Exception as exc:
                 # An unexpected backend error is a failure of this source, handled by policy.
@@ -718,6 +729,21 @@ class CameraReader:
                 self._last_error = f"emit failed: {exc!r}"
                 log.exception("camera %s: emit failed", spec.name)
         return flowed, "stop"
+
+    def _skipped(self, key: str, message: str, n: int = 1) -> None:
+        """Count n items that could not be used under key (bad_frames, bad_messages) and log
+        them: each of the first LOGGED_SKIPS, then one line per 100."""
+        before = self._counts[key]
+        self._counts[key] += n
+        self._last_error = message
+        if before < LOGGED_SKIPS or before // 100 != self._counts[key] // 100:
+            log.warning(
+                "camera %s: skipped %s (%d so far): %s",
+                self.spec.name,
+                key.replace("_", " ")[:-1],
+                self._counts[key],
+                message,
+            )
 
     def _note_grab(self, image: np.ndarray, grab_ns: int) -> None:
         now = time.monotonic()
