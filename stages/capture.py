@@ -5,7 +5,11 @@ Readers timestamp, number and pace frames (stages/sources.py); this stage turns 
 into CameraSpecs, hands every frame to the outbox from the reader's thread (waiting only for
 `block` inboxes, and never once the pipeline is stopping), reports each camera's stats
 (fps, health, reconnects...) to the metrics, and ends when every camera has ended or the
-runner calls stop(). One camera failing never stops the others.
+runner calls stop(). One camera failing never stops the others. A frame grabbed that no inbox
+takes (the pipeline is stopping, or its queue closed) is counted as a `queue_full` drop of this
+stage, so a camera's `frames` are what went out plus what was dropped. A camera whose source
+never opened is an error naming the camera and its source; when no camera ever opened, the
+stage fails (CaptureError: `npucam run` exits 1).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 
 from pipeline import assets, security
 from pipeline.config import CameraConfig, Config
+from pipeline.errors import NpucamError
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
@@ -28,6 +33,10 @@ log = logging.getLogger(__name__)
 # How often the stage looks whether every camera has ended; readers have no end callback.
 END_POLL_S = 0.2
 READER_STOP_TIMEOUT_S = 2.0
+
+
+class CaptureError(NpucamError):
+    """No camera of the stage could ever be opened; the text names each and why."""
 
 
 class CaptureOptions(StageOptions):
@@ -139,6 +148,7 @@ class Capture(Stage):
             while not self._stop_requested.is_set():
                 if all(r.health == "ended" for r in self.readers.values()):
                     log.info("capture %s: every camera has ended", self.name)
+                    self._check_opened()
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), END_POLL_S)
@@ -146,12 +156,33 @@ class Capture(Stage):
             self._stopping.set()
             await asyncio.to_thread(self._stop_readers)
 
+    def _check_opened(self) -> None:
+        never = {n: r for n, r in self.readers.items() if not r.opened}
+        for name, reader in never.items():
+            log.error(
+                "capture %s: camera %s never opened %s: %s",
+                self.name,
+                name,
+                redact(reader.spec.url),
+                reader.stats()["last_error"],
+            )
+        if never and len(never) == len(self.readers):
+            raise CaptureError(
+                f"capture {self.name}: no camera could be opened: "
+                + "; ".join(
+                    f"{n} ({redact(r.spec.url)}): {r.stats()['last_error']}"
+                    for n, r in never.items()
+                )
+            )
+
     def _emitter(self, out: Outbox):
         stopping = self._stopping.is_set
+        routed = any(issubclass(Frame, accepts) for _, accepts, _ in out.targets)
 
         def emit(frame: Frame) -> None:
-            if not stopping():
-                out.send_threadsafe(frame, give_up=stopping)
+            taken = not stopping() and out.send_threadsafe(frame, give_up=stopping)
+            if not taken and routed:  # (without a route, send counted an `error` drop)
+                self.metrics.drop(self.name, frame.camera, "queue_full")
 
         return emit
 

@@ -328,14 +328,42 @@ class _CaptureSource(_Source):
 
 
 class _FileSource(_CaptureSource):
+    """A video file. A read that fails before the file's frame count (CAP_PROP_FRAME_COUNT,
+    the container's) is reached is a frame that could not be decoded: skipped and counted
+    (bad_frames); OpenCV reads on past it, as it does past damaged data. Without a frame
+    count, failures in a row are the end (MAX_FAILED_READS)."""
+
     def __init__(self, path: Path):
         super().__init__(str(path), f"file:{path}")
         self.path = path
+        self.frame_count = 0
+        self.frames_read = 0  # this pass: decoded plus failed, against frame_count
 
     def open(self) -> None:
         if not self.path.is_file():
             raise _SourceFailed(f"{self.path}: no such file")
-        super().open()
+        try:
+            super().open()
+        except _SourceFailed:
+            raise _SourceFailed(
+                f"cannot open {self.description}: not a video OpenCV can read"
+            ) from None
+        count = self.cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        self.frame_count = int(count) if 0 < count < 1e9 else 0
+        self.frames_read = 0
+
+    def read(self, seq: int) -> tuple[np.ndarray, None, str] | None:
+        ok, image = self.cap.read()
+        self.frames_read += 1
+        if ok:
+            return _as_bgr(image), None, self.description
+        if self.frames_read <= self.frame_count:
+            raise _BadFrame(
+                "bad_frames",
+                f"{self.description}: frame {self.frames_read} of {self.frame_count} could not "
+                "be decoded",
+            )
+        return None
 
 
 class _ImageFolderSource(_Source):
@@ -542,6 +570,7 @@ class CameraReader:
         self._frame_size: tuple[int, int] | None = None
         self._last_error: str | None = None
         self._seq = 0
+        self.opened = False  # the source opened at least once
 
     def start(self) -> None:
         """Start the reader thread (once)."""
@@ -623,6 +652,7 @@ class CameraReader:
                 outcome = "failed"
                 try:
                     self._source.open()
+                    self.opened = True
                 except _SourceFailed as exc:
                     self._fail(str(exc))
                 except Exception as exc:
@@ -694,6 +724,10 @@ class CameraReader:
                     break
                 waited = time.monotonic() - started
                 if spec.live and waited >= 0.9 * spec.stall_timeout_s:
+                    if failed_reads:  # frames FFmpeg could not decode, then the stall
+                        self._skipped(
+                            "bad_frames", "undecodable frame before a stall", failed_reads
+                        )
                     self._state = "stale"
                     self._fail(f"{self._source.description}: no frame for {waited:.1f} s (stalled)")
                     return flowed, "stalled"
