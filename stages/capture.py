@@ -6,8 +6,8 @@ into CameraSpecs, hands every frame to the outbox from the reader's thread (wait
 `block` inboxes, and never once the pipeline is stopping), reports each camera's stats
 (fps, health, reconnects...) to the metrics, and ends when every camera has ended or the
 runner calls stop(). One camera failing never stops the others. A frame grabbed that no inbox
-takes (the pipeline is stopping, or its queue closed) is counted as a `queue_full` drop of this
-stage, so a camera's `frames` are what went out plus what was dropped. A camera whose source
+takes (the pipeline is stopping, or its queue closed) is counted in the camera's `refused`,
+so a camera's `frames` are this stage's `out` for it plus `refused`. A camera whose source
 never opened is an error naming the camera and its source; when no camera ever opened, the
 stage fails (CaptureError: `npucam run` exits 1).
 """
@@ -177,12 +177,9 @@ class Capture(Stage):
 
     def _emitter(self, out: Outbox):
         stopping = self._stopping.is_set
-        routed = any(issubclass(Frame, accepts) for _, accepts, _ in out.targets)
 
-        def emit(frame: Frame) -> None:
-            taken = not stopping() and out.send_threadsafe(frame, give_up=stopping)
-            if not taken and routed:  # (without a route, send counted an `error` drop)
-                self.metrics.drop(self.name, frame.camera, "queue_full")
+        def emit(frame: Frame) -> bool:
+            return not stopping() and out.send_threadsafe(frame, give_up=stopping)
 
         return emit
 

@@ -545,10 +545,12 @@ class CameraReader:
     """Reads one camera on its own thread and calls emit(frame) for every frame.
 
     emit may block (the back-pressure of a `block` queue); it must return promptly once the
-    engine stops. health is one of HEALTH_STATES; stats() is a snapshot for metrics.
+    engine stops. It returns False for a frame the engine did not take (it is stopping):
+    counted as `refused`, so `frames` = frames taken + `refused`. health is one of
+    HEALTH_STATES; stats() is a snapshot for metrics.
     """
 
-    def __init__(self, spec: CameraSpec, emit: Callable[[Frame], None]) -> None:
+    def __init__(self, spec: CameraSpec, emit: Callable[[Frame], bool | None]) -> None:
         self.spec = spec
         self.emit = emit
         self._stop = threading.Event()
@@ -565,6 +567,7 @@ class CameraReader:
             "bad_messages": 0,
             "size_changes": 0,
             "emit_errors": 0,
+            "refused": 0,
         }
         self._last_grab_ns: int | None = None
         self._frame_size: tuple[int, int] | None = None
@@ -613,7 +616,7 @@ class CameraReader:
         return state
 
     def stats(self) -> dict:
-        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, fps,
+        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, refused, fps,
         last_grab_ns, frame_size [H, W], health, last_error, source."""
         now = time.monotonic()
         with self._lock:
@@ -756,7 +759,8 @@ class CameraReader:
             flowed = True
             self._state = "online"
             try:
-                self.emit(frame)
+                if self.emit(frame) is False:
+                    self._counts["refused"] += 1
             except Exception as exc:
                 # The engine's bug is counted and reported; the camera keeps reading.
                 self._counts["emit_errors"] += 1

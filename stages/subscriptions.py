@@ -69,10 +69,11 @@ class SubscriptionGuard:
         self.held: Counter[int] = Counter()  # connection fd -> subscriptions it holds
         self.total = 0
         self.disconnected = 0  # peers disconnected for going over a limit
-        # fd -> monotonic deadline: connections shut down, whose notifications still being
-        # read are not theirs to count again; libzmq's DISCONNECTED ends the entry (the
-        # deadline only guards against an event that raced the shutdown).
-        self._cut: dict[int, float] = {}
+        # fd -> (monotonic deadline, peer address): connections shut down, whose notifications
+        # still being read are not to be counted again; libzmq's DISCONNECTED ends the entry,
+        # and so does the descriptor carrying another peer (reused by a new connection). The
+        # deadline only guards against an event that raced the shutdown.
+        self._cut: dict[int, tuple[float, object]] = {}
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._address: tuple[int, object] | None = None
@@ -115,7 +116,8 @@ class SubscriptionGuard:
             except zmq.ZMQError:
                 continue  # libzmq's own unsubscriptions when a connection ends; inproc peers
             if fd in self._cut:
-                if time.monotonic() < self._cut[fd]:
+                deadline, peer = self._cut[fd]
+                if time.monotonic() < deadline and _peer(fd) in (peer, None):
                     continue  # sent before the connection was cut
                 del self._cut[fd]
             if subscribe:
@@ -145,9 +147,10 @@ class SubscriptionGuard:
 
     def _disconnect(self, fd: int, frame: zmq.Frame, key: str, limit: int) -> None:
         self.total -= self.held.pop(fd, 0)
+        peer = _peer(fd)
         if not _shut_down(fd, self._address):
             return  # already closed
-        self._cut[fd] = time.monotonic() + CUT_S
+        self._cut[fd] = (time.monotonic() + CUT_S, peer)
         self.disconnected += 1
         n = self.disconnected
         if n <= LOGGED_DISCONNECTS or n % 100 == 0:
@@ -180,6 +183,25 @@ def _local_address(endpoint: str) -> tuple[int, object] | None:
     if scheme == "ipc":
         return socket.AF_UNIX, rest
     return None
+
+
+def _peer(fd: int) -> object | None:
+    """The peer address of the socket on fd (None if fd is closed or not a socket)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        conn = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+    try:
+        return conn.getpeername()
+    except OSError:
+        return None
+    finally:
+        conn.close()
 
 
 def _shut_down(fd: int, address: tuple[int, object] | None) -> bool:
