@@ -10,10 +10,12 @@ stored a subscription: every notification XPUB_VERBOSE / XPUB_VERBOSER hands up 
 connection's file descriptor (ZMQ_SRCFD); a connection whose subscription is longer than
 max_bytes, or that holds more than its share, is shut down (shutdown(2) on that descriptor,
 once it is confirmed to be a connection accepted on this socket's address), and libzmq then
-drops the connection's pipe and with it every subscription it held. What one peer can add before
-that is what libzmq reads in one go (about RCVHWM, observed under 200) between two drains; the
-publish stage drains after every send and every SUBSCRIPTION_DRAIN_S (stages/publish.py).
-The socket monitor's DISCONNECTED events end a connection's count.
+drops the connection's pipe and with it every subscription it held. What a peer adds before
+that is what libzmq has already taken from it (kept small: RCVHWM, RCVBUF) plus what it reads
+until the next drain; the publish stage drains after every send and every
+SUBSCRIPTION_DRAIN_S (stages/publish.py). A libzmq SUB is cut within a few hundred; a raw
+client that floods over many short connections gets more in (docs/reliability.md). The
+socket monitor's DISCONNECTED events end a connection's count.
 """
 
 from __future__ import annotations
