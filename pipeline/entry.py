@@ -8,13 +8,15 @@ process, and bench/soak.py, which runs the pipeline as `npucam run` does, gets t
 
 from __future__ import annotations
 
-from pipeline.memory import cap_malloc_arenas
+from pipeline.memory import cap_malloc_arenas, start_trimming
 
 
 def configure_process() -> None:
-    """Settings every npucam process applies before any thread starts: glibc's malloc arenas
-    capped (pipeline/memory.py; MALLOC_ARENA_MAX in the environment wins)."""
+    """Settings every npucam process applies before any other thread starts: glibc's malloc
+    arenas capped (MALLOC_ARENA_MAX in the environment wins), and their free pages handed back
+    every 30 s (pipeline/memory.py)."""
     cap_malloc_arenas()
+    start_trimming()
 
 
 def main() -> int:

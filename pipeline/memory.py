@@ -18,11 +18,21 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import threading
+import time
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ARENAS = 2
 M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
+TRIM_INTERVAL_S = 30.0
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 def cap_malloc_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
@@ -34,11 +44,30 @@ def cap_malloc_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
         raise ValueError(f"arenas must be >= 1, got {arenas}")
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     ok = mallopt(M_ARENA_MAX, arenas) == 1
     log.debug("malloc arenas capped at %d: %s", arenas, ok)
     return ok
+
+
+def start_trimming(interval_s: float = TRIM_INTERVAL_S) -> threading.Thread | None:
+    """Every interval_s, hand the memory glibc's arenas hold free back to the OS
+    (malloc_trim(0): the free pages anywhere in every arena, not only at their tops), on a
+    daemon thread; None where the C library has no malloc_trim. Without it an arena keeps the
+    pages of its highest peak of live buffers, so RSS steps up with each new peak."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = (ctypes.c_size_t,)
+
+    def run() -> None:
+        while True:
+            time.sleep(interval_s)
+            trim(0)
+
+    thread = threading.Thread(target=run, name="npucam-malloc-trim", daemon=True)
+    thread.start()
+    return thread

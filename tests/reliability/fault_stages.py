@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import re
 import tempfile
+import threading
 from pathlib import Path
 
 import cv2
@@ -78,7 +80,8 @@ def malloc_arenas() -> int:
 
 class Arenas(Stage):
     """Copies each frame in a worker thread, so the executor's threads allocate frame-sized
-    buffers; when its inbox ends it writes malloc_arenas() to `report`."""
+    buffers; when its inbox ends it writes {"arenas": malloc_arenas(), "threads": names of
+    the process's threads} to `report` as JSON."""
 
     kind = "arenas"
     accepts = (Frame,)
@@ -87,4 +90,7 @@ class Arenas(Stage):
     async def run(self, inbox, out) -> None:
         async for item in inbox:
             await asyncio.to_thread(lambda image=item.image: image.astype(np.float32).sum())
-        Path(self.options.report).write_text(str(malloc_arenas()))
+        threads = sorted(t.name for t in threading.enumerate())
+        Path(self.options.report).write_text(
+            json.dumps({"arenas": malloc_arenas(), "threads": threads})
+        )

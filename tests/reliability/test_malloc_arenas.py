@@ -1,6 +1,7 @@
-"""The npucam process runs with glibc capped at 2 malloc arenas (pipeline/entry.py,
-pipeline/memory.py): its threads share them, so RSS does not step up each time another thread
-reaches a new peak in an arena of its own (the soak's RSS gate, docs/benchmarks.md).
+"""The npucam process runs with glibc capped at 2 malloc arenas and their free pages handed
+back every 30 s (pipeline/entry.py, pipeline/memory.py): its threads share the arenas, and an
+arena does not keep the pages of its highest peak, so RSS does not step up with each new peak
+(the soak's RSS gate, docs/benchmarks.md).
 
 `npucam run` (a subprocess) with four cameras, whose reader threads and the executor's workers
 all allocate frame-sized buffers, reports its arenas from malloc_info(3) when it stops
@@ -10,6 +11,7 @@ its own (8 or more here); now there are 2. MALLOC_ARENA_MAX in the environment s
 
 from __future__ import annotations
 
+import json
 import platform
 import signal
 import time
@@ -21,7 +23,7 @@ from rel_helpers import NpucamRun
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
 
 
-def arenas_of_a_run(write_config, tmp_path, env: dict) -> int:
+def arenas_of_a_run(write_config, tmp_path, env: dict) -> dict:
     cams = "".join(
         f'[[cameras]]\nname = "c{i}"\nurl = "synthetic:?width=640&height=480&fps=30"\n'
         for i in range(4)
@@ -46,15 +48,16 @@ inbox = {{ size = 8, policy = "drop_oldest" }}
     finally:
         run.kill()
     assert code == 0, err
-    return int(report.read_text())
+    return json.loads(report.read_text())
 
 
 def test_npucam_threads_share_two_malloc_arenas(write_config, tmp_path, monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    arenas = arenas_of_a_run(write_config, tmp_path, {})
-    print(f"\nmalloc arenas of npucam run: {arenas}")
-    assert arenas == 2
+    report = arenas_of_a_run(write_config, tmp_path, {})
+    print(f"\nmalloc arenas of npucam run: {report['arenas']}")
+    assert report["arenas"] == 2
+    assert "npucam-malloc-trim" in report["threads"]
 
 
 def test_malloc_arena_max_in_the_environment_wins(write_config, tmp_path):
-    assert arenas_of_a_run(write_config, tmp_path, {"MALLOC_ARENA_MAX": "3"}) == 3
+    assert arenas_of_a_run(write_config, tmp_path, {"MALLOC_ARENA_MAX": "3"})["arenas"] == 3
