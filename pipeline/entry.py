@@ -14,7 +14,7 @@ from pipeline.memory import cap_malloc_arenas, start_trimming
 def configure_process() -> None:
     """Settings every npucam process applies before any other thread starts: glibc's malloc
     arenas capped (MALLOC_ARENA_MAX in the environment wins), and their free pages handed back
-    every 30 s (pipeline/memory.py)."""
+    every 10 s (pipeline/memory.py)."""
     cap_malloc_arenas()
     start_trimming()
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ARENAS = 2
 M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
-TRIM_INTERVAL_S = 30.0
+TRIM_INTERVAL_S = 10.0
 
 
 def _libc() -> ctypes.CDLL | None:

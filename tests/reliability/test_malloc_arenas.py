@@ -1,5 +1,5 @@
 """The npucam process runs with glibc capped at 2 malloc arenas and their free pages handed
-back every 30 s (pipeline/entry.py, pipeline/memory.py): its threads share the arenas, and an
+back every 10 s (pipeline/entry.py, pipeline/memory.py): its threads share the arenas, and an
 arena does not keep the pages of its highest peak, so RSS does not step up with each new peak
 (the soak's RSS gate, docs/benchmarks.md).
 
