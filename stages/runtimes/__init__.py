@@ -367,8 +367,8 @@ def open_runtime(
 ) -> Runtime:
     """Load model `name` on `backend` from `source` (npu.models.load) and wrap it in its
     runtime with `options` (its config table; default: the runtime's defaults). device is
-    the open device for sim / npu, None for cpu; pacing: how a sim device paces it (default
-    Pacing(): as NPU2). Runs Runtime.started (CLIP encodes its label prompts), so call it
+    the open device for sim / npu, None for cpu; pacing: how a sim device paces it (the
+    infer stage passes its [stages.sim] pacing; None: by the model's own dispatches). Runs Runtime.started (CLIP encodes its label prompts), so call it
     on the device thread. Errors name the config key."""
     if backend not in BACKENDS:
         raise ModelLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
@@ -386,7 +386,7 @@ def open_runtime(
         options=options,
     )
     if backend == "sim":
-        pace(rt, pacing or Pacing(), loaded.bundle_dir)
+        pace(rt, pacing or Pacing("stand-in"), loaded.bundle_dir)
     rt.started(base_dir if base_dir is not None else Path.cwd())
     return rt
 

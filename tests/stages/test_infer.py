@@ -47,7 +47,7 @@ def make_stage(tmp_path, cache, models=("sapiens2", "adaface", "clip"), **over) 
     raw = {
         "backend": "sim",
         "synthetic_cache": str(cache),
-        "sim": {"registry_dir": str(tmp_path / "hwctx"), "sleep": True, "dispatch_s": 0.002},
+        "sim": {"registry_dir": str(tmp_path / "hwctx"), "pacing": "stand-in", "dispatch_s": 0.002},
     }
     for m in models:
         raw[m] = {"enabled": True, "synthetic": True}
@@ -669,7 +669,7 @@ import numpy as np
 tmp, cache = sys.argv[1], sys.argv[2]
 options = InferOptions.model_validate({
     "backend": "sim", "synthetic_cache": cache,
-    "sim": {"registry_dir": tmp + "/hwctx", "sleep": True},
+    "sim": {"registry_dir": tmp + "/hwctx", "pacing": "stand-in"},
     "adaface": {"enabled": True, "synthetic": True},
 })
 context = types.SimpleNamespace(config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics())
