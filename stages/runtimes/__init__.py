@@ -368,8 +368,9 @@ def open_runtime(
     """Load model `name` on `backend` from `source` (npu.models.load) and wrap it in its
     runtime with `options` (its config table; default: the runtime's defaults). device is
     the open device for sim / npu, None for cpu; pacing: how a sim device paces it (the
-    infer stage passes its [stages.sim] pacing; None: by the model's own dispatches). Runs Runtime.started (CLIP encodes its label prompts), so call it
-    on the device thread. Errors name the config key."""
+    infer stage passes its [stages.sim] pacing; None: by the model's own dispatches). Runs
+    Runtime.started (CLIP encodes its label prompts), so call it on the device thread.
+    Errors name the config key."""
     if backend not in BACKENDS:
         raise ModelLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     cls = runtime_class(name, source.where)
