@@ -1,0 +1,429 @@
+"""The NPU side of a plan: each enabled model's device time per pass (the calibrated NPU2
+time of the released model it is or stands in for, npu.sim_cost; or measured on the
+config's backend when it is not paced as NPU2), and a discrete-event run of the inference
+stage's own scheduler (stages.scheduler.simulate) fed with the jobs the detect stage would
+issue: its rate limits and intervals, the tracker's one pose job per idle track, the
+scene's people and faces, and the results coming back."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npu import models
+from npu.sim_cost import NPU2, ModelWork, Npu2Pacer
+from pipeline.errors import NpucamError
+from stages.scheduler import Batch, BatchScheduler, ModelProfile, QueuedJob, SimClock, simulate
+
+NS = 1_000_000_000
+
+
+class PlanError(NpucamError):
+    """A config or option `npucam plan` cannot plan for."""
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """One model's device time per pass and where it comes from. released: the released
+    model it is priced as (None when measured); host_s: CPU seconds a pass spends on the
+    device thread of this machine (the simulator computing a stand-in: sim only; a paced
+    sim pass lasts max(pass_s, host_wall_s): `device_s`)."""
+
+    model: str
+    batch: int
+    pass_s: float
+    contexts: tuple[str, ...]
+    source: str
+    released: str | None = None
+    host_s: float = 0.0
+    host_wall_s: float = 0.0  # the same pass's wall time (a paced pass takes at least this)
+    profile_cost_s: float = 0.0  # the scheduler's initial estimate (cost_s, else pass_s)
+    work: ModelWork | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def item_s(self) -> float:
+        return self.pass_s / self.batch
+
+    @property
+    def device_s(self) -> float:
+        """Seconds a pass holds the device in the run: on sim no less than its host work."""
+        return max(self.pass_s, self.host_wall_s)
+
+
+def _bundle_batch(name: str, bundle: Path | None) -> int:
+    """Items per pass of model `name`: its bundle's batch param, else the registry's."""
+    spec = models.spec(name)
+    if bundle is None or not (bundle / "manifest.txt").is_file():
+        return spec.default_batch
+    from npu.bundle import Bundle
+
+    b = Bundle.open(bundle)
+    try:
+        for key in ("batch", "v_batch"):
+            if b.has_param(key):
+                return b.param(key, int)
+    finally:
+        b.close()
+    return spec.default_batch
+
+
+def device_costs(
+    config: Any,
+    options: Any,
+    overrides: dict[str, float],
+    variants: dict[str, str],
+    measure: bool,
+) -> dict[str, ModelCost]:
+    """Every enabled model's ModelCost. Paced as NPU2 (backend npu, or sim with pacing
+    npu2): the calibrated time of its released variant (`variants`, then [stages.sim]
+    pace_as, then its bundle's, then the synthetic model's stands_in_for); otherwise, or
+    when no released variant is known on sim, measured (sim: the modelled time of its own
+    dispatches, or with pacing none its host time; cpu: its wall time). measure: also time
+    the stand-in's host work on sim (what the simulator computes per pass)."""
+    from stages.runtimes import resolve
+
+    backend = options.backend
+    paced = backend == "npu" or (backend == "sim" and options.sim.pacing == "npu2")
+    out: dict[str, ModelCost] = {}
+    to_measure: list[str] = []
+    for name in options.enabled():
+        mo = options.model(name)
+        raw = resolve(config.base_dir, mo.bundle)
+        bundle = Path(raw) if raw else None
+        synthetic = (bundle is None or not bundle.exists()) and mo.synthetic
+        batch = _bundle_batch(name, None if synthetic else bundle)
+        variant = variants.get(name) or (
+            options.sim.pace_as.get(name) if backend == "sim" else None
+        )
+        if paced and variant is None:
+            variant = models.released_variant(name, None if synthetic else bundle, synthetic)
+        if name in overrides:
+            out[name] = ModelCost(name, batch, overrides[name], (), "--cost")
+        elif paced and variant is not None:
+            work = models.npu2_work(name, variant)
+            pw = work.passes["forward"]
+            out[name] = ModelCost(
+                name, pw.items, NPU2.pass_s(pw), work.contexts,
+                f"calibrated NPU2 time of {work.name} (docs/device.md)", work.name, work=work,
+            )  # fmt: skip
+        elif backend == "npu":
+            raise PlanError(
+                f"{config.path}: {name}: no calibrated NPU2 time for {bundle} (not a released "
+                "model): pass --cost MODEL=SECONDS or --as MODEL=VARIANT"
+            )
+        else:
+            to_measure.append(name)
+        if name in out:
+            cost_s = mo.cost_s if mo.cost_s is not None else out[name].pass_s
+            out[name] = _with(out[name], profile_cost_s=cost_s)
+    if backend != "npu" and (to_measure or (measure and backend == "sim")):
+        measured = _measure(config, options, to_measure, measure)
+        for name, (batch, pass_s, cpu_s, wall_s, contexts, how) in measured.items():
+            mo = options.model(name)
+            if name in out:
+                out[name] = _with(out[name], host_s=cpu_s, host_wall_s=wall_s)
+            else:
+                out[name] = ModelCost(
+                    name, batch, pass_s, contexts, how, host_s=cpu_s, host_wall_s=wall_s,
+                    profile_cost_s=mo.cost_s if mo.cost_s is not None else pass_s,
+                )  # fmt: skip
+    return {m: out[m] for m in options.enabled()}
+
+
+def _with(cost: ModelCost, **changes: Any) -> ModelCost:
+    from dataclasses import replace
+
+    return replace(cost, **changes)
+
+
+def _measure(
+    config: Any, options: Any, names: list[str], host: bool
+) -> dict[str, tuple[int, float, float, float, tuple[str, ...], str]]:
+    """Load the enabled models as the stage would, each on a sim device that does not wait
+    (or cpu), and time a pass after a warm-up: (batch, pass seconds, host CPU seconds, host
+    wall seconds, contexts, how) for `names`; with `host`, also every other model on sim."""
+    from stages.infer import open_stage_device
+    from stages.runtimes import Pacing, open_runtime, resolve
+
+    wanted = list(options.enabled()) if host and options.backend == "sim" else names
+    sim_opts = options.model_copy(update={"sim": options.sim.model_copy(update={"pacing": "none"})})
+    device = open_stage_device(sim_opts, config.base_dir)
+    own = Pacing("stand-in")
+    out = {}
+    try:
+        for name in wanted:
+            mo = options.model(name)
+            rt = open_runtime(
+                name, options.backend, mo.source(config.base_dir, f"{config.path}: {name}"),
+                device=device, options=mo, base_dir=config.base_dir,
+                synthetic_cache=resolve(config.base_dir, options.synthetic_cache), pacing=own,
+            )  # fmt: skip
+            try:
+                rt.warm_up()
+                sim = getattr(device, "sim", None)
+                before = sim.dispatch_s + sim.ctx_switch_s if sim is not None else 0.0
+                cpu0 = time.thread_time()
+                wall = rt.warm_up()
+                cpu = time.thread_time() - cpu0
+                if sim is None:
+                    pass_s, how = wall, f"measured on {options.backend} (wall clock)"
+                elif options.sim.pacing == "none":
+                    pass_s, how = wall, "measured on sim (host time: pacing none)"
+                else:
+                    pass_s = sim.dispatch_s + sim.ctx_switch_s - before
+                    how = "modelled time of its own dispatches (pacing stand-in)"
+                if rt.synthetic:
+                    how += ", synthetic"
+                out[name] = (rt.batch_size, pass_s, cpu, wall, rt.contexts, how)
+            finally:
+                rt.close()
+    finally:
+        if device is not None:
+            device.close()
+    return out
+
+
+# -- the discrete-event run ---------------------------------------------------------------
+
+
+@dataclass
+class CameraLoad:
+    """One camera as the detect stage feeds infer: `rate` frames a second processed (after
+    the CPU's limits) of `fps` delivered; the scene (people track ids and faces per frame)
+    loops; staleness_s: the budget of its jobs."""
+
+    name: str
+    rate: float
+    fps: float
+    staleness_s: float
+    people: list[tuple[int, ...]]
+    faces: list[tuple[int | None, ...]]
+
+
+@dataclass
+class NpuOutcome:
+    """What the scheduler did over the measured window (rates per second of it)."""
+
+    window_s: float
+    busy: float
+    results: dict[str, dict[str, float]]  # model -> camera -> results/s
+    drops: dict[str, dict[str, float]]  # model -> reason -> jobs/s
+    jobs: dict[str, float]  # model -> jobs submitted/s
+    passes: dict[str, float]  # model -> passes/s
+    context_loads_s: float  # modelled context loads and switches, device-s/s
+
+    def results_per_s(self, model: str) -> float:
+        return sum(self.results.get(model, {}).values())
+
+
+@dataclass
+class _Track:
+    running: bool = False
+    pose_ts: int | None = None
+    deadline: int | None = None
+
+
+@dataclass
+class _Camera:
+    load: CameraLoad
+    tracks: dict[int, _Track] = field(default_factory=dict)
+    last_face: int | None = None
+    last_clip: int | None = None
+    pose_faces: list[tuple[int, int]] = field(default_factory=list)  # (track, capture ns)
+
+
+def simulate_npu(
+    costs: dict[str, ModelCost],
+    cameras: list[CameraLoad],
+    detect: Any,
+    infer: Any,
+    *,
+    face_points: bool = False,
+    horizon_s: float = 150.0,
+    warm_s: float = 30.0,
+) -> NpuOutcome:
+    """Run the stage's scheduler on `costs` for horizon_s of simulated time, with the jobs
+    detect (DetectOptions `detect`, None: no detect stage) issues on `cameras`, and report
+    the window after warm_s. infer: the InferOptions (per-model max_wait_ms, queue, share;
+    context slots; prepare_ahead_ms). face_points: the dark stage sends a face job per pose."""
+    from npu.device import ctx_cache_cap
+
+    kind_of = {m: models.spec(m).kind for m in costs}
+    model_of = {k: m for m, k in kind_of.items()}
+    clock = SimClock(0)
+    profiles = []
+    for m, c in costs.items():
+        mo = infer.model(m)
+        profiles.append(
+            ModelProfile(
+                name=m,
+                batch_size=c.batch,
+                max_wait_ms=mo.max_wait_ms,
+                contexts=c.contexts,
+                cost_s=c.profile_cost_s or c.pass_s,
+                queue_size=mo.queue_size,
+                queue_policy=mo.queue_policy,
+                share=mo.share,
+            )  # fmt: skip
+        )
+    sched = BatchScheduler(
+        profiles,
+        clock=clock,
+        context_slots=infer.context_slots or ctx_cache_cap(),
+        prepare_ahead_s=infer.prepare_ahead_ms / 1000,
+    )
+    pacer = Npu2Pacer()
+    extra = [0.0]  # modelled context loads and switches in the window
+
+    def device_s(batch: Batch) -> float:
+        c = costs[batch.model]
+        if c.work is None:
+            return c.device_s
+        charge = pacer.charge(c.work)
+        if clock.t >= warm_ns:
+            extra[0] += charge.total_s - charge.pass_s
+        return max(charge.total_s, c.host_wall_s)
+
+    cams = {c.name: _Camera(c) for c in cameras}
+    warm_ns, end_ns = round(warm_s * NS), round(horizon_s * NS)
+    submitted: Counter = Counter()
+    results: defaultdict[str, Counter] = defaultdict(Counter)
+    mark: dict[str, Any] = {}
+
+    def submit(model: str | None, cam: str, payload: tuple, t: int, key: Any, prio: int) -> None:
+        if model is None:
+            return
+        deadline = t + round(cams[cam].load.staleness_s * NS)
+        job = QueuedJob(model, cam, payload, deadline, prio, key, t)
+        sched.submit(job)
+        if t >= warm_ns:
+            submitted[model] += 1
+
+    def frame(cam: _Camera, t: int) -> None:
+        load = cam.load
+        idx = int(t * load.fps / NS)
+        n = len(load.people)
+        loop, i = divmod(idx, n)
+        offset = loop * 1_000_000
+        people = [p + offset for p in load.people[i]]
+        for tr in cam.tracks.values():  # CameraTracks.expire_poses
+            if tr.running and tr.deadline is not None and t > tr.deadline:
+                tr.running, tr.deadline = False, None
+        if detect is None:
+            return
+        o = detect
+        if o.pose and o.pose_jobs_per_frame:
+            idle = []
+            for p in people:
+                tr = cam.tracks.setdefault(p, _Track())
+                if not tr.running:
+                    idle.append((-1 if tr.pose_ts is None else tr.pose_ts, p))
+            for prio, p in sorted(idle)[: o.pose_jobs_per_frame]:
+                tr = cam.tracks[p]
+                tr.running = True
+                deadline = t + round(load.staleness_s * NS)
+                retry = o.pose_retry_s
+                tr.deadline = deadline if retry is None else min(deadline, t + round(retry * NS))
+                m = model_of.get("pose")
+                submit(m, load.name, ("pose", p), t, (m, load.name, p), prio)
+        if o.clip != "off":
+            regions = [None] if o.clip == "frame" else sorted(people)[: o.clip_max_per_frame]
+            due = cam.last_clip is None or t - cam.last_clip >= o.clip_interval_s * NS
+            if regions and due:
+                cam.last_clip = t
+                m = model_of.get("clip")
+                for p in regions:
+                    submit(
+                        m, load.name, ("clip", p), t, None if p is None else (m, load.name, p), 0
+                    )
+        faces = [f + offset if f is not None else None for f in load.faces[i]]
+        if o.face != "none" and o.faces and faces:
+            due = cam.last_face is None or t - cam.last_face >= o.face_interval_s * NS
+            if due:
+                cam.last_face = t
+                m = model_of.get("face")
+                source = "yunet" if o.face == "yunet" else "blazeface"
+                for f in faces:
+                    key = None if f is None else (m, load.name, f, source)
+                    submit(m, load.name, ("face", f), t, key, 0)
+        if o.faces:
+            for p, _ in cam.pose_faces:
+                m = model_of.get("face")
+                submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
+            cam.pose_faces.clear()
+
+    def on_complete(batch: Batch, returned: list) -> None:
+        for job, _ in returned:
+            if clock.t >= warm_ns:
+                results[job.model][job.camera] += 1
+            kind, who = job.payload
+            if kind != "pose":
+                continue
+            cam = cams[job.camera]
+            tr = cam.tracks.get(who)
+            if tr is not None:  # the dark stage finishes the track's pose
+                tr.running, tr.deadline = False, None
+                if tr.pose_ts is None or job.capture_ts_ns > tr.pose_ts:
+                    tr.pose_ts = job.capture_ts_ns
+            if face_points:
+                cam.pose_faces.append((who, job.capture_ts_ns))
+
+    def snapshot() -> None:
+        mark["drops"] = Counter(sched.stats.drops)
+
+    events: list[tuple[int, Any]] = [(warm_ns, snapshot)]
+    for k, cam in enumerate(cams.values()):
+        if cam.load.rate <= 0 or not cam.load.people:
+            continue
+        period = NS / cam.load.rate
+        phase = round(period * k / max(len(cams), 1))
+        j = 0
+        while (t := phase + round(j * period)) < end_ns:
+            events.append((t, lambda cam=cam, t=t: frame(cam, t)))
+            j += 1
+    report = simulate(sched, clock, events, device_s, end_ns, on_complete=on_complete)
+
+    window = (end_ns - warm_ns) / NS
+    busy = sum(max(0, min(b, end_ns) - max(a, warm_ns)) for a, b, _ in report.batches) / (
+        end_ns - warm_ns
+    )
+    drops: dict[str, dict[str, float]] = defaultdict(dict)
+    before = mark.get("drops", Counter())
+    for (m, _cam, reason), n in sched.stats.drops.items():
+        d = n - before.get((m, _cam, reason), 0)
+        if d:
+            drops[m][reason] = drops[m].get(reason, 0.0) + d / window
+    passes: Counter = Counter()
+    for a, _, b in report.batches:
+        if a >= warm_ns:
+            passes[b.model] += 1
+    return NpuOutcome(
+        window_s=window,
+        busy=busy,
+        results={m: {c: n / window for c, n in r.items()} for m, r in results.items()},
+        drops=dict(drops),
+        jobs={m: n / window for m, n in submitted.items()},
+        passes={m: n / window for m, n in passes.items()},
+        context_loads_s=extra[0] / window,
+    )
+
+
+def context_budget(costs: dict[str, ModelCost], slots: int) -> dict[str, Any]:
+    """Which models' contexts fit the device together, and what alternating costs when they
+    do not: {slots, needed, fits, per_model, reload_s (one round of every model's loads)}."""
+    per = {m: len(c.contexts) for m, c in costs.items()}
+    needed = sum(per.values())
+    fits = needed <= slots
+    reload_s = 0.0 if fits else sum(n * NPU2.ctx_load_s for n in per.values())
+    return {
+        "slots": slots,
+        "needed": needed,
+        "fits": fits,
+        "per_model": per,
+        "switch_s": NPU2.ctx_switch_s,
+        "load_s": NPU2.ctx_load_s,
+        "reload_round_s": reload_s,
+    }
