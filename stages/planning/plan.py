@@ -226,7 +226,8 @@ def make_plan(
     util: dict[str, dict[str, float]] = {
         "cpu": {
             "cores": cores,
-            "asked": (capture_cpu + push_cpu + det_asked + infer_host) / cores,
+            # detect is one thread: it can ask at most one core
+            "asked": (capture_cpu + push_cpu + min(det_asked, 1.0) + infer_host) / cores,
             "predicted": min(1.0, (capture_cpu + push_cpu + det_run + infer_host) / cores),
             "capture": capture_cpu,
             "push": push_cpu,
@@ -364,18 +365,24 @@ def _push_cpu(config: Any, probes: list[CameraProbe]) -> float:
 def _bottleneck(
     util: dict[str, dict[str, float]], costs: dict[str, ModelCost], config: Any, det_i: int | None
 ) -> str:
-    """The resource most over (or nearest to) its capacity, by name."""
+    """The first resource along the data flow (the CPU's cores, detect's thread, the NPU)
+    that is asked more than it has, by name, and the others that are too; when none is,
+    the busiest. Work a resource cannot take never reaches the next one."""
     ratios = {"cpu": util["cpu"]["asked"]}
     if "detect" in util:
         ratios["detect"] = util["detect"]["asked"] / max(util["detect"]["capacity"], 1e-9)
     if "npu" in util:
         ratios["npu"] = util["npu"]["asked"]
-    worst = max(ratios, key=ratios.__getitem__)
-    name = _name(worst, util, costs, config, det_i)
-    pct = f"asks {100 * ratios[worst]:.0f}% of it"
-    if ratios[worst] < 1:
-        return f"none: everything fits (the busiest is {name}, {pct})"
-    return f"{name}: {pct}"
+
+    def said(which: str) -> str:
+        return f"{_name(which, util, costs, config, det_i)} (asks {100 * ratios[which]:.0f}%)"
+
+    over = [w for w in ("cpu", "detect", "npu") if w in ratios and ratios[w] > 1]
+    if not over:
+        busiest = max(ratios, key=ratios.__getitem__)
+        return f"none: everything fits (the busiest is {said(busiest)})"
+    also = "; also over capacity: " + ", ".join(said(w) for w in over[1:]) if over[1:] else ""
+    return said(over[0]) + also
 
 
 def _name(
