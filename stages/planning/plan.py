@@ -32,6 +32,7 @@ from stages.planning.npu import (
 from stages.planning.probe import CameraProbe, Scene, measure_scenes, probe_cameras
 
 DEFAULT_PEOPLE = 2.0  # people per frame of a camera whose frames cannot be read
+SATURATED = 0.97  # predicted NPU busy fraction from which it counts as at capacity
 
 
 @dataclass
@@ -375,9 +376,17 @@ def _bottleneck(
         ratios["npu"] = util["npu"]["asked"]
 
     def said(which: str) -> str:
-        return f"{_name(which, util, costs, config, det_i)} (asks {100 * ratios[which]:.0f}%)"
+        busy = f", {100 * util['npu']['predicted']:.0f}% busy" if which == "npu" else ""
+        return f"{_name(which, util, costs, config, det_i)} (asks {100 * ratios[which]:.0f}%{busy})"
 
-    over = [w for w in ("cpu", "detect", "npu") if w in ratios and ratios[w] > 1]
+    # a pose refresh asks for each idle person only, so a full NPU may ask just under 100%:
+    # busy all the time, it is at capacity
+    full = "npu" in util and util["npu"]["predicted"] >= SATURATED
+    over = [
+        w
+        for w in ("cpu", "detect", "npu")
+        if w in ratios and (ratios[w] > 1 or (w == "npu" and full))
+    ]
     if not over:
         busiest = max(ratios, key=ratios.__getitem__)
         return f"none: everything fits (the busiest is {said(busiest)})"
