@@ -216,10 +216,25 @@ def measured(run: dict, models: list[str]) -> dict:
         out["npu"] = (
             g(b, "infer", "device_busy_seconds") - g(a, "infer", "device_busy_seconds")
         ) / dt
+        out["passes"] = {}
         for m in models:
             out["results"][m] = (
                 g(b, f"infer/{m}", "published") - g(a, f"infer/{m}", "published")
             ) / dt
+            out["passes"][m] = (g(b, f"infer/{m}", "batches") - g(a, f"infer/{m}", "batches")) / dt
+    drops: dict[str, dict[str, float]] = {}
+    for m in models:
+
+        def count(s: dict, m: str = m) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for by in s["stages"].get(f"infer/{m}", {}).get("drops", {}).values():
+                for reason, n in by.items():
+                    out[reason] = out.get(reason, 0) + n
+            return out
+
+        da, db = count(a), count(b)
+        drops[m] = {r: (n - da.get(r, 0)) / dt for r, n in db.items() if n - da.get(r, 0)}
+    out["drops"] = drops
     if "detect" in b["stages"]:
 
         def taken(s: dict) -> tuple[int, int]:
@@ -234,6 +249,11 @@ def measured(run: dict, models: list[str]) -> dict:
         ins = (s["stages"]["detect"].get("in", {}) for s in (a, b))
         first, last = next(ins), next(ins)
         out["detect_fps"] = {c: (n - first.get(c, 0)) / dt for c, n in last.items()}
+        wa, wb = (s["stages"]["detect"].get("work", {}) for s in (a, b))
+        frames = wb.get("count", 0) - wa.get("count", 0)
+        if frames > 0:
+            spent = wb["count"] * wb["mean_ms"] - wa.get("count", 0) * wa.get("mean_ms", 0.0)
+            out["detect_ms"] = spent / frames
     return out
 
 
@@ -323,9 +343,20 @@ def main(argv: list[str] | None = None) -> int:
             print("  no NPU and no detect stage: nothing to compare (utilisation 0 = 0)")
         if meas.get("detect_fps"):
             planned = {c.camera: c.detect_fps for c in plan.cameras}
+            ms = [c.detect_ms for c in plan.cameras if c.detect_ms is not None]
+            print(f"  detect ms a frame (plan, mean of cameras / run): {sum(ms) / len(ms):.1f} / "
+                  f"{meas.get('detect_ms', 0.0):.1f}")  # fmt: skip
             print("  detect fps per camera (plan / run): " + ", ".join(
                 f"{c} {planned.get(c, 0):.1f}/{r:.1f}" for c, r in meas["detect_fps"].items()
             ))  # fmt: skip
+        if meas.get("passes"):
+            print("  passes/s (plan / run): " + ", ".join(
+                f"{m} {plan.passes.get(m, 0):.3f}/{r:.3f}" for m, r in meas["passes"].items()
+            ))  # fmt: skip
+        for m in plan.costs:
+            pd = ", ".join(f"{r} {n:.2f}" for r, n in sorted(plan.drops.get(m, {}).items()))
+            md = ", ".join(f"{r} {n:.2f}" for r, n in sorted(meas["drops"].get(m, {}).items()))
+            print(f"  {m} drops/s (plan / run): {pd or 'none'} / {md or 'none'}")
         for what, p, got, ratio, ok in rows:
             r = "   n/a" if ratio is None else f"{ratio:6.3f}"
             print(f"  {what:24s} plan {p:8.3f}  run {got:8.3f}  ratio {r}  {'ok' if ok else 'OFF'}")

@@ -103,7 +103,10 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {m}: {text}")
     if plan.results:
         lines += ["", "results:"]
-        lines += [f"  {m}: {_rate(r)}" for m, r in plan.results.items()]
+        lines += [
+            f"  {m}: {_rate(r)} ({_rate(plan.passes.get(m, 0.0))} passes)"
+            for m, r in plan.results.items()
+        ]
     lines += ["", "sustainable per camera:"]
     for c in plan.cameras:
         parts = [f"detect keeps up with {c.detect_fps:.1f} of {c.fps:.1f} fps"]

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from npu import models
 from npu.sim_cost import NPU2, ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
@@ -192,15 +194,15 @@ def _measure(
 @dataclass
 class CameraLoad:
     """One camera as the detect stage feeds infer: `rate` frames a second processed (after
-    the CPU's limits) of `fps` delivered; the scene (people track ids and faces per frame)
-    loops; staleness_s: the budget of its jobs."""
+    the CPU's limits) of `fps` delivered; frames: its detections per delivered frame
+    (stages.planning.probe.Scene.frames), looping as a looping file does; staleness_s: the
+    budget of its jobs."""
 
     name: str
     rate: float
     fps: float
     staleness_s: float
-    people: list[tuple[int, ...]]
-    faces: list[tuple[int | None, ...]]
+    frames: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -220,19 +222,17 @@ class NpuOutcome:
 
 
 @dataclass
-class _Track:
-    running: bool = False
-    pose_ts: int | None = None
-    deadline: int | None = None
-
-
-@dataclass
 class _Camera:
+    """The detect stage's state for one camera: its tracks (with their pose bookkeeping, as
+    stages.tracks.CameraTracks holds it), a face tracker when there is no person detector,
+    the last frames with face and CLIP jobs, and pose-derived faces waiting for a frame."""
+
     load: CameraLoad
-    tracks: dict[int, _Track] = field(default_factory=dict)
+    tracks: Any
+    faces: Any = None
     last_face: int | None = None
     last_clip: int | None = None
-    pose_faces: list[tuple[int, int]] = field(default_factory=list)  # (track, capture ns)
+    pose_faces: list[int] = field(default_factory=list)
 
 
 def simulate_npu(
@@ -287,7 +287,15 @@ def simulate_npu(
             extra[0] += charge.total_s - charge.pass_s
         return max(charge.total_s, c.host_wall_s)
 
-    cams = {c.name: _Camera(c) for c in cameras}
+    from stages.detect import person_tracker
+    from stages.tracks import CameraTracks
+
+    cams = {}
+    for c in cameras:
+        cam = _Camera(c, CameraTracks(person_tracker(detect.tracker, c.name)))
+        if detect.person == "none":
+            cam.faces = person_tracker(detect.tracker, c.name)
+        cams[c.name] = cam
     warm_ns, end_ns = round(warm_s * NS), round(horizon_s * NS)
     submitted: Counter = Counter()
     results: defaultdict[str, Counter] = defaultdict(Counter)
@@ -303,55 +311,57 @@ def simulate_npu(
             submitted[model] += 1
 
     def frame(cam: _Camera, t: int) -> None:
-        load = cam.load
-        idx = int(t * load.fps / NS)
-        n = len(load.people)
-        loop, i = divmod(idx, n)
-        offset = loop * 1_000_000
-        people = [p + offset for p in load.people[i]]
-        for tr in cam.tracks.values():  # CameraTracks.expire_poses
-            if tr.running and tr.deadline is not None and t > tr.deadline:
-                tr.running, tr.deadline = False, None
-        if detect is None:
-            return
-        o = detect
+        """What stages.detect.Detect.process does with one frame, minus the detectors."""
+        load, o = cam.load, detect
+        boxes, scores, face_boxes = load.frames[int(t * load.fps / NS) % len(load.frames)]
+        tracks = cam.tracks
+        tracked = tracks.tracker.update(boxes, scores, t)
+        ids: list[int | None] = [None] * len(scores)
+        for tb in tracked:
+            ids[tb.detection] = tb.track_id
+        boxed = {tb.track_id for tb in tracked}
+        tracks.expire_poses(t)
         if o.pose and o.pose_jobs_per_frame:
-            idle = []
-            for p in people:
-                tr = cam.tracks.setdefault(p, _Track())
-                if not tr.running:
-                    idle.append((-1 if tr.pose_ts is None else tr.pose_ts, p))
-            for prio, p in sorted(idle)[: o.pose_jobs_per_frame]:
-                tr = cam.tracks[p]
-                tr.running = True
+            m = model_of.get("pose")
+            issued = 0
+            for track in tracks.tracker.pose_queue():
+                if issued == o.pose_jobs_per_frame:
+                    break
+                if track.track_id not in boxed:
+                    continue
+                prio = track.pose_priority
+                key = (m, load.name, track.track_id)
+                submit(m, load.name, ("pose", track.track_id), t, key, prio)
+                issued += 1
+                tracks.tracker.pose_started(track.track_id)
                 deadline = t + round(load.staleness_s * NS)
                 retry = o.pose_retry_s
-                tr.deadline = deadline if retry is None else min(deadline, t + round(retry * NS))
-                m = model_of.get("pose")
-                submit(m, load.name, ("pose", p), t, (m, load.name, p), prio)
+                tracks.pose_deadlines[track.track_id] = (
+                    deadline if retry is None else min(deadline, t + round(retry * NS))
+                )
         if o.clip != "off":
-            regions = [None] if o.clip == "frame" else sorted(people)[: o.clip_max_per_frame]
+            regions = [None] if o.clip == "frame" else sorted(boxed)[: o.clip_max_per_frame]
             due = cam.last_clip is None or t - cam.last_clip >= o.clip_interval_s * NS
             if regions and due:
                 cam.last_clip = t
                 m = model_of.get("clip")
                 for p in regions:
-                    submit(
-                        m, load.name, ("clip", p), t, None if p is None else (m, load.name, p), 0
-                    )
-        faces = [f + offset if f is not None else None for f in load.faces[i]]
-        if o.face != "none" and o.faces and faces:
+                    key = None if p is None else (m, load.name, p)
+                    submit(m, load.name, ("clip", p), t, key, 0)
+        if o.face != "none" and o.faces and len(face_boxes):
             due = cam.last_face is None or t - cam.last_face >= o.face_interval_s * NS
             if due:
                 cam.last_face = t
                 m = model_of.get("face")
                 source = "yunet" if o.face == "yunet" else "blazeface"
-                for f in faces:
+                for f in _face_tracks(cam, face_boxes, boxes, ids, t):
                     key = None if f is None else (m, load.name, f, source)
                     submit(m, load.name, ("face", f), t, key, 0)
+        elif cam.faces is not None:
+            _face_tracks(cam, face_boxes, boxes, ids, t)  # the face tracker sees every frame
         if o.faces:
-            for p, _ in cam.pose_faces:
-                m = model_of.get("face")
+            m = model_of.get("face")
+            for p in cam.pose_faces:
                 submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
             cam.pose_faces.clear()
 
@@ -363,20 +373,16 @@ def simulate_npu(
             if kind != "pose":
                 continue
             cam = cams[job.camera]
-            tr = cam.tracks.get(who)
-            if tr is not None:  # the dark stage finishes the track's pose
-                tr.running, tr.deadline = False, None
-                if tr.pose_ts is None or job.capture_ts_ns > tr.pose_ts:
-                    tr.pose_ts = job.capture_ts_ns
+            cam.tracks.finish_pose(who, job.capture_ts_ns, clock.t)  # as the dark stage does
             if face_points:
-                cam.pose_faces.append((who, job.capture_ts_ns))
+                cam.pose_faces.append(who)
 
     def snapshot() -> None:
         mark["drops"] = Counter(sched.stats.drops)
 
     events: list[tuple[int, Any]] = [(warm_ns, snapshot)]
     for k, cam in enumerate(cams.values()):
-        if cam.load.rate <= 0 or not cam.load.people:
+        if cam.load.rate <= 0 or not cam.load.frames:
             continue
         period = NS / cam.load.rate
         phase = round(period * k / max(len(cams), 1))
@@ -409,6 +415,28 @@ def simulate_npu(
         passes={m: n / window for m, n in passes.items()},
         context_loads_s=extra[0] / window,
     )
+
+
+def _face_tracks(
+    cam: _Camera, faces: np.ndarray, people: np.ndarray, ids: list[int | None], t: int
+) -> list[int | None]:
+    """Each face's track: its own face track without a person detector, else the smallest
+    person box containing its centre (stages.detect)."""
+    if cam.faces is not None:
+        got: list[int | None] = [None] * len(faces)
+        for tb in cam.faces.update(faces, np.ones(len(faces), np.float32), t):
+            got[tb.detection] = tb.track_id
+        return got
+    out: list[int | None] = []
+    for x1, y1, x2, y2 in faces:
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        best, area = None, np.inf
+        for (a1, b1, a2, b2), tid in zip(people, ids, strict=True):
+            size = (a2 - a1) * (b2 - b1)
+            if tid is not None and a1 <= cx <= a2 and b1 <= cy <= b2 and size < area:
+                best, area = tid, size
+        out.append(best)
+    return out
 
 
 def context_budget(costs: dict[str, ModelCost], slots: int) -> dict[str, Any]:

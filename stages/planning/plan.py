@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pipeline.config import load_config
 from pipeline.graph import stage_class
 from stages.planning.npu import (
@@ -79,6 +81,7 @@ class Plan:
     results: dict[str, float]
     notes: list[str]
     planned_s: float = 0.0
+    passes: dict[str, float] = field(default_factory=dict)  # model -> device passes/s
 
     @property
     def npu_utilisation(self) -> float:
@@ -166,7 +169,7 @@ def make_plan(
         else:
             wanted = detect_opts.cameras
             scenes = {
-                p.name: Scene([()], [()], 0.0, "not measured")
+                p.name: Scene([], 0.0, "not measured")
                 for p in probes
                 if wanted is None or p.name in wanted
             }
@@ -210,10 +213,9 @@ def make_plan(
         rates = new
         if infer_opts is not None and costs:
             loads = [
-                CameraLoad(n, rates[n], by_name[n].fps, by_name[n].staleness_s,
-                           scenes[n].people, scenes[n].faces)
+                CameraLoad(n, rates[n], by_name[n].fps, by_name[n].staleness_s, scenes[n].frames)
                 for n in scenes
-            ]  # fmt: skip
+            ]
             outcome = simulate_npu(
                 costs, loads, detect_opts, infer_opts,
                 face_points=_dark_face_points(config), horizon_s=horizon_s,
@@ -284,7 +286,7 @@ def make_plan(
     return Plan(
         str(config.path), infer_opts.backend if infer_opts else "", pacing, cores, load_avg,
         costs, budget, cam_plans, util, _bottleneck(util, costs, config, det_i), drops, results,
-        notes, time.perf_counter() - t0,
+        notes, time.perf_counter() - t0, dict(outcome.passes) if outcome is not None else {},
     )  # fmt: skip
 
 
@@ -297,41 +299,42 @@ def _kind(model: str) -> str:
 def _override(
     sc: Scene, people: float | None, faces: float | None, opts: Any, probe: CameraProbe
 ) -> Scene:
-    """The scene with --people / --faces as constant tracks per frame (people default
-    DEFAULT_PEOPLE for a camera whose frames were not read or not measured; faces default
-    one per person when detect looks for faces)."""
-    if people is None and (not probe.frames or not sc.people or sc.source == "not measured"):
+    """The scene with --people / --faces as still boxes (people default DEFAULT_PEOPLE for
+    a camera whose frames were not read or measured; faces default one per person when the
+    detect stage looks for faces): a person box per id, its face inside it."""
+    if people is None and (not probe.frames or not sc.frames):
         people = DEFAULT_PEOPLE
     if people is None and faces is None:
         return sc
-    ppl = sc.people if people is None else _constant(people)
-    if faces is not None:
-        face_seq: list[tuple[int | None, ...]] = [tuple(range(f)) for f in _counts(faces, len(ppl))]
-    elif opts.face == "none":
-        face_seq = [()] * len(ppl)
-    elif people is None:
-        face_seq = sc.faces
-    else:
-        face_seq = [tuple(ids) for ids in ppl]
+    n = max(len(sc.frames), 100) if people is None else 100
+    counts = _counts(people, n) if people is not None else None
+    face_counts = _counts(faces, n) if faces is not None else None
+    frames = []
+    for i in range(n):
+        if counts is None:
+            boxes, scores, found = sc.frames[i % len(sc.frames)]
+        else:
+            boxes = np.array([[120.0 * j, 0.0, 120.0 * j + 100, 200] for j in range(counts[i])])
+            boxes = boxes.astype(np.float32).reshape(-1, 4)
+            scores = np.full(len(boxes), 0.9, np.float32)
+            found = boxes[:, :0]
+        if face_counts is not None:
+            k = face_counts[i]
+            found = np.array([[120.0 * j + 30, 10, 120.0 * j + 70, 50] for j in range(k)])
+        elif counts is not None and opts.face != "none":
+            found = np.array([[b[0] + 30, 10, b[0] + 70, 50] for b in boxes])
+        else:
+            found = found if counts is None else np.zeros((0, 4))
+        frames.append((boxes, scores, np.asarray(found, np.float32).reshape(-1, 4)))
     what = sc.source if people is None else f"--people {people:g} (or its default)"
     if faces is not None:
         what += f", --faces {faces:g}"
-    return Scene(ppl, face_seq, sc.detect_s, what)
+    return Scene(frames, sc.detect_s, what, sc.high_score)
 
 
 def _counts(mean: float, frames: int) -> list[int]:
     """`frames` integer counts whose mean is `mean` (e.g. 1.5 -> 1, 2, 1, 2, ...)."""
     return [int((i + 1) * mean + 1e-9) - int(i * mean + 1e-9) for i in range(frames)]
-
-
-def _constant(people: float, frames: int = 100) -> list[tuple[int, ...]]:
-    """Per frame track ids averaging `people`: ids 0..n-1 every frame, and id n in the
-    fraction of frames that people's fractional part says."""
-    whole = int(people)
-    return [
-        tuple(range(whole + (n > whole)))
-        for n in (whole + c for c in _counts(people - whole, frames))
-    ]
 
 
 def _dark_face_points(config: Any) -> bool:

@@ -190,22 +190,24 @@ def _test_card(width: int, height: int) -> np.ndarray:
 
 @dataclass
 class Scene:
-    """One camera's scene as the detect stage sees it: per sampled frame, the person track
-    ids with a box and the faces (their track ids, None when in no track), and the detect
-    stage's mean seconds per frame on this machine."""
+    """One camera's scene as the detect stage's detectors see it: per sampled frame, the
+    person boxes float32 [N, 4] (x1, y1, x2, y2) with their scores float32 [N], and the face
+    boxes float32 [F, 4] (x1, y1, x2, y2); and the detect stage's mean seconds per frame on
+    this machine. The planner tracks the boxes itself, as the detect stage does."""
 
-    people: list[tuple[int, ...]]
-    faces: list[tuple[int | None, ...]]
+    frames: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     detect_s: float
     source: str
+    high_score: float = 0.5
 
     @property
     def mean_people(self) -> float:
-        return sum(map(len, self.people)) / max(len(self.people), 1)
+        n = sum(int((sc >= self.high_score).sum()) for _, sc, _ in self.frames)
+        return n / max(len(self.frames), 1)
 
     @property
     def mean_faces(self) -> float:
-        return sum(map(len, self.faces)) / max(len(self.faces), 1)
+        return sum(len(f) for _, _, f in self.frames) / max(len(self.frames), 1)
 
 
 def measure_scenes(
@@ -249,8 +251,7 @@ def measure_scenes(
 
 
 def _scene(detect: Any, cam: CameraProbe, frames: list[np.ndarray], source: str) -> Scene:
-    people: list[tuple[int, ...]] = []
-    faces: list[tuple[int | None, ...]] = []
+    out = []
     period = round(1e9 / cam.fps)
     start = 10**15  # a clock of its own: only differences matter to the tracker
     detect.process(Frame(cam.name, -1, start - period, start, frames[0]))  # load and warm up
@@ -258,14 +259,9 @@ def _scene(detect: Any, cam: CameraProbe, frames: list[np.ndarray], source: str)
     for i, image in enumerate(frames):
         ts = start + i * period
         det = detect.process(Frame(cam.name, i, ts, ts + 10**12, image))[0]
-        ids = det.extra["track_ids"]
-        people.append(
-            tuple(
-                t
-                for t, lab in zip(ids, det.labels, strict=True)
-                if lab == "person" and t is not None
-            )
-        )
-        faces.append(tuple(t for t, lab in zip(ids, det.labels, strict=True) if lab == "face"))
+        person = np.array([lab == "person" for lab in det.labels], bool)
+        boxes = np.asarray(det.boxes, np.float32).reshape(-1, 4)
+        scores = np.asarray(det.scores, np.float32).reshape(-1)
+        out.append((boxes[person], scores[person], boxes[~person]))
     detect_s = (time.perf_counter() - t0) / len(frames)
-    return Scene(people, faces, detect_s, source)
+    return Scene(out, detect_s, source, detect.options.tracker.high_score)
