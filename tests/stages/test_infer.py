@@ -743,3 +743,24 @@ def test_faces_of_one_track_in_one_frame_are_never_merged(tmp_path, cache):
     assert (0, "sapiens2") in got and (1, "yunet") in got
     replaced = stage.scheduler.stats.drops.get(("adaface", "c0", "queue_full"), 0)
     assert got.count((0, "yunet")) + replaced == 2
+
+
+def test_a_paced_stage_says_its_pacing_in_its_log_stats_and_snapshot(tmp_path, cache, caplog):
+    stage = make_stage(tmp_path, cache, models=("adaface",), sim={"pacing": "npu2"})
+    caplog.set_level(logging.INFO, logger="stages.infer")
+
+    async def source():
+        await started(stage)
+        yield face("c0", 0)
+
+    out = run_stage(stage, source())
+    assert len(out.items) == 1 and out.items[0][1].device_s >= 0.5  # IR-101's NPU2 time
+    text = caplog.text
+    assert "sim device, pacing npu2" in text and "paced npu2 as adaface-ir101" in text
+    stats = stage.stats()
+    assert stats["pacing"] == "npu2" and stats["runtimes"]["adaface"]["pacing"] == (
+        "npu2 as adaface-ir101"
+    )
+    snap = stage.metrics.snapshot()["stages"]
+    assert snap["infer"]["info"] == {"backend": "sim", "pacing": "npu2"}
+    assert snap["infer/adaface"]["info"]["pacing"] == "npu2 as adaface-ir101"
