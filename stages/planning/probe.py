@@ -255,13 +255,23 @@ def _scene(detect: Any, cam: CameraProbe, frames: list[np.ndarray], source: str)
     period = round(1e9 / cam.fps)
     start = 10**15  # a clock of its own: only differences matter to the tracker
     detect.process(Frame(cam.name, -1, start - period, start, frames[0]))  # load and warm up
-    t0 = time.perf_counter()
+    cpu, stretch = [], []
     for i, image in enumerate(frames):
         ts = start + i * period
+        t0, c0 = time.perf_counter(), time.thread_time()
         det = detect.process(Frame(cam.name, i, ts, ts + 10**12, image))[0]
+        c, w = time.thread_time() - c0, time.perf_counter() - t0
+        cpu.append(c)
+        stretch.append(w / c if c > 0 else 1.0)
         person = np.array([lab == "person" for lab in det.labels], bool)
         boxes = np.asarray(det.boxes, np.float32).reshape(-1, 4)
         scores = np.asarray(det.scores, np.float32).reshape(-1)
         out.append((boxes[person], scores[person], boxes[~person]))
-    detect_s = (time.perf_counter() - t0) / len(frames)
-    return Scene(out, detect_s, source, detect.options.tracker.high_score)
+    return Scene(out, detect_seconds(cpu, stretch), source, detect.options.tracker.high_score)
+
+
+def detect_seconds(cpu: list[float], stretch: list[float]) -> float:
+    """Wall seconds a frame of detect costs on this machine now: its mean CPU time times the
+    median stretch (wall / CPU) of its frames, the share of a core the thread got. The median
+    keeps a burst of other programs during the few seconds measured out of the estimate."""
+    return float(np.mean(cpu)) * max(1.0, float(np.median(stretch)))
