@@ -130,7 +130,20 @@ def plan_json(plan: Plan) -> dict:
         data["costs"][name]["item_s"] = cost.item_s
     data["npu_utilisation"] = plan.npu_utilisation
     data["detect_drop_fraction"] = plan.detect_drop
-    return json.loads(json.dumps(data, default=str).replace("Infinity", "null"))
+    return _finite(data)
+
+
+def _finite(value: object) -> object:
+    """JSON-able data: tuples as lists, infinite numbers (never-posed people) as None."""
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
 
 
 def _pair(text: str, what: str, kind: type) -> tuple[str, object]:
