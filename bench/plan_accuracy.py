@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         report.append({
             "config": name, "load": [load0, load1], "plan_s": time.perf_counter() - t0,
             "code": run["code"], "window_s": meas["window_s"], "rows": rows,
-            "bottleneck": plan.bottleneck,
+            "bottleneck": plan.bottleneck, "spread": plan.spread,
         })  # fmt: skip
         print(f"\n{name} (exit {run['code']}, window {meas['window_s']:.0f} s, load "
               f"{load0:.2f} -> {load1:.2f}; bottleneck {plan.bottleneck})")  # fmt: skip
@@ -357,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
             pd = ", ".join(f"{r} {n:.2f}" for r, n in sorted(plan.drops.get(m, {}).items()))
             md = ", ".join(f"{r} {n:.2f}" for r, n in sorted(meas["drops"].get(m, {}).items()))
             print(f"  {m} drops/s (plan / run): {pd or 'none'} / {md or 'none'}")
+        if plan.spread:
+            print("  plan's results/s over any 45 s: " + ", ".join(
+                f"{m} {lo:.3f}-{hi:.3f}" for m, (lo, hi) in plan.spread.items()
+            ))  # fmt: skip
         for what, p, got, ratio, ok in rows:
             r = "   n/a" if ratio is None else f"{ratio:6.3f}"
             print(f"  {what:24s} plan {p:8.3f}  run {got:8.3f}  ratio {r}  {'ok' if ok else 'OFF'}")

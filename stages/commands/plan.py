@@ -103,10 +103,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {m}: {text}")
     if plan.results:
         lines += ["", "results:"]
-        lines += [
-            f"  {m}: {_rate(r)} ({_rate(plan.passes.get(m, 0.0))} passes)"
-            for m, r in plan.results.items()
-        ]
+        for m, r in plan.results.items():
+            lo, hi = plan.spread.get(m, (r, r))
+            lines.append(
+                f"  {m}: {_rate(r)} ({_rate(plan.passes.get(m, 0.0))} passes; "
+                f"{_rate(lo)}-{_rate(hi)} over any 45 s)"
+            )
     lines += ["", "sustainable per camera:"]
     for c in plan.cameras:
         parts = [f"detect keeps up with {c.detect_fps:.1f} of {c.fps:.1f} fps"]

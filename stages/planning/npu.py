@@ -21,6 +21,7 @@ from pipeline.errors import NpucamError
 from stages.scheduler import Batch, BatchScheduler, ModelProfile, QueuedJob, SimClock, simulate
 
 NS = 1_000_000_000
+SPREAD_S = 45.0  # the window of a minute's run after its start-up (bench/plan_accuracy.py)
 
 
 class PlanError(NpucamError):
@@ -216,6 +217,9 @@ class NpuOutcome:
     jobs: dict[str, float]  # model -> jobs submitted/s
     passes: dict[str, float]  # model -> passes/s
     context_loads_s: float  # modelled context loads and switches, device-s/s
+    # model -> (lowest, highest) results/s over any SPREAD_S of the window: how much a minute's
+    # run can differ from the long-run rate
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def results_per_s(self, model: str) -> float:
         return sum(self.results.get(model, {}).values())
@@ -299,6 +303,7 @@ def simulate_npu(
     warm_ns, end_ns = round(warm_s * NS), round(horizon_s * NS)
     submitted: Counter = Counter()
     results: defaultdict[str, Counter] = defaultdict(Counter)
+    done_at: defaultdict[str, list[int]] = defaultdict(list)  # model -> result times
     mark: dict[str, Any] = {}
 
     def submit(model: str | None, cam: str, payload: tuple, t: int, key: Any, prio: int) -> None:
@@ -369,6 +374,7 @@ def simulate_npu(
         for job, _ in returned:
             if clock.t >= warm_ns:
                 results[job.model][job.camera] += 1
+                done_at[job.model].append(clock.t)
             kind, who = job.payload
             if kind != "pose":
                 continue
@@ -406,7 +412,17 @@ def simulate_npu(
     for a, _, b in report.batches:
         if a >= warm_ns:
             passes[b.model] += 1
+    spread = {}
+    span = round(min(SPREAD_S, window) * NS)
+    for m, times in done_at.items():
+        rates = []
+        for start in range(warm_ns, end_ns - span + 1, 5 * NS):
+            n = sum(1 for t in times if start <= t < start + span)
+            rates.append(n / (span / NS))
+        if rates:
+            spread[m] = (min(rates), max(rates))
     return NpuOutcome(
+        spread=spread,
         window_s=window,
         busy=busy,
         results={m: {c: n / window for c, n in r.items()} for m, r in results.items()},

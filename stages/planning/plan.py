@@ -82,6 +82,8 @@ class Plan:
     notes: list[str]
     planned_s: float = 0.0
     passes: dict[str, float] = field(default_factory=dict)  # model -> device passes/s
+    # model -> (lowest, highest) results/s over any 45 s: what one minute's run may show
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def npu_utilisation(self) -> float:
@@ -287,6 +289,7 @@ def make_plan(
         str(config.path), infer_opts.backend if infer_opts else "", pacing, cores, load_avg,
         costs, budget, cam_plans, util, _bottleneck(util, costs, config, det_i), drops, results,
         notes, time.perf_counter() - t0, dict(outcome.passes) if outcome is not None else {},
+        dict(outcome.spread) if outcome is not None else {},
     )  # fmt: skip
 
 
