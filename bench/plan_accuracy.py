@@ -142,9 +142,10 @@ def publish_endpoint(path: Path) -> str | None:
 
 
 def run_config(
-    path: Path, duration: float, env: dict, peer: Path | None, curve: dict | None
+    path: Path, duration: float, env: dict, peer: subprocess.Popen | None, curve: dict | None
 ) -> dict:
-    """Run `npucam run path --duration` (and its capture-side peer), collecting its stats."""
+    """Run `npucam run path --duration`, collecting its stats; then stop the capture-side
+    peer that was started for it (it runs from before the plan, so the plan probes it)."""
     endpoint = publish_endpoint(path)
     msgs: list[dict] = []
     ctx = zmq.Context()
@@ -168,10 +169,7 @@ def run_config(
                 msg = wire.decode(sub.recv_multipart())
                 msgs.append(msg.header["stats"])
 
-    procs = []
-    if peer is not None:
-        procs.append(_start(peer, duration + 15, env))
-        time.sleep(2.0)
+    procs = [] if peer is None else [peer]
     reader = threading.Thread(target=collect, daemon=True) if sub is not None else None
     if reader:
         reader.start()
@@ -200,7 +198,7 @@ def measured(run: dict, models: list[str]) -> dict:
     """Busy fraction, results/s per model and detect drop fraction over the steady window."""
     stats = [s for s in run["stats"] if s["uptime_s"] <= run["duration"] - 0.5]
     up = [s for s in stats if "gauges" in s["stages"].get("infer", {})]
-    out: dict = {"npu": 0.0, "results": dict.fromkeys(models, 0.0), "detect_drop": None}
+    out: dict = {"npu": None, "results": dict.fromkeys(models, 0.0), "detect_drop": None}
     base = up or stats
     if not base:
         out["window_s"] = 0.0
@@ -211,6 +209,10 @@ def measured(run: dict, models: list[str]) -> dict:
     out["window_s"] = dt
     if dt <= 0:
         return out
+    out["fps"] = {}
+    for cam in b.get("cameras", {}):
+        frames = [s["cameras"].get(cam, {}).get("frames", 0) for s in (a, b)]
+        out["fps"][cam] = (frames[1] - frames[0]) / dt
     if up:
         g = lambda s, st, k: s["stages"].get(st, {}).get("gauges", {}).get(k, 0.0)  # noqa: E731
         out["npu"] = (
@@ -222,6 +224,7 @@ def measured(run: dict, models: list[str]) -> dict:
                 g(b, f"infer/{m}", "published") - g(a, f"infer/{m}", "published")
             ) / dt
             out["passes"][m] = (g(b, f"infer/{m}", "batches") - g(a, f"infer/{m}", "batches")) / dt
+        out["cost"] = {m: g(b, f"infer/{m}", "cost_estimate_seconds") for m in models}
     drops: dict[str, dict[str, float]] = {}
     for m in models:
 
@@ -258,16 +261,13 @@ def measured(run: dict, models: list[str]) -> dict:
 
 
 def compare(pred: dict, meas: dict) -> list[tuple[str, float, float, float | None, bool]]:
-    """(what, predicted, measured, ratio, within tolerance) rows of one config."""
-    rows = [
-        (
-            "npu utilisation",
-            pred["npu"],
-            meas["npu"],
-            None,
-            abs(pred["npu"] - meas["npu"]) <= TOLERANCE,
-        )
-    ]
+    """(what, predicted, measured, ratio, within tolerance) rows of one config: NPU
+    utilisation (when it has an infer stage), results/s per model, detect's drop fraction
+    (when it has a detect stage) and, without one, each camera's frame rate."""
+    rows = []
+    if pred["npu"] is not None and meas["npu"] is not None:
+        ok = abs(pred["npu"] - meas["npu"]) <= TOLERANCE
+        rows.append(("npu utilisation", pred["npu"], meas["npu"], None, ok))
     for m, p in pred["results"].items():
         got = meas["results"].get(m, 0.0)
         ratio = p / got if got else None
@@ -278,6 +278,11 @@ def compare(pred: dict, meas: dict) -> list[tuple[str, float, float, float | Non
         rows.append(
             ("detect drop fraction", p, got, p / got if got else None, abs(p - got) <= TOLERANCE)
         )
+    for cam, p in pred.get("fps", {}).items():
+        got = meas.get("fps", {}).get(cam)
+        if got is not None:
+            ok = abs(p - got) <= TOLERANCE * got
+            rows.append((f"{cam} fps", p, got, p / got if got else None, ok))
     return rows
 
 
@@ -302,19 +307,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in configs.items():
         if name in peers:
             plan = make_plan(str(path))
-            print(f"\n{name}: runs as the peer of its infer side; no NPU and no detect stage "
-                  f"here: nothing to compare (bottleneck {plan.bottleneck})")  # fmt: skip
+            print(f"\n{name}: the capture side of its split pair (no NPU, no detect stage):"
+                  f" its cameras' rates are compared in its infer side's run (bottleneck "
+                  f"{plan.bottleneck})")  # fmt: skip
             report.append({"config": name, "peer": True, "rows": [], "code": 0,
                            "bottleneck": plan.bottleneck})  # fmt: skip
             continue
         t0 = time.perf_counter()
+        peer = None
+        if name in SPLIT_PAIRS:  # its capture side runs first, so plan probes its cameras
+            peer = _start(configs[SPLIT_PAIRS[name]], args.duration + 60, env)
+            time.sleep(3.0)
         plan = make_plan(str(path))
         pred = {
-            "npu": plan.npu_utilisation,
+            "npu": plan.npu_utilisation if plan.costs else None,
             "results": dict(plan.results),
             "detect_drop": plan.drops["detect"]["fraction"] if "detect" in plan.drops else None,
+            "fps": {c.camera: c.fps for c in plan.cameras} if "detect" not in plan.drops else {},
         }
-        peer = configs.get(SPLIT_PAIRS.get(name, ""), None)
         curve = None
         if name == "split-infer-secure":
             from pipeline.security import read_key_pair, read_public_key
@@ -339,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{load0:.2f} -> {load1:.2f}; bottleneck {plan.bottleneck})")  # fmt: skip
         if run["code"] != 0:
             print("  run failed:\n" + "\n".join(run["stderr"].splitlines()[-10:]))
-        if not rows[1:] and not plan.costs and pred["detect_drop"] is None:
-            print("  no NPU and no detect stage: nothing to compare (utilisation 0 = 0)")
+        if not plan.costs and pred["detect_drop"] is None:
+            print("  no NPU and no detect stage here: its cameras' frame rates are compared")
         if meas.get("detect_fps"):
             planned = {c.camera: c.detect_fps for c in plan.cameras}
             ms = [c.detect_ms for c in plan.cameras if c.detect_ms is not None]
@@ -357,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             pd = ", ".join(f"{r} {n:.2f}" for r, n in sorted(plan.drops.get(m, {}).items()))
             md = ", ".join(f"{r} {n:.2f}" for r, n in sorted(meas["drops"].get(m, {}).items()))
             print(f"  {m} drops/s (plan / run): {pd or 'none'} / {md or 'none'}")
+        if meas.get("cost"):
+            print("  pass seconds (plan / run's learned estimate): " + ", ".join(
+                f"{m} {plan.costs[m].device_s:.3f}/{c:.3f}" for m, c in meas["cost"].items()
+            ))  # fmt: skip
         if plan.spread:
             print("  plan's results/s over any 45 s: " + ", ".join(
                 f"{m} {lo:.3f}-{hi:.3f}" for m, (lo, hi) in plan.spread.items()
