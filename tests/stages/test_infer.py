@@ -764,3 +764,27 @@ def test_a_paced_stage_says_its_pacing_in_its_log_stats_and_snapshot(tmp_path, c
     snap = stage.metrics.snapshot()["stages"]
     assert snap["infer"]["info"] == {"backend": "sim", "pacing": "npu2"}
     assert snap["infer/adaface"]["info"]["pacing"] == "npu2 as adaface-ir101"
+
+
+def test_check_names_an_unknown_pace_as_variant(tmp_path):
+    config = parse_config(
+        {
+            "stages": [
+                {
+                    "kind": "infer",
+                    "backend": "sim",
+                    "sim": {"pace_as": {"adaface": "ir50", "sapiens2": "1b"}},
+                    "adaface": {"enabled": True, "synthetic": True},
+                }
+            ]
+        },
+        tmp_path / "x.toml",
+    )
+    problems = Infer.check(config, 0)
+    assert any(
+        p.startswith("stages[0].sim.pace_as.adaface: ")
+        and "no released variant 'ir50'" in p
+        and "ir18, ir101" in p
+        for p in problems
+    ), problems
+    assert not any("pace_as.sapiens2" in p for p in problems)  # 1b is a released variant
