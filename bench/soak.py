@@ -125,6 +125,7 @@ def config_text(path: str, endpoint: str, work_dir: Path) -> str:
         synthetic = true
         labels = ["person riding a bicycle", "person talking on a phone", "person walking"]
         [stages.sim]
+        pacing = "stand-in"  # the models' own speed: many passes, so a leak shows
         registry_dir = "{work_dir / "hwctx"}"
 
         [[stages]]

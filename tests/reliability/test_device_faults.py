@@ -68,6 +68,7 @@ def config_text(cache: Path, registry: Path) -> str:
         inbox = {{ size = 8, policy = "drop_oldest" }}
         adaface = {{ enabled = true, synthetic = true }}
         [stages.sim]
+        pacing = "stand-in"
         registry_dir = "{registry}"
         dispatch_s = 0.001
         ctx_create_s = 0.002
