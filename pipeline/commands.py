@@ -64,17 +64,7 @@ def register(subparsers) -> None:
         metavar="S",
         help="exit (status 1) if no message arrives for S seconds",
     )
-    p.add_argument(
-        "--server-key",
-        metavar="FILE",
-        help="CURVE: the publisher's public key file (NAME.key); needs --client-key",
-    )
-    p.add_argument(
-        "--client-key",
-        metavar="FILE",
-        help="CURVE: this subscriber's key pair (NAME.key_secret, mode 0600), whose public "
-        "key the publisher's authorized_clients lists; needs --server-key",
-    )
+    security.add_client_key_args(p, "subscriber")
     p.add_argument(
         "--max-pixels",
         type=int,
@@ -203,11 +193,7 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 def cmd_subscribe(args: argparse.Namespace) -> int:
     import zmq
 
-    if (args.server_key is None) != (args.client_key is None):
-        raise security.SecurityError(["subscribe: CURVE needs both --server-key and --client-key"])
-    curve = None
-    if args.server_key is not None:
-        curve = security.client_curve(args.server_key, args.client_key)
+    curve = security.curve_of_args(args, "subscribe")
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)

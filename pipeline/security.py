@@ -38,6 +38,7 @@ key path and the file.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ipaddress
 import itertools
@@ -426,6 +427,30 @@ class SocketSecurity:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
+
+
+def add_client_key_args(parser: argparse.ArgumentParser, who: str) -> None:
+    """The --server-key / --client-key flags of a command that connects to a publisher."""
+    parser.add_argument(
+        "--server-key",
+        metavar="FILE",
+        help="CURVE: the publisher's public key file (NAME.key); needs --client-key",
+    )
+    parser.add_argument(
+        "--client-key",
+        metavar="FILE",
+        help=f"CURVE: this {who}'s key pair (NAME.key_secret, mode 0600), whose public key the "
+        "publisher's authorized_clients lists; needs --server-key",
+    )
+
+
+def curve_of_args(args: argparse.Namespace, command: str) -> Curve | None:
+    """The keys of add_client_key_args' flags; None without them, an error with only one."""
+    if (args.server_key is None) != (args.client_key is None):
+        raise SecurityError([f"{command}: CURVE needs both --server-key and --client-key"])
+    if args.server_key is None:
+        return None
+    return client_curve(args.server_key, args.client_key)
 
 
 def client_curve(server_key: str | Path, client_key: str | Path) -> Curve:

@@ -30,27 +30,14 @@ def register(subparsers) -> None:
         metavar="HOST:PORT",
         help="where the page is served (default 127.0.0.1:8560; port 0 picks a free one)",
     )
-    p.add_argument(
-        "--server-key",
-        metavar="FILE",
-        help="CURVE: the publisher's public key file (NAME.key); needs --client-key",
-    )
-    p.add_argument(
-        "--client-key",
-        metavar="FILE",
-        help="CURVE: this viewer's key pair (NAME.key_secret), on the publisher's allow-list",
-    )
+    security.add_client_key_args(p, "viewer")
     p.set_defaults(func=cmd_view)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
     from pipeline.view.server import ViewServer, parse_bind, serve  # aiohttp: only for `view`
 
-    if (args.server_key is None) != (args.client_key is None):
-        raise security.SecurityError(["view: CURVE needs both --server-key and --client-key"])
-    curve = None
-    if args.server_key is not None:
-        curve = security.client_curve(args.server_key, args.client_key)
+    curve = security.curve_of_args(args, "view")
     host, port = parse_bind(args.bind)
     server = ViewServer(args.endpoint, args.topic or [""], curve, host, port)
 
