@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -498,12 +498,48 @@ class Kernel(Protocol):
 class Launch(Protocol):
     """A started run. wait() waits for it without holding the GIL, checks the final state
     and returns wall seconds; past `deadline` (time.perf_counter() seconds; default the
-    launch's own) it raises DeviceTimeout. expected_s: the time the device should take."""
+    launch's own) it raises DeviceTimeout. expected_s: the time the device should take;
+    busy_s, once waited for: the device time it took (from when the device could start it,
+    after the dispatches before it, to when its wait saw it done)."""
 
     expected_s: float
     deadline: float
+    busy_s: float
 
     def wait(self, deadline: float | None = None) -> float: ...
+
+
+Steps = Generator[Sequence[Launch], None, Any]
+
+
+def wait_all(launches: Iterable[Launch]) -> None:
+    """Wait for launches in order; on an error the others are waited for too, then the first
+    error is raised (as run_all)."""
+    first: BaseException | None = None
+    for launch in launches:
+        try:
+            launch.wait()
+        except DeviceError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def run_steps(steps: Steps) -> Any:
+    """Drive a stepped device computation alone: a generator that does its host work, starts
+    the launches of one device step and yields them; each is resumed once they are done, and
+    its return value is the result. The calls reach the device in the generator's order."""
+    try:
+        launches = next(steps)
+        while True:
+            try:
+                wait_all(launches)
+            except BaseException:
+                steps.close()
+                raise
+            launches = steps.send(None)
+    except StopIteration as stop:
+        return stop.value
 
 
 class Device(Protocol):
@@ -604,6 +640,7 @@ class DeviceLaunch:
         self.expected_s = 0.0
         self.deadline = float("inf")
         self.seen_running = False  # a poll saw it in flight: its completion time is exact
+        self.busy_s = 0.0  # once finished: from when the device could start it to its end
         self.wall: float | None = None
         self.error: DeviceError | None = None
 
@@ -989,6 +1026,7 @@ class DeviceCore(Generic[K, B]):
         self._count_run(kernel, wall, now - launch.t_start)
         began = max(launch.t_start, self._last_done)
         self._last_done = max(self._last_done, now)
+        launch.busy_s = max(0.0, now - began)
         if state == ERT_CMD_STATE_COMPLETED:
             kernel.timing.learn(now - began, exact=launch.seen_running)
             self._suspect.discard(kernel.spec.context_key)

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from npu.device import run_steps
 from npu.models.sapiens2.config import Config, ModelError
 from npu.ops import LOG2E, GemmWeights, Ops
 
@@ -135,15 +136,19 @@ def deconv_scatter(c: np.ndarray, h0: int, w0: int, c_out: int) -> np.ndarray:
     return out.reshape(2 * h0, 2 * w0, c_out)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, prefix: int) -> np.ndarray:
-    """Half-split (rotate_half) RoPE of the patch tokens of x float32 [T, heads, hd] with the
-    tables cos, sin [T - prefix, hd]; the prefix tokens pass unchanged. Returns a new array."""
-    patches = x[prefix:]
-    half = patches.shape[-1] // 2
-    rotated = np.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
-    out = x.copy()
-    out[prefix:] = patches * cos[:, None, :] + rotated * sin[:, None, :]
-    return out
+def _rope_in_place(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """Half-split (rotate_half) RoPE of every row of x float32 [t, heads, hd] with the tables
+    cos, sin [t, hd], in place: x·cos + rotate_half(x)·sin, rotate_half(x) = [-x_hi | x_lo]
+    (so the low half is x_lo·cos - x_hi·sin, exactly, since -(b·s) is exact)."""
+    half = x.shape[-1] // 2
+    lo, hi = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    hi_sin = hi * s[..., :half]
+    lo_sin = lo * s[..., half:]
+    lo *= c[..., :half]
+    lo -= hi_sin
+    hi *= c[..., half:]
+    hi += lo_sin
 
 
 def stage_attention(
@@ -154,24 +159,39 @@ def stage_attention(
     k_norm: np.ndarray,
     cos: np.ndarray,
     sin: np.ndarray,
+    prefix: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The attention's staged rows from the qkv GEMM's output, as taconite-sapiens2's model.rs
     `backbone` stages them: qkv float32 [T, (heads + 2 kv)·hd] (columns q | k | v) ->
     float32 [T, 3D], row t = [q_t·log2(e)/sqrt(hd) | k_t repeated to every query head |
     v_t repeated], q and k RMS-normed with their weights (when the config has q/k norm) and
-    rotated (patch tokens). Query head h reads kv head h // (heads / kv) (HF `repeat_kv`)."""
+    rotated (the rows after the first `prefix`, default cfg.prefix, with the table rows
+    cos, sin [T - prefix, hd]). Query head h reads kv head h // (heads / kv) (HF
+    `repeat_kv`). Written into `out` (float32 [T, 3D]) when given; rows are independent, so
+    a chunk of rows with its table rows stages as those rows of the whole."""
     t, h, hd, d = len(qkv), cfg.heads, cfg.hd, cfg.D
-    q = qkv[:, :d].reshape(t, h, hd)
-    k = qkv[:, d : d + kv * hd].reshape(t, kv, hd)
-    v = qkv[:, d + kv * hd : d + 2 * kv * hd].reshape(t, kv, hd)
-    if cfg.qk_norm:
-        q = rms_norm(q, cfg.eps) * q_norm
-        k = rms_norm(k, cfg.eps) * k_norm
-    out = np.empty((t, 3, h, hd), np.float32)
-    out[:, 0] = rope(q, cos, sin, cfg.prefix) * np.float32(LOG2E / math.sqrt(hd))
-    out[:, 1] = np.repeat(rope(k, cos, sin, cfg.prefix), h // kv, axis=1)
-    out[:, 2] = np.repeat(v, h // kv, axis=1)
-    return out.reshape(t, 3 * d)
+    prefix = cfg.prefix if prefix is None else prefix
+    rep = h // kv
+    out = np.empty((t, 3 * d), np.float32) if out is None else out
+    parts = out.reshape(t, 3, kv, rep, hd)
+    for part, weight, width in ((0, q_norm, h), (1, k_norm, kv)):
+        src = qkv[:, part * d : part * d + width * hd].reshape(t, width, hd)
+        dst = out[:, part * d : (part + 1) * d].reshape(t, width, -1)[..., :hd]
+        if cfg.qk_norm:
+            np.square(src, out=dst)
+            ms = np.mean(dst, axis=-1, keepdims=True, dtype=np.float32)
+            np.multiply(src, np.float32(1.0) / np.sqrt(ms + np.float32(cfg.eps)), out=dst)
+            dst *= weight
+        else:
+            dst[...] = src
+        _rope_in_place(dst[prefix:], cos, sin)
+        if part == 0:
+            dst *= np.float32(LOG2E / math.sqrt(hd))
+    parts[:, 2, :, 0] = qkv[:, d + kv * hd : d + 2 * kv * hd].reshape(t, kv, hd)
+    for r in range(1, rep):
+        parts[:, 1:, :, r] = parts[:, 1:, :, 0]
+    return out
 
 
 def staged_attention(stage: np.ndarray, heads: int, hd: int) -> np.ndarray:
@@ -289,6 +309,9 @@ class Sapiens2Pose:
                 f"sapiens2: crops must be float32 [N, 3, {cfg.H}, {cfg.W}], "
                 f"got {crops.dtype} {crops.shape}"
             )
+        steps = getattr(self.ops, "heatmap_steps", None)
+        if steps is not None:
+            return np.stack([run_steps(steps(c)) for c in crops])
         return np.stack([self._heatmap(c) for c in crops])
 
     def features(self, crop: np.ndarray) -> np.ndarray:
@@ -297,6 +320,9 @@ class Sapiens2Pose:
         The final norm's weight is folded into d0, so these are unweighted.
         """
         cfg = self.config
+        steps = getattr(self.ops, "feature_steps", None)
+        if steps is not None:
+            return run_steps(steps(np.asarray(crop, np.float32)))
         p = cfg.patch
         a = crop.reshape(3, cfg.gh, p, cfg.gw, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3 * p * p)
         x = np.concatenate([self._prefix, self.ops.patch(a)])
