@@ -62,13 +62,6 @@ def f32_to_bf16_into(a: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def bf16_to_f32_into(u: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (uint16, any shape and strides) into float32 `out` of the same
-    shape, exactly (ml_dtypes' widening is the 16-bit shift of bf16_to_f32); returns out."""
-    np.copyto(out, u.view(ml_dtypes.bfloat16), casting="unsafe")
-    return out
-
-
 def bf16_to_f32(u: np.ndarray) -> np.ndarray:
     """bf16 bit patterns -> float32, exactly (the bits become the upper half of an f32).
 

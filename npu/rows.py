@@ -34,7 +34,10 @@ def host_threads(environ: dict[str, str] | None = None) -> int:
 class RowPool:
     """`run(rows, chunk, fn)` calls fn(r0, r1) over [0, rows) in chunks of `chunk` rows, on
     the calling thread and the pool's workers, and returns when all are done (the first
-    exception is raised). Chunks must not overlap in what they write; fn must not call run."""
+    exception is raised). Chunks must not overlap in what they write; fn must not call run.
+    The first chunk runs on the caller before the workers start, so the first call of a
+    numba-compiled loop (which compiles it or loads it from its cache, not safe from two
+    threads at once) is never made concurrently."""
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
@@ -51,7 +54,8 @@ class RowPool:
             for r0 in starts:
                 fn(r0, min(r0 + chunk, rows))
             return
-        counter = itertools.count()  # next() of a count is atomic under the GIL
+        fn(0, min(chunk, rows))
+        counter = itertools.count(1)  # next() of a count is atomic under the GIL
         failed: list[BaseException] = []
 
         def work() -> None:

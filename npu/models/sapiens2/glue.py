@@ -1,7 +1,8 @@
 """Sapiens2's host glue on a device, as the replay runs it: float32 work in row chunks on the
 host thread pool (npu.rows) that reads bf16 straight from the device buffers' mappings and
 writes bf16 straight into them, through per-thread chunk scratch and a few buffers reused
-from box to box, never a temporary of a whole activation.
+from box to box, never a temporary of a whole activation. The passes numpy would make one
+operation at a time are fused in npu.models.sapiens2.kernels.
 
 Every function computes bit for bit what model.py's float32 reference glue followed by
 npu.bf16.f32_to_bf16 computes (the same float32 operations in the same order, on the same
@@ -16,16 +17,31 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
-from npu.bf16 import bf16_to_f32_into, f32_to_bf16_into
+from npu.models.sapiens2 import kernels
 from npu.rows import RowPool
 
 F32 = np.float32
-CHUNK_ELEMS = 1 << 16  # elements per chunk and array: a few chunk arrays fit a core's L2
+CHUNK_ELEMS = 1 << 17  # elements per chunk and array: a few chunk arrays fit a core's L2
 
-RowWriter = Callable[[int, int, np.ndarray], None]  # (r0, r1, float32 rows [r1 - r0, C])
+# fill(lo, hi, dst): rows [lo, hi) of a chunk, as bf16 into dst (uint16 [hi - lo, C])
+Fill = Callable[[int, int, np.ndarray], None]
+# write(r0, r1, fill): a chunk's rows [r0, r1) into their places in a device mapping
+RowWriter = Callable[[int, int, Fill], None]
 
 _local = threading.local()
+_blas: ThreadpoolController | None = None
+
+
+def one_blas_thread() -> object:
+    """A context in which BLAS runs on one thread: the head's channel sums are memory-bound
+    gemvs, and OpenBLAS's other threads spin after each call, costing CPU for no speed-up
+    (the sums do not depend on the thread count: tested)."""
+    global _blas
+    if _blas is None:
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
 
 
 def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -51,12 +67,23 @@ def rms_into(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
     return np.multiply(x, F32(1.0) / np.sqrt(ms + F32(eps)), out=out)
 
 
+def to_bf16(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst = f32_to_bf16(src): float32 and uint16 [n, C], any strides."""
+    kernels.to_bf16(src.view(np.uint32), dst)
+
+
+def widen(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = bf16_to_f32(bits): uint16 and float32 [n, C], any strides; returns out."""
+    kernels.widen(bits, out.view(np.uint32))
+    return out
+
+
 def put_rms(pool: RowPool, x: np.ndarray, eps: float, dst: np.ndarray) -> None:
     """dst = f32_to_bf16(rms_norm(x)): x float32 [T, D], dst uint16 [T, D] (a mapping)."""
     d = x.shape[1]
 
     def rows(r0: int, r1: int) -> None:
-        f32_to_bf16_into(rms_into(x[r0:r1], eps, scratch("rms", (r1 - r0, d))), dst[r0:r1])
+        kernels.rms_bf16(x[r0:r1], F32(eps), dst[r0:r1])
 
     pool.run(len(x), chunk_rows(d), rows)
 
@@ -66,8 +93,7 @@ def add_rows(pool: RowPool, x: np.ndarray, bits: np.ndarray) -> None:
     d = x.shape[1]
 
     def rows(r0: int, r1: int) -> None:
-        xc = x[r0:r1]
-        xc += bf16_to_f32_into(bits[r0:r1], scratch("add", xc.shape))
+        kernels.add_bf16(x[r0:r1], bits[r0:r1])
 
     pool.run(len(x), chunk_rows(d), rows)
 
@@ -76,7 +102,7 @@ def read_rows(pool: RowPool, bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = bf16_to_f32(bits): bits uint16 [rows, C] (any strides), out float32 [rows, C]."""
 
     def rows(r0: int, r1: int) -> None:
-        bf16_to_f32_into(bits[r0:r1], out[r0:r1])
+        widen(bits[r0:r1], out[r0:r1])
 
     pool.run(len(out), chunk_rows(out.shape[1]), rows)
     return out
@@ -95,8 +121,8 @@ def stage_rows(
     w, width = qkv.shape[1], dst.shape[1]
 
     def rows(r0: int, r1: int) -> None:
-        f = bf16_to_f32_into(qkv[r0:r1], scratch("qkv", (r1 - r0, w)))
-        f32_to_bf16_into(stage(f, r0, r1, scratch("stage", (r1 - r0, width))), dst[r0:r1])
+        f = widen(qkv[r0:r1], scratch("qkv", (r1 - r0, w)))
+        to_bf16(stage(f, r0, r1, scratch("stage", (r1 - r0, width))), dst[r0:r1])
 
     pool.run(len(qkv), chunk_rows(width), rows)
 
@@ -118,13 +144,13 @@ def zero_pair_pads(pairs: np.ndarray) -> None:
 def pair_writer(pairs: np.ndarray) -> RowWriter:
     """A RowWriter of image pixels (rows = whole image rows of w0 pixels) into a pairs_view:
     pixel (oy, ox) goes to window (oy + 1, ox + 1) part 0 and window (oy, ox + 1) part 1."""
-    w0, c = pairs.shape[1] - 2, pairs.shape[3]
+    w0 = pairs.shape[1] - 2
 
-    def write(r0: int, r1: int, rows: np.ndarray) -> None:
+    def write(r0: int, r1: int, fill: Fill) -> None:
         y0, y1 = r0 // w0, r1 // w0
-        part0 = pairs[y0 + 1 : y1 + 1, 1:-1, 0]
-        f32_to_bf16_into(rows.reshape(y1 - y0, w0, c), part0)
-        pairs[y0:y1, 1:-1, 1] = part0
+        for y in range(y0, y1):
+            fill((y - y0) * w0, (y - y0 + 1) * w0, pairs[y + 1, 1:-1, 0])
+        pairs[y0:y1, 1:-1, 1] = pairs[y0 + 1 : y1 + 1, 1:-1, 0]
 
     return write
 
@@ -132,19 +158,24 @@ def pair_writer(pairs: np.ndarray) -> RowWriter:
 def dense_writer(a: np.ndarray, c: int) -> RowWriter:
     """A RowWriter of rows into a uint16 mapping as dense [rows, C] (a 1x1 conv's A)."""
 
-    def write(r0: int, r1: int, rows: np.ndarray) -> None:
-        f32_to_bf16_into(rows, a[r0 * c : r1 * c].reshape(r1 - r0, c))
+    def write(r0: int, r1: int, fill: Fill) -> None:
+        fill(0, r1 - r0, a[r0 * c : r1 * c].reshape(r1 - r0, c))
 
     return write
 
 
 def rms_rows_to(pool: RowPool, x: np.ndarray, eps: float, align: int, write: RowWriter) -> None:
-    """write(r0, r1, rms_norm(x[r0:r1])) for chunks of whole `align`-row groups of x
+    """rms_norm(x) as bf16 through write, in chunks of whole `align`-row groups of x
     (float32 [rows, C]): the final norm into the first deconv's pairs."""
     c = x.shape[1]
 
     def rows(r0: int, r1: int) -> None:
-        write(r0, r1, rms_into(x[r0:r1], eps, scratch("rms", (r1 - r0, c))))
+        xc = x[r0:r1]
+
+        def fill(lo: int, hi: int, dst: np.ndarray) -> None:
+            kernels.rms_bf16(xc[lo:hi], F32(eps), dst)
+
+        write(r0, r1, fill)
 
     pool.run(len(x), chunk_rows(c, align), rows)
 
@@ -175,7 +206,8 @@ def scatter_into(
                     c[start:], (r1 - r0, w0, c_out), strides, writeable=False
                 )
                 out = y5[r0:r1, a, :, b]
-                bf16_to_f32_into(win, out)
+                for i in range(r1 - r0):
+                    widen(win[i], out[i])
                 if bias is not None:
                     out += bias[phase * c_out : (phase + 1) * c_out]
 
@@ -190,33 +222,35 @@ def instance_norm_silu_to(
     align: int,
     write: RowWriter,
 ) -> None:
-    """model.instance_norm_silu(y) handed to write(r0, r1, rows) in chunks of whole
-    `align`-row groups. y float32 [pixels, C] is centred and scaled in place; sq (float32,
-    y's shape) holds the squares for the variance. Both channel sums are one BLAS reduction
-    over all pixels, as the reference's."""
+    """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
+    groups: y float32 [pixels, C]; sq (float32, y's shape) takes the squares for the
+    variance. Both channel sums are one BLAS reduction over all pixels, as the reference's;
+    tanh is numpy's; the centred, scaled values are recomputed (the same bits) rather than
+    written back."""
     px, c = y.shape
     n = F32(px)
     ones = np.ones(px, F32)
-    mean = (ones @ y) / n
+    with one_blas_thread():
+        mean = (ones @ y) / n
     chunk = chunk_rows(c, align)
 
     def centre(r0: int, r1: int) -> None:
-        yc = y[r0:r1]
-        yc -= mean
-        np.multiply(yc, yc, out=sq[r0:r1])
+        kernels.centred_squares(y[r0:r1], mean, sq[r0:r1])
 
     pool.run(px, chunk, centre)
-    rstd = F32(1.0) / np.sqrt((ones @ sq) / n + F32(eps))
+    with one_blas_thread():
+        rstd = F32(1.0) / np.sqrt((ones @ sq) / n + F32(eps))
 
     def silu(r0: int, r1: int) -> None:
         yc = y[r0:r1]
-        yc *= rstd
-        t = np.multiply(yc, F32(0.5), out=scratch("silu", yc.shape))
+        t = scratch("silu", yc.shape)
+        kernels.halves(yc, mean, rstd, t)
         np.tanh(t, out=t)
-        t += F32(1.0)
-        t *= F32(0.5)
-        t *= yc
-        write(r0, r1, t)
+
+        def fill(lo: int, hi: int, dst: np.ndarray) -> None:
+            kernels.silu_bf16(t[lo:hi], yc[lo:hi], mean, rstd, dst)
+
+        write(r0, r1, fill)
 
     pool.run(px, chunk, silu)
 
@@ -228,6 +262,6 @@ def heatmaps_into(pool: RowPool, c: np.ndarray, px: int, c_stride: int, out: np.
     view = np.lib.stride_tricks.as_strided(c, (px, k), (c_stride * c.itemsize, c.itemsize))
 
     def rows(p0: int, p1: int) -> None:
-        bf16_to_f32_into(view[p0:p1].T, out[:, p0:p1])
+        widen(view[p0:p1].T, out[:, p0:p1])
 
     pool.run(px, chunk_rows(k), rows)

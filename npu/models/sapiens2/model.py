@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from npu.device import run_steps
+from npu.models.sapiens2 import kernels
 from npu.models.sapiens2.config import Config, ModelError
 from npu.ops import LOG2E, GemmWeights, Ops
 
@@ -136,21 +137,6 @@ def deconv_scatter(c: np.ndarray, h0: int, w0: int, c_out: int) -> np.ndarray:
     return out.reshape(2 * h0, 2 * w0, c_out)
 
 
-def _rope_in_place(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
-    """Half-split (rotate_half) RoPE of every row of x float32 [t, heads, hd] with the tables
-    cos, sin [t, hd], in place: x·cos + rotate_half(x)·sin, rotate_half(x) = [-x_hi | x_lo]
-    (so the low half is x_lo·cos - x_hi·sin, exactly, since -(b·s) is exact)."""
-    half = x.shape[-1] // 2
-    lo, hi = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    hi_sin = hi * s[..., :half]
-    lo_sin = lo * s[..., half:]
-    lo *= c[..., :half]
-    lo -= hi_sin
-    hi *= c[..., half:]
-    hi += lo_sin
-
-
 def stage_attention(
     qkv: np.ndarray,
     cfg: Config,
@@ -167,30 +153,18 @@ def stage_attention(
     float32 [T, 3D], row t = [q_t·log2(e)/sqrt(hd) | k_t repeated to every query head |
     v_t repeated], q and k RMS-normed with their weights (when the config has q/k norm) and
     rotated (the rows after the first `prefix`, default cfg.prefix, with the table rows
-    cos, sin [T - prefix, hd]). Query head h reads kv head h // (heads / kv) (HF
-    `repeat_kv`). Written into `out` (float32 [T, 3D]) when given; rows are independent, so
-    a chunk of rows with its table rows stages as those rows of the whole."""
-    t, h, hd, d = len(qkv), cfg.heads, cfg.hd, cfg.D
+    cos, sin [T - prefix, hd]: half-split RoPE, x·cos + rotate_half(x)·sin). Query head h
+    reads kv head h // (heads / kv) (HF `repeat_kv`). Written into `out` (float32 [T, 3D])
+    when given; rows are independent, so a chunk of rows with its table rows stages as those
+    rows of the whole. One compiled pass (npu.models.sapiens2.kernels.stage)."""
     prefix = cfg.prefix if prefix is None else prefix
-    rep = h // kv
-    out = np.empty((t, 3 * d), np.float32) if out is None else out
-    parts = out.reshape(t, 3, kv, rep, hd)
-    for part, weight, width in ((0, q_norm, h), (1, k_norm, kv)):
-        src = qkv[:, part * d : part * d + width * hd].reshape(t, width, hd)
-        dst = out[:, part * d : (part + 1) * d].reshape(t, width, -1)[..., :hd]
-        if cfg.qk_norm:
-            np.square(src, out=dst)
-            ms = np.mean(dst, axis=-1, keepdims=True, dtype=np.float32)
-            np.multiply(src, np.float32(1.0) / np.sqrt(ms + np.float32(cfg.eps)), out=dst)
-            dst *= weight
-        else:
-            dst[...] = src
-        _rope_in_place(dst[prefix:], cos, sin)
-        if part == 0:
-            dst *= np.float32(LOG2E / math.sqrt(hd))
-    parts[:, 2, :, 0] = qkv[:, d + kv * hd : d + 2 * kv * hd].reshape(t, kv, hd)
-    for r in range(1, rep):
-        parts[:, 1:, :, r] = parts[:, 1:, :, 0]
+    out = np.empty((len(qkv), 3 * cfg.D), np.float32) if out is None else out
+    f32 = np.float32
+    kernels.stage(
+        np.asarray(qkv, f32), cfg.heads, kv, cfg.hd, prefix, np.asarray(q_norm, f32),
+        np.asarray(k_norm, f32), cos, sin, f32(cfg.eps), f32(LOG2E / math.sqrt(cfg.hd)),
+        cfg.qk_norm, out,
+    )  # fmt: skip
     return out
 
 
