@@ -542,6 +542,65 @@ def run_steps(steps: Steps) -> Any:
         return stop.value
 
 
+def busy_steps(steps: Steps) -> Generator[Sequence[Launch], None, tuple[Any, float]]:
+    """The same steps, returning (their result, the device seconds their launches took: the
+    sum of busy_s, which leaves out the device's idle time between them and the time it
+    spent on other computations' launches interleaved with them)."""
+    busy = 0.0
+    try:
+        launches = next(steps)
+        while True:
+            yield launches
+            busy += sum(launch.busy_s for launch in launches)
+            launches = steps.send(None)
+    except StopIteration as stop:
+        return stop.value, busy
+
+
+class Interleaved:
+    """Stepped device computations (Steps) in flight together on one thread, as taconite's
+    device is kept busy by queueing the next dispatch before waiting for the current one:
+    add() runs a computation's host work up to its first device step; step() waits for the
+    oldest outstanding step (the others' launches stay queued on the device meanwhile) and
+    resumes its computation, whose host work up to its next step then runs while the
+    device works through the other computations' launches. A computation's end or error
+    goes to its `done(result, error)`."""
+
+    def __init__(self) -> None:
+        self._active: deque[
+            tuple[Steps, Sequence[Launch], Callable[[Any, BaseException | None], None]]
+        ] = deque()
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def add(self, steps: Steps, done: Callable[[Any, BaseException | None], None]) -> None:
+        self._advance(steps, None, done)
+
+    def step(self) -> None:
+        """Wait for the oldest outstanding step, then resume its computation."""
+        steps, launches, done = self._active.popleft()
+        try:
+            wait_all(launches)
+        except BaseException as exc:
+            steps.close()
+            done(None, exc)
+            return
+        self._advance(steps, steps, done)
+
+    def _advance(
+        self, steps: Steps, resume: Steps | None, done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        try:
+            launches = next(steps) if resume is None else steps.send(None)
+        except StopIteration as stop:
+            done(stop.value, None)
+        except BaseException as exc:
+            done(None, exc)
+        else:
+            self._active.append((steps, launches, done))
+
+
 class Device(Protocol):
     """What DeviceOps and model runtimes need from a device (XrtDevice or SimDevice).
 

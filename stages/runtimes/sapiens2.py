@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npu.device import Steps
 from npu.models.sapiens2.preprocess import crop_persons
 from stages.jobs import PoseInferred, PoseJob
 from stages.runtimes import JobInputError, Runtime, SlotOutput
@@ -43,6 +44,17 @@ class Sapiens2Runtime(Runtime):
 
     def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
         return list(self.model.heatmaps(np.ascontiguousarray(inputs, np.float32)))
+
+    @property
+    def stepped(self) -> bool:
+        """A bundle replay (sim, npu) runs as steps; the cpu forward does not."""
+        return hasattr(self.model.ops, "heatmap_steps")
+
+    def forward_steps(self, inputs: np.ndarray) -> Steps:
+        outs = []
+        for crop in np.ascontiguousarray(inputs, np.float32):
+            outs.append((yield from self.model.ops.heatmap_steps(crop)))
+        return outs
 
     def finish(self, job: PoseJob, slot: SlotOutput) -> None:
         job.window = slot.aux

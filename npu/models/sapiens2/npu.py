@@ -282,9 +282,13 @@ class Sapiens2Replay:
 
     # the forward, as steps: host glue, then the launches of one device step (yielded)
 
-    def feature_steps(self, crop: np.ndarray, slot: int = 0) -> Steps:
-        """Steps of the backbone of one crop float32 [3, H, W]; returns the final-normed patch
-        tokens float32 [gh*gw, D] (the final norm's weight is folded into d0)."""
+    def feature_steps(self, crop: np.ndarray, slot: int | None = None) -> Steps:
+        """Steps of the backbone of one crop float32 [3, H, W] in `slot` (default: a free
+        one, given back at the end); returns the final-normed patch tokens float32
+        [gh*gw, D] (the final norm's weight is folded into d0)."""
+        if slot is None:
+            with self.slot() as free:
+                return (yield from self.feature_steps(crop, free))
         cfg = self.config
         x = yield from self._backbone(crop, slot)
         out = np.empty((cfg.gh * cfg.gw, cfg.D), np.float32)
@@ -296,8 +300,12 @@ class Sapiens2Replay:
         self.pool.run(len(out), glue.chunk_rows(cfg.D), rows)
         return out
 
-    def heatmap_steps(self, crop: np.ndarray, slot: int = 0) -> Steps:
-        """Steps of one crop float32 [3, H, W]; returns its heatmaps float32 [K, Hh, Wh]."""
+    def heatmap_steps(self, crop: np.ndarray, slot: int | None = None) -> Steps:
+        """Steps of one crop float32 [3, H, W] in `slot` (default: a free one, given back at
+        the end); returns its heatmaps float32 [K, Hh, Wh]."""
+        if slot is None:
+            with self.slot() as free:
+                return (yield from self.heatmap_steps(crop, free))
         x = yield from self._backbone(crop, slot)
         return (yield from self._head_steps(x, slot))
 
