@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import inspect
 import os
 import statistics
 import subprocess
@@ -41,91 +42,31 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-_spec = importlib.util.spec_from_file_location("fake_pyxrt", ROOT / "tests/npu/fake_pyxrt.py")
-fake = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fake)
+
+
+def _load(name: str, rel: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fake = _load("fake_pyxrt", "tests/npu/fake_pyxrt.py")
 sys.modules["pyxrt"] = fake
+bundles = _load("sapiens2_recording", "tests/npu/models/sapiens2_recording.py")
+config, write_random_bundle = bundles.real_config, bundles.write_random_bundle
 
 import npu.models.sapiens2.npu as s2npu  # noqa: E402
 from npu import ops  # noqa: E402
-from npu.bf16 import bfp16_packed_size, f32_to_bf16  # noqa: E402
+from npu.bf16 import f32_to_bf16  # noqa: E402
 from npu.models.sapiens2 import glue  # noqa: E402
 from npu.models.sapiens2.config import Config  # noqa: E402
-from npu.models.sapiens2.export import record_layout  # noqa: E402
-from npu.models.sapiens2.model import rope_tables  # noqa: E402
-from npu.models.sapiens2.npu import gemm_keys, qkv_width  # noqa: E402
 from npu.xrt import XrtDevice  # noqa: E402
 from pipeline.assets import cache_dir  # noqa: E402
 
 OLD_REV = "1d2a137"  # main before issue 14's host glue (the replay of issue 13)
-BUNDLE_VERSION = 2  # the bench bundles are written in format 2 (1b's host down bias)
-
-
-def config(model: str) -> Config:
-    """The real widths; kv heads: full attention in the first and last third of the layers,
-    heads / 2 in the middle third (0.4b: layers 8-15 with 8, docs/bundles.md)."""
-    d, layers, heads, inter, up = {
-        "0.4b": (1024, 24, 16, 4096, (1024, 768)),
-        "1b": (1536, 40, 24, 6144, (1536, 1024)),
-    }[model]
-    kv = tuple(heads // 2 if layers // 3 <= i < 2 * layers // 3 else heads for i in range(layers))
-    return Config(D=d, I=inter, layers=layers, heads=heads, hd=64, kv_heads=kv, regs=8,
-                  patch=16, H=1024, W=768, eps=1e-6, in_eps=1e-5, up=up, convs=(768, 512, 256),
-                  K=308, flip_pairs=((1, 2),))  # fmt: skip
-
-
-def write_bundle(cfg: Config, path: Path, host_bias: bool) -> Path:
-    """taconite-sapiens2's records, random packed-size weights and host tensors."""
-    from npu.bundle_writer import BundleWriter
-    from npu.sim import write_xclbin
-
-    rng = np.random.default_rng(0)
-    layout = record_layout(cfg)
-    tmp = path.with_name(path.name + ".partial")
-    with BundleWriter(tmp, BUNDLE_VERSION) as bw:
-        for name in ("D", "I", "layers", "heads", "hd", "regs", "patch", "H", "W", "eps",
-                     "in_eps", "K", "box_pad", "blur"):  # fmt: skip
-            bw.param(name, getattr(cfg, name))
-        for name in ("kv_heads", "up", "convs", "mean", "std"):
-            bw.param(name, ",".join(map(str, getattr(cfg, name))))
-        bw.param("flip_pairs", "1:2")
-        for k in sorted({f["K"] for f in layout.values()}):
-            write_xclbin(bw, f"gemm_k{k}")
-        write_xclbin(bw, "mha")
-        bw.file("kernels/any.bin", np.arange(16, dtype=np.uint32).tobytes())  # never run
-        for key in gemm_keys(cfg):
-            f = layout[key]
-            bw.record("gemm", key, **f, ctx=f"gemm_k{f['K']}", insts="kernels/any.bin")
-        t, d = cfg.tokens, cfg.D
-        bw.record("mha", q_elems=t * 3 * d, k_elems=t * 3 * d, v_elems=t * 3 * d,
-                  o_elems=t * d, ctx="mha", insts="kernels/any.bin")  # fmt: skip
-
-        def weight(name: str, key: str) -> None:
-            f = layout[key]
-            cols = 2 * f["N"] if key == "gu" else f["N"]
-            bw.tensor(name, rng.integers(0, 256, bfp16_packed_size(f["K"], cols), np.uint8), "u8")
-
-        weight("patch", "patch")
-        for i in range(cfg.layers):
-            weight(f"{i}.qkv", f"qkv{qkv_width(cfg, i)}")
-            for n in ("o", "gu", "down"):
-                weight(f"{i}.{n}", n)
-        for j in range(len(cfg.up)):
-            weight(f"d{j}", f"d{j}")
-        for j in range(len(cfg.convs)):
-            weight(f"c{j}", f"c{j}")
-        weight("pred", "pred")
-        cos, sin = rope_tables(cfg)
-        bw.tensor("prefix", rng.normal(size=cfg.prefix * d).astype(np.float32), "f32")
-        bw.tensor("rope.cos", cos.reshape(-1), "f32")
-        bw.tensor("rope.sin", sin.reshape(-1), "f32")
-        for i in range(cfg.layers):
-            for n in ("q_norm", "k_norm"):
-                bw.tensor(f"{i}.{n}", (1 + 0.1 * rng.normal(size=cfg.hd)).astype(np.float32))
-            if host_bias:
-                bw.tensor(f"{i}.down.bias", (0.01 * rng.normal(size=d)).astype(np.float32))
-    tmp.rename(path)
-    return path
+BUNDLE_VERSION = 2  # the format write_random_bundle writes (1b's host down bias)
 
 
 def bundle_path(model: str, cfg: Config) -> Path:
@@ -133,7 +74,7 @@ def bundle_path(model: str, cfg: Config) -> Path:
     if not (path / "manifest.txt").is_file():
         print(f"writing {path} (once) ...", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_bundle(cfg, path, host_bias=model == "1b")
+        write_random_bundle(cfg, path, host_bias=model == "1b")
     return path
 
 
@@ -178,19 +119,32 @@ class Parts:
         fn = getattr(owner, name)
         self.cpu.setdefault(part, 0.0)
 
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
+        def call(run, *args, **kwargs):
             if self._depth:
-                return fn(*args, **kwargs)
+                return run(*args, **kwargs)
             self._depth += 1
             t0 = time.process_time()
             try:
-                return fn(*args, **kwargs)
+                return run(*args, **kwargs)
             finally:
                 self.cpu[part] += time.process_time() - t0
                 self._depth -= 1
 
-        setattr(owner, name, timed)
+        if inspect.isgeneratorfunction(fn):  # a host step in pieces: time each piece
+
+            @functools.wraps(fn)
+            def timed_steps(*args, **kwargs):
+                pieces = fn(*args, **kwargs)
+                while True:
+                    try:
+                        piece = call(next, pieces)
+                    except StopIteration as stop:
+                        return stop.value
+                    yield piece
+
+            setattr(owner, name, timed_steps)
+        else:
+            setattr(owner, name, functools.wraps(fn)(functools.partial(call, fn)))
 
     def reset(self) -> None:
         self.cpu = dict.fromkeys(self.cpu, 0.0)

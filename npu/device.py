@@ -508,6 +508,10 @@ class Launch(Protocol):
 
     def wait(self, deadline: float | None = None) -> float: ...
 
+    def finished(self) -> bool:
+        """Whether it has finished (one read of its state; wait() then returns at once)."""
+        ...
+
 
 Steps = Generator[Sequence[Launch], None, Any]
 
@@ -564,41 +568,58 @@ class Interleaved:
     oldest outstanding step (the others' launches stay queued on the device meanwhile) and
     resumes its computation, whose host work up to its next step then runs while the
     device works through the other computations' launches. A computation's end or error
-    goes to its `done(result, error)`."""
+    goes to its `done(result, error)`.
+
+    Computations in step with each other do their long host steps at the same time (a
+    Sapiens2 head's InstanceNorms), when the device has only the others' short dispatches
+    to run; admits() staggers them: another computation should join only once those in
+    flight are half way through, by the device time the last computation of their kind
+    took."""
 
     def __init__(self) -> None:
-        self._active: deque[
-            tuple[Steps, Sequence[Launch], Callable[[Any, BaseException | None], None]]
-        ] = deque()
+        self._active: deque[list[Any]] = deque()  # [steps, launches, done, kind, busy_s]
+        self._length: dict[str, float] = {}  # kind -> device seconds of its last computation
 
     def __len__(self) -> int:
         return len(self._active)
 
-    def add(self, steps: Steps, done: Callable[[Any, BaseException | None], None]) -> None:
-        self._advance(steps, None, done)
+    def admits(self) -> bool:
+        """Whether a computation joining now would be out of step with those in flight."""
+        return all(2 * entry[4] >= self._length.get(entry[3], 0) for entry in self._active)
+
+    def add(
+        self, steps: Steps, done: Callable[[Any, BaseException | None], None], kind: str = ""
+    ) -> None:
+        self._advance([steps, (), done, kind, 0.0], first=True)
 
     def step(self) -> None:
-        """Wait for the oldest outstanding step, then resume its computation."""
-        steps, launches, done = self._active.popleft()
+        """Resume one computation: the oldest whose device step has finished, else the
+        oldest doing host work (a step of no launches: a piece of a long host step), so
+        the device is fed first; else wait for the oldest outstanding step."""
+        ready = next((e for e in self._active if all(x.finished() for x in e[1])), None)
+        entry = ready or self._active[0]
+        self._active.remove(entry)
         try:
-            wait_all(launches)
+            wait_all(entry[1])
         except BaseException as exc:
-            steps.close()
-            done(None, exc)
+            entry[0].close()
+            entry[2](None, exc)
             return
-        self._advance(steps, steps, done)
+        self._advance(entry, first=False)
 
-    def _advance(
-        self, steps: Steps, resume: Steps | None, done: Callable[[Any, BaseException | None], None]
-    ) -> None:
+    def _advance(self, entry: list[Any], first: bool) -> None:
+        steps, finished, done, kind, busy = entry
+        busy += sum(launch.busy_s for launch in finished)
         try:
-            launches = next(steps) if resume is None else steps.send(None)
+            launches = next(steps) if first else steps.send(None)
         except StopIteration as stop:
+            self._length[kind] = busy
             done(stop.value, None)
         except BaseException as exc:
             done(None, exc)
         else:
-            self._active.append((steps, launches, done))
+            entry[1], entry[4] = launches, busy
+            self._active.append(entry)
 
 
 class Device(Protocol):
@@ -709,6 +730,9 @@ class DeviceLaunch:
 
     def wait(self, deadline: float | None = None) -> float:
         return self.device.wait(self, deadline)
+
+    def finished(self) -> bool:
+        return self.device.finished(self)
 
 
 @dataclass
@@ -1029,6 +1053,23 @@ class DeviceCore(Generic[K, B]):
                     launch.wait()
             raise
         return time.perf_counter() - t0
+
+    def finished(self, launch: DeviceLaunch) -> bool:
+        """Whether a launch has finished (Launch.finished): one read of its state, never a
+        wait; a finished launch is retired as its wait would retire it."""
+        with self._lock:
+            if launch.done:
+                return True
+            now = time.perf_counter()
+            try:
+                state = self._state(launch)
+            except Exception:
+                return True  # its wait reports the failure
+            if state in IN_FLIGHT_STATES:
+                launch.seen_running = True
+                return False
+            self._retire(launch, now, state=state)
+            return True
 
     def wait(self, launch: DeviceLaunch, deadline: float | None = None) -> float:
         """Wait for a launch (Launch.wait): its wall seconds, or its error raised."""

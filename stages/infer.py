@@ -84,7 +84,9 @@ class DeviceThread:
     generator of device steps, npu.device.Steps) may be in flight with up to
     `interleave - 1` other stepped calls (npu.device.Interleaved): while the device runs
     one's dispatches, the host glue of another runs here, so the device does not wait on
-    host glue when two boxes are queued. A plain call waits for the stepped calls before it.
+    host glue when two boxes are queued (staggered: a second one joins once the first is
+    half way, npu.device.Interleaved.admits). A plain call waits for the stepped calls before
+    it.
     A daemon thread, unlike a ThreadPoolExecutor's workers (which the interpreter joins at
     exit), so a device call that never returns cannot keep the process from exiting.
     `running` is (what, time.monotonic() at its start) of the oldest call in progress, or
@@ -102,19 +104,20 @@ class DeviceThread:
 
     def submit(self, what: str, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Queue fn(*args) behind the calls already queued; `what` names it in logs."""
-        return self._put(what, fn, args, stepped=False)
+        return self._put(what, fn, args, None)
 
-    def submit_steps(self, what: str, fn: Callable[..., Steps], *args: Any) -> Future:
+    def submit_steps(self, what: str, kind: str, fn: Callable[..., Steps], *args: Any) -> Future:
         """Queue the stepped call fn(*args) (a generator of device steps; its return value is
-        the future's result) behind the calls already queued."""
-        return self._put(what, fn, args, stepped=True)
+        the future's result) behind the calls already queued; `kind` (the model) tells
+        Interleaved how many steps such a call takes, to stagger the ones in flight."""
+        return self._put(what, fn, args, kind)
 
-    def _put(self, what: str, fn: Callable[..., Any], args: tuple, stepped: bool) -> Future:
+    def _put(self, what: str, fn: Callable[..., Any], args: tuple, kind: str | None) -> Future:
         fut: Future = Future()
         with self._lock:
             if self._stopped:
                 raise RuntimeError(f"{self.name}: {what} submitted after shutdown")
-            self._calls.put((fut, what, fn, args, stepped))
+            self._calls.put((fut, what, fn, args, kind))
         return fut
 
     def shutdown(self) -> None:
@@ -134,17 +137,20 @@ class DeviceThread:
         held = None  # the next call, waiting for the stepped calls in flight to end
         stopping = False
         while True:
-            while held is None and not stopping and len(active) < self.interleave:
+            while (
+                held is None and not stopping and len(active) < self.interleave
+                and active.admits()
+            ):  # fmt: skip
                 try:
                     call = self._calls.get(block=not active)
                 except queue.Empty:
                     break
                 if call is None:
                     stopping = True
-                elif not call[4]:
+                elif call[4] is None:
                     held = call
                 elif call[0].set_running_or_notify_cancel():
-                    self._start_steps(active, names, *call[:4])
+                    self._start_steps(active, names, *call)
                 del call  # an idle thread holds no batch
             if active:
                 self.running = names[0]
@@ -157,7 +163,14 @@ class DeviceThread:
                 return
 
     def _start_steps(
-        self, active: Interleaved, names: deque, fut: Future, what: str, fn: Callable, args: tuple
+        self,
+        active: Interleaved,
+        names: deque,
+        fut: Future,
+        what: str,
+        fn: Callable,
+        args: tuple,
+        kind: str,
     ) -> None:
         entry = (what, time.monotonic())
         names.append(entry)
@@ -175,7 +188,7 @@ class DeviceThread:
             done(None, exc)
             return
         self.running = entry
-        active.add(steps, done)
+        active.add(steps, done, kind)
 
     def _call(self, fut: Future, what: str, fn: Callable[..., Any], args: tuple) -> None:
         if not fut.set_running_or_notify_cancel():
@@ -642,11 +655,14 @@ class Infer(Stage):
                     wait_s = (batch.dispatch_ns - job.enqueue_ns) / 1e9
                     self.metrics.observe_queue_wait(f"{self.name}/{batch.model}", wait_s)
                 glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
-                submit = (
-                    self._device_thread.submit_steps if rt.stepped else self._device_thread.submit
-                )
-                run = _steps_prepared if rt.stepped else _run_prepared
-                ran = submit(_batch_name(batch), run, rt, glue, self.device)
+                if rt.stepped:
+                    ran = self._device_thread.submit_steps(
+                        _batch_name(batch), rt.name, _steps_prepared, rt, glue, self.device
+                    )
+                else:
+                    ran = self._device_thread.submit(
+                        _batch_name(batch), _run_prepared, rt, glue, self.device
+                    )
                 in_flight.append((batch, ran, asyncio.wrap_future(ran)))
             self._sync_drops()
             if in_flight and in_flight[0][2].done():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -24,6 +24,10 @@ from npu.rows import RowPool
 
 F32 = np.float32
 CHUNK_ELEMS = 1 << 17  # elements per chunk and array: a few chunk arrays fit a core's L2
+# elements of host work between the points where the thread driving the steps may turn to
+# another computation's device step (Pieces yield () there: npu.device.Interleaved)
+PIECE_ELEMS = 1 << 22
+Pieces = Iterator[tuple[()]]
 
 # fill(lo, hi, dst): rows [lo, hi) of a chunk, as bf16 into dst (uint16 [hi - lo, C])
 Fill = Callable[[int, int, np.ndarray], None]
@@ -67,6 +71,19 @@ def rms_into(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
     return np.multiply(x, F32(1.0) / np.sqrt(ms + F32(eps)), out=out)
 
 
+def in_pieces(
+    pool: RowPool, rows: int, cols: int, align: int, fn: Callable[[int, int], None]
+) -> Pieces:
+    """fn(r0, r1) over [0, rows) in row chunks on the pool, in pieces of about PIECE_ELEMS
+    values (whole `align`-row groups), yielding () after each piece."""
+    chunk = chunk_rows(cols, align)
+    step = max(chunk, PIECE_ELEMS // max(cols, 1) // chunk * chunk)
+    for b0 in range(0, rows, step):
+        b1 = min(rows, b0 + step)
+        pool.run(b1 - b0, chunk, lambda r0, r1, b0=b0: fn(b0 + r0, b0 + r1))
+        yield ()
+
+
 def to_bf16(src: np.ndarray, dst: np.ndarray) -> None:
     """dst = f32_to_bf16(src): float32 and uint16 [n, C], any strides."""
     kernels.to_bf16(src.view(np.uint32), dst)
@@ -98,14 +115,13 @@ def add_rows(pool: RowPool, x: np.ndarray, bits: np.ndarray) -> None:
     pool.run(len(x), chunk_rows(d), rows)
 
 
-def read_rows(pool: RowPool, bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+def read_rows(pool: RowPool, bits: np.ndarray, out: np.ndarray) -> Pieces:
     """out = bf16_to_f32(bits): bits uint16 [rows, C] (any strides), out float32 [rows, C]."""
 
     def rows(r0: int, r1: int) -> None:
         widen(bits[r0:r1], out[r0:r1])
 
-    pool.run(len(out), chunk_rows(out.shape[1]), rows)
-    return out
+    yield from in_pieces(pool, len(out), out.shape[1], 1, rows)
 
 
 def stage_rows(
@@ -113,18 +129,17 @@ def stage_rows(
     qkv: np.ndarray,
     dst: np.ndarray,
     stage: Callable[[np.ndarray, int, int, np.ndarray], np.ndarray],
-) -> None:
+) -> Pieces:
     """The attention's staged rows into dst: for each row chunk [r0, r1) of qkv (uint16
-    [T, w], the qkv GEMM's C), stage(float32 rows, r0, r1, out float32 [r1 - r0, 3D])
+    [T, w], the qkv GEMM's C), stage(its bf16 rows, r0, r1, out float32 [r1 - r0, 3D])
     returns the staged float32 rows (model.stage_attention's), rounded into dst (uint16
     [T, 3D])."""
-    w, width = qkv.shape[1], dst.shape[1]
+    width = dst.shape[1]
 
     def rows(r0: int, r1: int) -> None:
-        f = widen(qkv[r0:r1], scratch("qkv", (r1 - r0, w)))
-        to_bf16(stage(f, r0, r1, scratch("stage", (r1 - r0, width))), dst[r0:r1])
+        to_bf16(stage(qkv[r0:r1], r0, r1, scratch("stage", (r1 - r0, width))), dst[r0:r1])
 
-    pool.run(len(qkv), chunk_rows(width), rows)
+    yield from in_pieces(pool, len(qkv), width, 1, rows)
 
 
 def pairs_view(a: np.ndarray, h0: int, w0: int, c: int) -> np.ndarray:
@@ -189,7 +204,7 @@ def scatter_into(
     c_out: int,
     bias: np.ndarray | None,
     y: np.ndarray,
-) -> None:
+) -> Pieces:
     """model.deconv_scatter of the 4-phase GEMM's C (uint16, read at row stride n: window
     r = sy·(w0+2) + sx at r·n, phase (2a+b) at columns (2a+b)·C_out) plus the phase's bias,
     into y float32 [2h0, 2w0, C_out]."""
@@ -211,7 +226,7 @@ def scatter_into(
                 if bias is not None:
                     out += bias[phase * c_out : (phase + 1) * c_out]
 
-    pool.run(h0, max(1, chunk_rows(4 * w0 * c_out)), rows)
+    yield from in_pieces(pool, h0, 4 * w0 * c_out, 1, rows)
 
 
 def instance_norm_silu_to(
@@ -221,7 +236,7 @@ def instance_norm_silu_to(
     sq: np.ndarray,
     align: int,
     write: RowWriter,
-) -> None:
+) -> Pieces:
     """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
     groups: y float32 [pixels, C]; sq (float32, y's shape) takes the squares for the
     variance. Both channel sums are one BLAS reduction over all pixels, as the reference's;
@@ -232,14 +247,15 @@ def instance_norm_silu_to(
     ones = np.ones(px, F32)
     with one_blas_thread():
         mean = (ones @ y) / n
-    chunk = chunk_rows(c, align)
+    yield ()
 
     def centre(r0: int, r1: int) -> None:
         kernels.centred_squares(y[r0:r1], mean, sq[r0:r1])
 
-    pool.run(px, chunk, centre)
+    yield from in_pieces(pool, px, c, align, centre)
     with one_blas_thread():
         rstd = F32(1.0) / np.sqrt((ones @ sq) / n + F32(eps))
+    yield ()
 
     def silu(r0: int, r1: int) -> None:
         yc = y[r0:r1]
@@ -252,16 +268,15 @@ def instance_norm_silu_to(
 
         write(r0, r1, fill)
 
-    pool.run(px, chunk, silu)
+    yield from in_pieces(pool, px, c, align, silu)
 
 
-def heatmaps_into(pool: RowPool, c: np.ndarray, px: int, c_stride: int, out: np.ndarray) -> None:
+def heatmaps_into(pool: RowPool, c: np.ndarray, px: int, c_stride: int, out: np.ndarray) -> Pieces:
     """out[k, p] = bf16_to_f32(c[p·c_stride + k]) for k < K: the predictor's C (uint16)
     transposed into heatmaps float32 [K, px]."""
-    k = out.shape[0]
-    view = np.lib.stride_tricks.as_strided(c, (px, k), (c_stride * c.itemsize, c.itemsize))
+    wide = out.view(np.uint32)
 
     def rows(p0: int, p1: int) -> None:
-        widen(view[p0:p1].T, out[:, p0:p1])
+        kernels.widen_transposed(c, c_stride, p0, p1, wide)
 
-    pool.run(px, chunk_rows(k), rows)
+    yield from in_pieces(pool, px, out.shape[0], 64, rows)

@@ -138,18 +138,82 @@ def _norm_heads(
 
 
 @njit(nogil=True, cache=True)
-def _rope(x: np.ndarray, width: int, hd: int, stride: int, cos: np.ndarray, sin: np.ndarray):
-    """Half-split RoPE in place of heads at x[h·stride:]: [lo·cos - hi·sin | hi·cos + lo·sin]."""
+def _rope(
+    x: np.ndarray,
+    width: int,
+    hd: int,
+    stride: int,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    scale: np.float32,
+    scaled: bool,
+) -> None:
+    """Half-split RoPE in place of heads at x[h·stride:]: [lo·cos - hi·sin | hi·cos + lo·sin],
+    each result then times `scale` when `scaled` (q's log2(e)/sqrt(hd), after the rotation)."""
     half = hd // 2
     c0, c1, s0, s1 = cos[:half], cos[half:hd], sin[:half], sin[half:hd]
     for h in range(width):
         lo_v = x[h * stride : h * stride + half]
         hi_v = x[h * stride + half : h * stride + hd]
-        for j in range(half):
-            lo = lo_v[j]
-            hi = hi_v[j]
-            lo_v[j] = lo * c0[j] - hi * s0[j]
-            hi_v[j] = hi * c1[j] + lo * s1[j]
+        if scaled:
+            for j in range(half):
+                lo = lo_v[j]
+                hi = hi_v[j]
+                lo_v[j] = (lo * c0[j] - hi * s0[j]) * scale
+                hi_v[j] = (hi * c1[j] + lo * s1[j]) * scale
+        else:
+            for j in range(half):
+                lo = lo_v[j]
+                hi = hi_v[j]
+                lo_v[j] = lo * c0[j] - hi * s0[j]
+                hi_v[j] = hi * c1[j] + lo * s1[j]
+
+
+@njit(nogil=True, cache=True)
+def _stage_row(
+    row: np.ndarray,
+    rotate: bool,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    heads: int,
+    kv: int,
+    hd: int,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    eps: np.float32,
+    scale: np.float32,
+    qk_norm: bool,
+    work: np.ndarray,
+    inv: np.ndarray,
+    stack: np.ndarray,
+    sums: np.ndarray,
+    o: np.ndarray,
+) -> None:
+    """One token: row float32 [(heads + 2 kv)·hd] -> o float32 [3·heads·hd]."""
+    d = heads * hd
+    rep = heads // kv
+    qo, ko, vo = o[:d], o[d : 2 * d], o[2 * d : 3 * d]
+    _norm_heads(row[:d], heads, hd, q_norm, eps, qk_norm, work, inv, stack, sums, qo, hd)
+    k = row[d : d + kv * hd]
+    _norm_heads(k, kv, hd, k_norm, eps, qk_norm, work, inv, stack, sums, ko, rep * hd)
+    if rotate:
+        _rope(qo, heads, hd, hd, cos, sin, scale, True)
+        _rope(ko, kv, hd, rep * hd, cos, sin, scale, False)
+    else:
+        for j in range(d):
+            qo[j] *= scale
+    v = row[d + kv * hd : d + 2 * kv * hd]
+    for h in range(kv):
+        first = ko[h * rep * hd : h * rep * hd + hd]
+        vh = v[h * hd : (h + 1) * hd]
+        for k2 in range(rep):
+            b = (h * rep + k2) * hd
+            kd, vd = ko[b : b + hd], vo[b : b + hd]
+            if k2:
+                for j in range(hd):
+                    kd[j] = first[j]
+            for j in range(hd):
+                vd[j] = vh[j]
 
 
 @njit(nogil=True, cache=True)
@@ -170,37 +234,46 @@ def stage(
 ) -> None:
     """model.stage_attention's rows: qkv float32 [t, (heads + 2 kv)·hd] -> out float32
     [t, 3·heads·hd]; rows from `prefix` on are rotated with cos / sin rows [t - prefix, hd]."""
-    d = heads * hd
-    rep = heads // kv
     work = np.empty(hd, F32)
     inv = np.empty(heads, F32)
     stack = np.zeros((3, 64), np.int64)
     sums = np.zeros(64, F32)
     for r in range(qkv.shape[0]):
-        row = qkv[r]
-        o = out[r]
-        qo, ko, vo = o[:d], o[d : 2 * d], o[2 * d : 3 * d]
-        _norm_heads(row[:d], heads, hd, q_norm, eps, qk_norm, work, inv, stack, sums, qo, hd)
-        k = row[d : d + kv * hd]
-        _norm_heads(k, kv, hd, k_norm, eps, qk_norm, work, inv, stack, sums, ko, rep * hd)
-        if r >= prefix:
-            c, s = cos[r - prefix], sin[r - prefix]
-            _rope(qo, heads, hd, hd, c, s)
-            _rope(ko, kv, hd, rep * hd, c, s)
-        for j in range(d):
-            qo[j] *= scale
-        v = row[d + kv * hd : d + 2 * kv * hd]
-        for h in range(kv):
-            first = ko[h * rep * hd : h * rep * hd + hd]
-            vh = v[h * hd : (h + 1) * hd]
-            for k2 in range(rep):
-                b = (h * rep + k2) * hd
-                kd, vd = ko[b : b + hd], vo[b : b + hd]
-                if k2:
-                    for j in range(hd):
-                        kd[j] = first[j]
-                for j in range(hd):
-                    vd[j] = vh[j]
+        t = max(r - prefix, 0)
+        _stage_row(qkv[r], r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
+                   scale, qk_norm, work, inv, stack, sums, out[r])  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def stage_bits(
+    qkv: np.ndarray,
+    heads: int,
+    kv: int,
+    hd: int,
+    prefix: int,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    eps: np.float32,
+    scale: np.float32,
+    qk_norm: bool,
+    out: np.ndarray,
+) -> None:
+    """stage() of the bf16 bits of qkv (uint16), each row widened as bf16_to_f32 first."""
+    work = np.empty(hd, F32)
+    inv = np.empty(heads, F32)
+    stack = np.zeros((3, 64), np.int64)
+    sums = np.zeros(64, F32)
+    row = np.empty(qkv.shape[1], F32)
+    wide = row.view(np.uint32)
+    for r in range(qkv.shape[0]):
+        src = qkv[r]
+        for j in range(qkv.shape[1]):
+            wide[j] = U32(src[j]) << U32(16)
+        t = max(r - prefix, 0)
+        _stage_row(row, r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
+                   scale, qk_norm, work, inv, stack, sums, out[r])  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -275,3 +348,17 @@ def rms_bf16(x: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
             row[j] = x[i, j] * inv
         for j in range(c):
             out[i, j] = _bf16(bits[j])
+
+
+@njit(nogil=True, cache=True)
+def widen_transposed(c: np.ndarray, c_stride: int, p0: int, p1: int, out: np.ndarray) -> None:
+    """out[k, p] = the float32 bits of bf16 c[p·c_stride + k], p in [p0, p1), k < K: the
+    predictor's C (uint16, flat) into heatmaps (out uint32 [K, pixels], a float32 view), in
+    blocks of 64 pixels so the reads stay in cache."""
+    k_count = out.shape[0]
+    for b0 in range(p0, p1, 64):
+        b1 = min(b0 + 64, p1)
+        for k in range(k_count):
+            dst = out[k]
+            for p in range(b0, b1):
+                dst[p] = U32(c[p * c_stride + k]) << U32(16)

@@ -149,7 +149,8 @@ def stage_attention(
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The attention's staged rows from the qkv GEMM's output, as taconite-sapiens2's model.rs
-    `backbone` stages them: qkv float32 [T, (heads + 2 kv)·hd] (columns q | k | v) ->
+    `backbone` stages them: qkv float32 [T, (heads + 2 kv)·hd] (columns q | k | v), or the
+    GEMM's bf16 bits of it (uint16, widened exactly as bf16_to_f32) ->
     float32 [T, 3D], row t = [q_t·log2(e)/sqrt(hd) | k_t repeated to every query head |
     v_t repeated], q and k RMS-normed with their weights (when the config has q/k norm) and
     rotated (the rows after the first `prefix`, default cfg.prefix, with the table rows
@@ -160,10 +161,12 @@ def stage_attention(
     prefix = cfg.prefix if prefix is None else prefix
     out = np.empty((len(qkv), 3 * cfg.D), np.float32) if out is None else out
     f32 = np.float32
-    kernels.stage(
-        np.asarray(qkv, f32), cfg.heads, kv, cfg.hd, prefix, np.asarray(q_norm, f32),
-        np.asarray(k_norm, f32), cos, sin, f32(cfg.eps), f32(LOG2E / math.sqrt(cfg.hd)),
-        cfg.qk_norm, out,
+    qkv = np.asarray(qkv)
+    run = kernels.stage_bits if qkv.dtype == np.uint16 else kernels.stage
+    run(
+        qkv if qkv.dtype == np.uint16 else np.asarray(qkv, f32), cfg.heads, kv, cfg.hd,
+        prefix, np.asarray(q_norm, f32), np.asarray(k_norm, f32), cos, sin, f32(cfg.eps),
+        f32(LOG2E / math.sqrt(cfg.hd)), cfg.qk_norm, out,
     )  # fmt: skip
     return out
 
@@ -285,7 +288,10 @@ class Sapiens2Pose:
             )
         steps = getattr(self.ops, "heatmap_steps", None)
         if steps is not None:
-            return np.stack([run_steps(steps(c)) for c in crops])
+            out = np.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw), np.float32)
+            for crop, hm in zip(crops, out, strict=True):
+                run_steps(steps(crop, out=hm))
+            return out
         return np.stack([self._heatmap(c) for c in crops])
 
     def features(self, crop: np.ndarray) -> np.ndarray:

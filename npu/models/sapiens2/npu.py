@@ -300,14 +300,16 @@ class Sapiens2Replay:
         self.pool.run(len(out), glue.chunk_rows(cfg.D), rows)
         return out
 
-    def heatmap_steps(self, crop: np.ndarray, slot: int | None = None) -> Steps:
+    def heatmap_steps(
+        self, crop: np.ndarray, slot: int | None = None, out: np.ndarray | None = None
+    ) -> Steps:
         """Steps of one crop float32 [3, H, W] in `slot` (default: a free one, given back at
-        the end); returns its heatmaps float32 [K, Hh, Wh]."""
+        the end); returns its heatmaps float32 [K, Hh, Wh] (written into `out` if given)."""
         if slot is None:
             with self.slot() as free:
-                return (yield from self.heatmap_steps(crop, free))
+                return (yield from self.heatmap_steps(crop, free, out))
         x = yield from self._backbone(crop, slot)
-        return (yield from self._head_steps(x, slot))
+        return (yield from self._head_steps(x, slot, out))
 
     def _backbone(self, crop: np.ndarray, slot: int) -> Steps:
         cfg, pool, dev = self.config, self.pool, self.device
@@ -325,8 +327,9 @@ class Sapiens2Replay:
         a.written(n_patch)
         yield [self._gemm(flats, "patch", "patch")]
         x[: cfg.prefix] = self._prefix
-        glue.read_rows(pool, self._c_rows(flats, self.gemms["patch"], t - cfg.prefix, d),
-                       x[cfg.prefix :])  # fmt: skip
+        yield from glue.read_rows(
+            pool, self._c_rows(flats, self.gemms["patch"], t - cfg.prefix, d), x[cfg.prefix :]
+        )
         a_rows = a.host(t * d).reshape(t, d)
         stage = flats["stage"]
         stage_rows = stage.host(t * 3 * d).reshape(t, 3 * d)
@@ -336,7 +339,7 @@ class Sapiens2Replay:
             a.written(t * d)
             yield [self._gemm(flats, f"qkv{w}", f"{i}.qkv")]
             qkv = flats[f"qkv{w}"].bits(t * w).reshape(t, w)
-            glue.stage_rows(pool, qkv, stage_rows, self._stager(i))
+            yield from glue.stage_rows(pool, qkv, stage_rows, self._stager(i))
             stage.written(t * 3 * d)
             attention = run_mha(dev, self.kernels["mha"], self.mha, stage, flats["ao"])
             yield [attention, self._gemm(flats, "o", f"{i}.o")]
@@ -363,7 +366,7 @@ class Sapiens2Replay:
 
         return stage
 
-    def _head_steps(self, x: np.ndarray, slot: int) -> Steps:
+    def _head_steps(self, x: np.ndarray, slot: int, out: np.ndarray | None) -> Steps:
         cfg, pool = self.config, self.pool
         flats = self.slots[slot]
         a = flats["a"].host()
@@ -378,8 +381,9 @@ class Sapiens2Replay:
             rows = min(rec.rows, (h0 + 1) * (w0 + 2))
             c = flats["c"].bits((rows - 1) * rec.n + rec.n)
             y, sq = self._head_rows(4 * h0 * w0, co)
-            glue.scatter_into(pool, c, h0, w0, rec.n, co, self.host.get(f"d{j}.bias"),
-                              y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
+            bias = self.host.get(f"d{j}.bias")
+            yield from glue.scatter_into(pool, c, h0, w0, rec.n, co, bias,
+                                         y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
             h0, w0, cin = 2 * h0, 2 * w0, co
             if j + 1 < len(cfg.up):
                 pairs = glue.pairs_view(a, h0, w0, cin)
@@ -387,21 +391,23 @@ class Sapiens2Replay:
                 write, written = glue.pair_writer(pairs), pairs.size
             else:
                 write, written = glue.dense_writer(a, cin), h0 * w0 * cin
-            glue.instance_norm_silu_to(pool, y, cfg.in_eps, sq, w0, write)
+            yield from glue.instance_norm_silu_to(pool, y, cfg.in_eps, sq, w0, write)
             flats["a"].written(written)
         px = h0 * w0
         for j, co in enumerate(cfg.convs):
             rec = self.gemms[f"c{j}"]
             yield [self._gemm(flats, f"c{j}", f"c{j}")]
             y, sq = self._head_rows(px, co)
-            glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
-            glue.instance_norm_silu_to(pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co))
+            yield from glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
+            yield from glue.instance_norm_silu_to(
+                pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co)
+            )
             flats["a"].written(px * co)
         rec = self.gemms["pred"]
         yield [self._gemm(flats, "pred", "pred")]
         c = flats["c"].bits((px - 1) * rec.c_stride + cfg.K)
-        out = np.empty((cfg.K, h0, w0), np.float32)
-        glue.heatmaps_into(pool, c, px, rec.c_stride, out.reshape(cfg.K, px))
+        out = np.empty((cfg.K, h0, w0), np.float32) if out is None else out
+        yield from glue.heatmaps_into(pool, c, px, rec.c_stride, out.reshape(cfg.K, px))
         return out
 
     def close(self) -> None:

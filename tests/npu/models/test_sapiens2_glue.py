@@ -176,7 +176,7 @@ def test_staged_rows_equal_the_old_staging_bit_for_bit(pool, kv, qk_norm):
                                        sin[lo - pre : r1 - pre], lo - r0, out)  # fmt: skip
 
     got = np.full((t, 3 * cfg.D), 0xEEEE, np.uint16)
-    glue.stage_rows(pool, qkv, got, stage)
+    list(glue.stage_rows(pool, qkv, got, stage))
     assert np.array_equal(got, want)
     whole = s2model.stage_attention(bf16_to_f32(qkv), cfg, kv, qn, kn, cos, sin)
     assert np.array_equal(f32_to_bf16(whole), want)
@@ -217,7 +217,7 @@ def test_deconv_scatter_and_instance_norm_silu_into_pairs_equal_the_old_glue(poo
     bias = rng.normal(size=4 * co + 8).astype(np.float32) if biased else None
     c, n, want_y = _head_case(rng, h0, w0, 32, co, bias)
     y = np.empty((2 * h0, 2 * w0, co), np.float32)
-    glue.scatter_into(pool, c, h0, w0, n, co, bias, y)
+    list(glue.scatter_into(pool, c, h0, w0, n, co, bias, y))
     assert np.array_equal(y, want_y)
     # InstanceNorm + SiLU into the next deconv's pairs, over stale bits in the mapping
     want = f32_to_bf16(deconv_pairs(instance_norm_silu(want_y.reshape(-1, co), 1e-5)
@@ -226,7 +226,8 @@ def test_deconv_scatter_and_instance_norm_silu_into_pairs_equal_the_old_glue(poo
     pairs = glue.pairs_view(a, 2 * h0, 2 * w0, co)
     glue.zero_pair_pads(pairs)
     sq = np.empty((4 * h0 * w0, co), np.float32)
-    glue.instance_norm_silu_to(pool, y.reshape(-1, co), 1e-5, sq, 2 * w0, glue.pair_writer(pairs))
+    list(glue.instance_norm_silu_to(pool, y.reshape(-1, co), 1e-5, sq, 2 * w0,
+                                    glue.pair_writer(pairs)))  # fmt: skip
     assert np.array_equal(a[: want.size], want.reshape(-1))
     assert (a[want.size :] == 0xBEEF).all()
 
@@ -239,13 +240,13 @@ def test_conv_rows_instance_norm_silu_and_heatmaps_equal_the_old_glue(pool):
     old_y = bf16_to_f32(view)
     want = f32_to_bf16(instance_norm_silu(old_y, 1e-5))
     y, sq = np.empty((px, co), np.float32), np.empty((px, co), np.float32)
-    glue.read_rows(pool, view, y)
+    list(glue.read_rows(pool, view, y))
     assert np.array_equal(y, old_y)
     a = np.full(px * co + 10, 0xBEEF, np.uint16)
-    glue.instance_norm_silu_to(pool, y, 1e-5, sq, 1, glue.dense_writer(a, co))
+    list(glue.instance_norm_silu_to(pool, y, 1e-5, sq, 1, glue.dense_writer(a, co)))
     assert np.array_equal(a[: px * co], want.reshape(-1)) and (a[px * co :] == 0xBEEF).all()
     hm = np.empty((k, px), np.float32)
-    glue.heatmaps_into(pool, c, px, c_stride, hm)
+    list(glue.heatmaps_into(pool, c, px, c_stride, hm))
     pred = np.lib.stride_tricks.as_strided(c, (px, k), (c_stride * 2, 2))
     assert np.array_equal(hm, bf16_to_f32(pred).T)
 
