@@ -10,7 +10,9 @@ A subscriber thread reads every published message, as a healthy client would.
 
 RSS keeps rising for the first ~100 s on the sim path (glibc malloc arenas filling as the
 worker threads allocate; Python and numpy memory, traced with tracemalloc, stays flat), so the
-default warm-up is min(300 s, run / 4).
+default warm-up is min(300 s, run / 4). Run as a program, the soak applies the process settings
+of the `npucam` executable first (pipeline/entry.py: glibc capped at 2 malloc arenas), so it
+measures the pipeline as `npucam run` runs it; soak() called inside another process does not.
 
 Every --sample-s seconds it records RSS (VmRSS), open file descriptors (/proc/self/fd),
 asyncio tasks, threads and executor workers. After --warmup-s, the first window of samples
@@ -50,6 +52,7 @@ import zmq
 from pipeline import wire
 from pipeline.assets import asset_path
 from pipeline.config import load_config
+from pipeline.entry import configure_process
 from pipeline.graph import Pipeline
 
 CAMERAS = {
@@ -122,6 +125,7 @@ def config_text(path: str, endpoint: str, work_dir: Path) -> str:
         synthetic = true
         labels = ["person riding a bicycle", "person talking on a phone", "person walking"]
         [stages.sim]
+        pacing = "stand-in"  # the models' own speed: many passes, so a leak shows
         registry_dir = "{work_dir / "hwctx"}"
 
         [[stages]]
@@ -351,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-limit", type=float, default=0.05, help="allowed RSS growth (0.05 = 5%%)")
     p.add_argument("--json", metavar="FILE", help="write samples, checks and failures here")
     args = p.parse_args(argv)
+    configure_process()  # as the npucam executable does, before any thread starts
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     result = soak(args.minutes * 60, args.path, args.warmup_s, args.sample_s, args.rss_limit)
     print(f"\nsoak ({result.path} path, {result.seconds:.0f} s, warm-up {result.warmup_s:.0f} s)")

@@ -14,11 +14,12 @@ import atexit
 import contextlib
 import fcntl
 import itertools
+import math
 import os
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -87,6 +88,10 @@ class CostModel:
         return self.dispatch_s + max(flops / self.rate(kind), nbytes / self.bytes_per_s)
 
 
+# The cost of a stand-in's own dispatches inside SimDevice.paced: none (the pass is charged).
+FREE = CostModel((), math.inf, math.inf, 0.0, 0.0, 0.0)
+
+
 @dataclass
 class SimFaults:
     """Fault injection. error_kernels: kernel keys whose runs end in ERT_CMD_STATE_ERROR;
@@ -116,7 +121,8 @@ class SimKernelTime:
 
 @dataclass
 class SimTime:
-    """Simulated device time ("sim"): device_time_s = dispatches + creations + switches."""
+    """Simulated device time ("sim"): device_time_s = dispatches + creations + switches +
+    paced passes (SimDevice.paced: the modelled time of the real model a stand-in replaces)."""
 
     device_time_s: float = 0.0
     dispatch_s: float = 0.0
@@ -124,13 +130,16 @@ class SimTime:
     ctx_switch_s: float = 0.0
     creations: int = 0
     switches: int = 0
+    paced_s: float = 0.0
+    paced_passes: int = 0
     kernels: dict[str, SimKernelTime] = field(default_factory=dict)
 
     def line(self) -> str:
         return (
             f"[sim] device_time={self.device_time_s:.6f}s (simulated: dispatch="
             f"{self.dispatch_s:.6f}s create={self.ctx_create_s:.6f}s x{self.creations}"
-            f" switch={self.ctx_switch_s:.6f}s x{self.switches})"
+            f" switch={self.ctx_switch_s:.6f}s x{self.switches}"
+            f" paced={self.paced_s:.6f}s x{self.paced_passes})"
         )
 
 
@@ -857,6 +866,28 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
         if parked.ctx is not None:
             self._slots.discard(parked.ctx)
             self.registry.release(parked.ctx)
+
+    @contextlib.contextmanager
+    def paced(self, seconds: float) -> Iterator[None]:
+        """A pass that takes `seconds` of modelled device time (the real model's, which the
+        dispatches made inside stand in for: they cost none). The device clock runs from the
+        pass's start, or the end of the work before it; with `sleep` the block returns no
+        earlier than that, sleeping without the GIL. A pass that raises is not charged."""
+        with self._lock:
+            start = max(time.perf_counter(), self._busy_until)
+            saved, self.cost = self.cost, FREE
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.cost = saved
+        with self._lock:
+            self._busy_until = start + seconds
+            self.sim.paced_s += seconds
+            self.sim.paced_passes += 1
+            self.sim.device_time_s += seconds
+        if self.sleep:
+            time.sleep(max(0.0, start + seconds - time.perf_counter()))
 
     def _shutdown(self) -> None:
         self._release_slots()

@@ -1,5 +1,5 @@
-"""`python -m pipeline` is the npucam CLI."""
+"""`python -m pipeline` is the npucam executable (pipeline/entry.py)."""
 
-from pipeline.cli import main
+from pipeline.entry import main
 
 raise SystemExit(main())

@@ -15,6 +15,11 @@ import os
 import sys
 from importlib.metadata import entry_points
 
+# One BLAS thread per calling thread: the pipeline already runs its numpy work in several
+# threads (detect, the device thread, host glue, dark), and OpenBLAS's own spinning threads
+# on a busy machine made a 50 ms simulated pass take 1.7 s (measured; set before numpy loads).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from pipeline.errors import NpucamError
 
 COMMAND_GROUP = "npucam.commands"  # entry points: name = "module" (pyproject.toml)

@@ -19,9 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pipeline import security, wire
+from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
+from pipeline.jpeg import jpeg_size
 
 log = logging.getLogger(__name__)
+
+# The largest message part `subscribe` takes from a publisher (ZMQ_MAXMSGSIZE); npucam's
+# largest are preview JPEGs of a few hundred KB.
+SUBSCRIBE_MAX_MESSAGE_BYTES = 64 << 20
 
 
 def register(subparsers) -> None:
@@ -68,6 +74,22 @@ def register(subparsers) -> None:
         metavar="FILE",
         help="CURVE: this subscriber's key pair (NAME.key_secret, mode 0600), whose public "
         "key the publisher's authorized_clients lists; needs --server-key",
+    )
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        metavar="N",
+        help="do not decode a preview JPEG whose header claims more pixels "
+        f"(default {DEFAULT_MAX_PIXELS})",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=SUBSCRIBE_MAX_MESSAGE_BYTES,
+        metavar="N",
+        help="drop the connection of a publisher that sends a larger message part "
+        f"(ZMQ_MAXMSGSIZE; default {SUBSCRIBE_MAX_MESSAGE_BYTES})",
     )
     p.set_defaults(func=cmd_subscribe)
 
@@ -134,15 +156,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def summarise(array: np.ndarray, desc: dict) -> dict:
-    """A JSON-sized view of one binary part: dtype, shape, and its values or their range."""
+def summarise(array: np.ndarray, desc: dict, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
+    """A JSON-sized view of one binary part: dtype, shape, and its values or their range; a
+    JPEG is decoded only if its SOF segment claims at most max_pixels (else `refused`)."""
     out = {"dtype": desc["dtype"], "shape": desc["shape"]}
     if desc.get("encoding") == "jpeg":
         import cv2
 
-        image = cv2.imdecode(array, cv2.IMREAD_COLOR)
         out["encoding"] = "jpeg"
         out["bytes"] = int(array.size)
+        size = jpeg_size(array.tobytes())
+        if size is not None and size[0] * size[1] > max_pixels:
+            out["refused"] = (
+                f"JPEG claims {size[0]}x{size[1]} pixels, over the limit of {max_pixels} "
+                "(--max-pixels)"
+            )
+            return out
+        image = None if size is None else cv2.imdecode(array, cv2.IMREAD_COLOR)
         out["decoded"] = list(image.shape) if image is not None else "undecodable"
     elif array.size <= 16:
         out["values"] = array.tolist()
@@ -153,11 +183,11 @@ def summarise(array: np.ndarray, desc: dict) -> dict:
     return out
 
 
-def describe(msg: wire.Message) -> dict:
+def describe(msg: wire.Message, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """The JSON line subscribe prints for one message."""
     header = {k: v for k, v in msg.header.items() if k != "parts"}
     parts = {
-        desc["name"]: summarise(msg.arrays[desc["name"]], desc)
+        desc["name"]: summarise(msg.arrays[desc["name"]], desc, max_pixels)
         for desc in msg.header.get("parts", [])
     }
     return {"topic": msg.topic, **header, "parts": parts}
@@ -181,6 +211,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, args.max_message_bytes)
     sock.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
     try:
         security.SocketSecurity(ctx, curve, "subscribe").connect(sock, args.endpoint)
@@ -188,7 +219,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         sock.close()
         ctx.term()
         raise NpucamError(f"subscribe: cannot connect to {args.endpoint}: {exc}") from None
-    received = 0
+    received = bad = 0
     timeout_ms = None if args.timeout is None else int(args.timeout * 1000)
     try:
         while args.count is None or received < args.count:
@@ -197,11 +228,21 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
                 return 1
             parts = sock.recv_multipart()
             try:
-                line = describe(wire.decode(parts))
-            except wire.WireError as exc:
+                line = describe(wire.decode(parts), args.max_pixels)
+                text = json.dumps(line, separators=(",", ":"))
+            except (wire.WireError, ValueError, TypeError) as exc:
+                bad += 1
                 print(f"npucam: skipped malformed message: {exc}", file=sys.stderr)
                 continue
-            print(json.dumps(line, separators=(",", ":")), flush=True)
+            refused = [n for n, part in line["parts"].items() if "refused" in part]
+            if refused:
+                bad += 1
+                print(
+                    f"npucam: {line['topic']} seq {line.get('seq')}: not decoded: "
+                    + "; ".join(f"{n}: {line['parts'][n]['refused']}" for n in refused),
+                    file=sys.stderr,
+                )
+            print(text, flush=True)
             received += 1
     except KeyboardInterrupt:
         pass
@@ -210,4 +251,6 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     finally:
         sock.close()
         ctx.term()
+        if bad and not sys.stderr.closed:
+            print(f"npucam: {bad} malformed message(s)", file=sys.stderr)
     return 0

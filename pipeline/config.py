@@ -54,6 +54,11 @@ class SecuritySection(_Strict):
     authorized_clients: str | None = Field(None, min_length=1)  # dir of *.key files, or one
 
 
+# The largest frame a `zmq:` camera accepts by default (4K UHD): a peer's frame header and JPEG
+# cannot make the receiver decode anything bigger (stages/frame_wire.py).
+DEFAULT_MAX_PIXELS = 3840 * 2160
+
+
 class CameraConfig(_Strict):
     """One [[cameras]] entry; stages.capture turns it into a stages.sources.CameraSpec."""
 
@@ -69,6 +74,7 @@ class CameraConfig(_Strict):
     end: Literal["stop", "reconnect"] | None = None
     security: SecuritySection | None = None  # zmq: cameras: overrides of [security]
     max_clock_skew_ms: float = Field(10_000.0, gt=0)  # zmq: cameras: trust of the sender's clock
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1, le=16384 * 16384)  # zmq: frames
 
 
 class StageConfig(BaseModel):

@@ -97,6 +97,7 @@ class Metrics:
         self.queue_depth: dict[str, Callable[[], int]] = {}
         self.cameras: dict[str, Callable[[], dict]] = {}
         self.gauges: dict[str, Gauges] = {}
+        self.info: dict[str, dict[str, str]] = {}
         self._bad_gauges: set[tuple[str, str]] = set()  # (stage, repr(name)) warned
 
     def count_in(self, stage: str, camera: str, n: int = 1) -> None:
@@ -150,6 +151,13 @@ class Metrics:
         if not stage:
             raise MetricsError("add_gauges: the stage name is empty")
         self.gauges[stage] = gauges
+
+    def add_info(self, stage: str, info: dict[str, str]) -> None:
+        """Report facts about `stage` that are not numbers (the infer stage: backend and
+        pacing) in snapshots, under stages.<stage>.info; registering again replaces them."""
+        if not stage:
+            raise MetricsError("add_info: the stage name is empty")
+        self.info[stage] = {str(k): str(v) for k, v in info.items()}
 
     def gauge_values(self, stage: str) -> dict[str, float]:
         """The current gauges of `stage` ({} if none); a failing or malformed gauge source is
@@ -221,6 +229,8 @@ class Metrics:
             depths = dict(self.queue_depth)
             cameras = dict(self.cameras)
             gauged = list(self.gauges)
+            for stage, info in self.info.items():
+                entry(stage)["info"] = dict(info)
         for stage, depth in depths.items():
             entry(stage)["queue_depth"] = depth()
         for stage in gauged:

@@ -4,8 +4,12 @@
   dropped (reason queue_full) so the newest gets in; live cameras: latency stays bounded,
   the latest frame wins, and a fast camera cannot crowd a slow one out of a shared queue.
 - `block`: the producer waits for room; files and offline runs: nothing is lost.
-- `latest`: at most one waiting item per camera; a newer item replaces the waiting one
-  (queue_full); a stage that only ever wants the current frame of each camera.
+- `latest`: one waiting item per camera, the newest: a newer item replaces the waiting one
+  (queue_full) in its place in line; a stage that only ever wants the current frame of each
+  camera. The line is ordered by when each camera was last served (never served first, ties
+  by arrival), so the consumer goes round the cameras. It holds one item per camera whatever
+  `size` says: a slot per camera is what round-robin needs (with fewer, the camera whose
+  frame arrives first after the consumer catches up is served out of turn every time).
 
 The consumer side drops items past their deadline (reason stale) instead of handing them
 on, counts items in per (stage, camera) and records the time each item waited.
@@ -86,6 +90,8 @@ class BoundedQueue:
         self._putters: deque[asyncio.Future] = deque()
         self._closed = False
         self._producers = 0
+        self._served: dict[str, int] = {}  # latest: camera -> the get() count when last served
+        self._gets = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -133,23 +139,36 @@ class BoundedQueue:
         return self.put_nowait(item)
 
     def put_nowait(self, item: Any) -> bool:
-        """Add an item without waiting: full `drop_oldest`/`latest` queues drop to make room;
-        a full `block` queue refuses (False, counted queue_full)."""
+        """Add an item without waiting: a full `drop_oldest` queue drops to make room, `latest`
+        replaces the camera's waiting item; a full `block` queue refuses (False, counted
+        queue_full)."""
         if self._closed:
             return False
         if self.policy is Policy.LATEST:
-            cam = camera_of(item)
-            for i, (old, _) in enumerate(self._items):
-                if camera_of(old) == cam:
-                    del self._items[i]
-                    self.metrics.drop(self.stage, cam, "queue_full")
-                    break
+            return self._put_latest(item)
         if len(self._items) >= self.size:
             if self.policy is Policy.BLOCK:
                 self.metrics.drop(self.stage, camera_of(item), "queue_full")
                 return False
             self._drop_oldest_of_busiest_camera()
         self._items.append((item, time.perf_counter()))
+        _wake_one(self._getters)
+        return True
+
+    def _put_latest(self, item: Any) -> bool:
+        # Replacing in place keeps the camera's turn: moving it to the back starved cameras
+        # whose frames arrive just before each get.
+        cam = camera_of(item)
+        for i, (old, _) in enumerate(self._items):
+            if camera_of(old) == cam:
+                self._items[i] = (item, time.perf_counter())
+                self.metrics.drop(self.stage, cam, "queue_full")
+                return True
+        turn = self._served.get(cam, -1)
+        at = len(self._items)
+        while at and self._served.get(camera_of(self._items[at - 1][0]), -1) > turn:
+            at -= 1
+        self._items.insert(at, (item, time.perf_counter()))
         _wake_one(self._getters)
         return True
 
@@ -233,6 +252,9 @@ class BoundedQueue:
             item, put_at = self._items.popleft()
             _wake_one(self._putters)
             cam = camera_of(item)
+            if self.policy is Policy.LATEST:
+                self._served[cam] = self._gets
+                self._gets += 1
             self.metrics.took(self.stage, cam, time.perf_counter() - put_at)
             if self.drop_stale and now_ns() > getattr(item, "deadline_ns", 1 << 63):
                 self.metrics.drop(self.stage, cam, "stale")

@@ -5,7 +5,8 @@ The header carries the schema version `v`, `kind`, `camera`, `seq`, `capture_ts`
 since ns integers exceed the 2^53 a JSON reader with doubles holds exactly), `backend`,
 `model`, `synthetic`, kind-specific fields, and `parts`: one descriptor per binary part with
 its name, dtype, shape and byte order, so a subscriber in any language can rebuild each array
-without knowing npucam.
+without knowing npucam. decode() reads a header only within HEADER_LIMITS
+(pipeline/bounded_json.py) and raises only WireError.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.bounded_json import JsonLimitError, JsonLimits, loads
 from pipeline.errors import NpucamError
 from pipeline.messages import Result
 
@@ -37,6 +39,9 @@ TIMESTAMP_FIELDS = ("capture_ts", "publish_ts")  # ns integers, each also sent a
 DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "uint32", "int64", "float32", "float64")
 # Encoded images (preview JPEGs) travel as uint8 [nbytes] with "encoding": "jpeg".
 ENCODINGS = ("jpeg",)
+# What a subscriber parses of a header: far above any header npucam sends (a `stats` header of
+# 64 cameras is ~100 KB, nested ~6 deep; integers are ns timestamps and counts).
+HEADER_LIMITS = JsonLimits(max_bytes=16 << 20, max_depth=32, max_string=1 << 20, max_int_digits=40)
 
 
 class WireError(NpucamError):
@@ -125,9 +130,9 @@ def decode(parts: Sequence[bytes]) -> Message:
     except UnicodeDecodeError as exc:
         raise WireError(f"topic is not UTF-8: {exc}") from None
     try:
-        header = json.loads(bytes(parts[1]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"{topic}: header is not JSON: {exc}") from None
+        header = loads(bytes(parts[1]), HEADER_LIMITS)
+    except JsonLimitError as exc:
+        raise WireError(f"{topic}: header: {exc}") from None
     if not isinstance(header, dict):
         raise WireError(f"{topic}: header is not a JSON object")
     missing = [k for k in COMMON_FIELDS if k not in header]

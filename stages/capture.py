@@ -5,7 +5,11 @@ Readers timestamp, number and pace frames (stages/sources.py); this stage turns 
 into CameraSpecs, hands every frame to the outbox from the reader's thread (waiting only for
 `block` inboxes, and never once the pipeline is stopping), reports each camera's stats
 (fps, health, reconnects...) to the metrics, and ends when every camera has ended or the
-runner calls stop(). One camera failing never stops the others.
+runner calls stop(). One camera failing never stops the others. A frame grabbed that no inbox
+takes (the pipeline is stopping, or its queue closed) is counted in the camera's `refused`,
+so a camera's `frames` are this stage's `out` for it plus `refused`. A camera whose source
+never opened is an error naming the camera and its source; when no camera ever opened, the
+stage fails (CaptureError: `npucam run` exits 1).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from pipeline import assets, security
 from pipeline.config import CameraConfig, Config
+from pipeline.errors import NpucamError
 from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
@@ -30,6 +35,10 @@ log = logging.getLogger(__name__)
 # How often the stage looks whether every camera has ended; readers have no end callback.
 END_POLL_S = 0.2
 READER_STOP_TIMEOUT_S = 2.0
+
+
+class CaptureError(NpucamError):
+    """No camera of the stage could ever be opened; the text names each and why."""
 
 
 class CaptureOptions(StageOptions):
@@ -53,6 +62,7 @@ def camera_spec(camera: CameraConfig, config: Config, curve: Curve | None = None
         end=camera.end,
         curve=curve,
         max_clock_skew_ms=camera.max_clock_skew_ms,
+        max_pixels=camera.max_pixels,
     )
 
 
@@ -104,6 +114,8 @@ class Capture(Stage):
                 problems.append(f"cameras[{i}].url: {missing}")
             if spec.kind != "zmq" and cam.security is not None:
                 problems.append(f"cameras[{i}].security: only zmq: cameras open a socket to secure")
+            if spec.kind != "zmq" and "max_pixels" in cam.model_fields_set:
+                problems.append(f"cameras[{i}].max_pixels: only zmq: cameras check frame sizes")
             if spec.kind == "zmq":
                 problems.extend(
                     security.check_curve(
@@ -139,6 +151,7 @@ class Capture(Stage):
             while not self._stop_requested.is_set():
                 if all(r.health == "ended" for r in self.readers.values()):
                     log.info("capture %s: every camera has ended", self.name)
+                    self._check_opened()
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), END_POLL_S)
@@ -146,12 +159,30 @@ class Capture(Stage):
             self._stopping.set()
             await asyncio.to_thread(self._stop_readers)
 
+    def _check_opened(self) -> None:
+        never = {n: r for n, r in self.readers.items() if not r.opened}
+        for name, reader in never.items():
+            log.error(
+                "capture %s: camera %s never opened %s: %s",
+                self.name,
+                name,
+                redact(reader.spec.url),
+                reader.stats()["last_error"],
+            )
+        if never and len(never) == len(self.readers):
+            raise CaptureError(
+                f"capture {self.name}: no camera could be opened: "
+                + "; ".join(
+                    f"{n} ({redact(r.spec.url)}): {r.stats()['last_error']}"
+                    for n, r in never.items()
+                )
+            )
+
     def _emitter(self, out: Outbox):
         stopping = self._stopping.is_set
 
-        def emit(frame: Frame) -> None:
-            if not stopping():
-                out.send_threadsafe(frame, give_up=stopping)
+        def emit(frame: Frame) -> bool:
+            return not stopping() and out.send_threadsafe(frame, give_up=stopping)
 
         return emit
 

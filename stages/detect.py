@@ -101,6 +101,20 @@ class DetectOptions(StageOptions):
     clip_max_per_frame: int = Field(4, ge=1)
 
 
+def person_tracker(t: TrackerOptions, camera: str) -> PersonTracker:
+    """A PersonTracker with the detect stage's tracker options (also npucam plan's)."""
+    return PersonTracker(
+        camera,
+        high_score=t.high_score,
+        low_score=t.low_score,
+        new_track_score=t.new_track_score,
+        match_iou=t.match_iou,
+        low_match_iou=t.low_match_iou,
+        lost_buffer_s=t.lost_buffer_s,
+        max_tracks=t.max_tracks,
+    )
+
+
 def _xywh_to_xyxy(boxes: np.ndarray) -> np.ndarray:
     b = np.asarray(boxes, np.float32).reshape(-1, 4)
     return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
@@ -280,17 +294,7 @@ class Detect(Stage):
             self.receiver = None
 
     def _tracker(self, camera: str) -> PersonTracker:
-        t = self.options.tracker
-        return PersonTracker(
-            camera,
-            high_score=t.high_score,
-            low_score=t.low_score,
-            new_track_score=t.new_track_score,
-            match_iou=t.match_iou,
-            low_match_iou=t.low_match_iou,
-            lost_buffer_s=t.lost_buffer_s,
-            max_tracks=t.max_tracks,
-        )
+        return person_tracker(self.options.tracker, camera)
 
     def camera_tracks(self, camera: str) -> CameraTracks:
         tracks = self.tracks.get(camera)

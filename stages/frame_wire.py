@@ -17,7 +17,9 @@ A frame travels as one ZeroMQ multipart message of exactly two parts:
    | `dtype`         | string    | `"uint8"`                                                  |
 
    Booleans are not integers here. Unknown fields are ignored, so a later version can add
-   fields without breaking version-1 readers.
+   fields without breaking version-1 readers. Limits (HEADER_LIMITS), checked before the
+   JSON is parsed: at most 8 KiB, nested at most 4 deep, no string over 1024 bytes as written
+   (encode_frame shortens `camera` and `source` to fit), no number over 20 digits.
 
 2. payload: the image.
    - `raw`: the H*W*3 bytes of a C-contiguous uint8 [H, W, 3] array, row-major, no padding,
@@ -28,14 +30,17 @@ A frame travels as one ZeroMQ multipart message of exactly two parts:
 
 Sockets: the sender PUSHes from a socket with a bounded SNDHWM (stages.publish's zmq_push
 binds by default); a `zmq:tcp://HOST:PORT` camera (stages.sources) connects a PULL socket
-with RCVHWM 4 and MAXMSGSIZE = the largest raw frame + 64 KiB, so a slow receiver makes the
+with RCVHWM 4 and MAXMSGSIZE = its max_pixels x 3 + 64 KiB, so a slow receiver makes the
 sender's PUSH hit its high-water mark instead of queueing old frames. There is no topic
 part: PUSH/PULL is point to point, and every frame on one endpoint belongs to the camera
 that PULLs it (seq and capture_ts_ns are kept there, stages/sources.py). With `[security]` both
 ends run CURVE (pipeline.security); the message format is the same.
 
 decode_frame checks every field and the payload against the header and raises FrameWireError
-naming what is wrong; it raises nothing else, whatever the input bytes.
+naming what is wrong; it raises nothing else, whatever the input bytes. A frame of more than
+max_pixels (the camera's `max_pixels`) is refused from its header, and a JPEG whose SOF
+segment does not give the header's size is refused before it is decoded, so no message makes
+the receiver allocate more than max_pixels * 3 bytes for its image.
 """
 
 from __future__ import annotations
@@ -45,15 +50,16 @@ import json
 import cv2
 import numpy as np
 
+from pipeline.bounded_json import JsonLimitError, JsonLimits, loads
+from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
+from pipeline.jpeg import jpeg_size
 from pipeline.messages import Frame
 
 WIRE_VERSION = 1
 ENCODINGS = ("jpeg", "raw")
 MAX_SIDE = 16384
-
-# SOFn markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range.
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+HEADER_LIMITS = JsonLimits(max_bytes=8192, max_depth=4, max_string=1024, max_int_digits=20)
 
 
 class FrameWireError(NpucamError):
@@ -87,11 +93,11 @@ def encode_frame(frame: Frame, fmt: str = "jpeg", quality: int = 90) -> list[byt
         raise FrameWireError(f"frame encoding must be one of {ENCODINGS}, got {fmt!r}")
     header = {
         "v": WIRE_VERSION,
-        "camera": frame.camera,
+        "camera": _fit(frame.camera),
         "seq": int(frame.seq),
         "capture_ts_ns": int(frame.capture_ts_ns),
         "deadline_ns": int(frame.deadline_ns),
-        "source": frame.source,
+        "source": _fit(frame.source),
         "encoding": fmt,
         "shape": [h, w, 3],
         "dtype": "uint8",
@@ -99,8 +105,17 @@ def encode_frame(frame: Frame, fmt: str = "jpeg", quality: int = 90) -> list[byt
     return [json.dumps(header, separators=(",", ":")).encode(), payload]
 
 
-def decode_frame(parts: list[bytes]) -> Frame:
-    """The Frame a [header, payload] message carries; FrameWireError for any malformed input."""
+def _fit(text: str) -> str:
+    """text shortened until its JSON literal fits HEADER_LIMITS.max_string."""
+    limit = HEADER_LIMITS.max_string
+    while (n := len(json.dumps(text)) - 2) > limit:
+        text = text[: min(len(text) - 1, len(text) * limit // n)]
+    return text
+
+
+def decode_frame(parts: list[bytes], max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:
+    """The Frame a [header, payload] message carries; FrameWireError for any malformed input,
+    or for a frame of more than max_pixels."""
     if not isinstance(parts, (list, tuple)) or len(parts) != 2:
         n = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
         raise FrameWireError(f"frame message must have 2 parts (header, payload), got {n}")
@@ -108,9 +123,9 @@ def decode_frame(parts: list[bytes]) -> Frame:
         raise FrameWireError("frame message parts must be bytes")
     raw_header, payload = bytes(parts[0]), bytes(parts[1])
     try:
-        header = json.loads(raw_header.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise FrameWireError(f"frame header is not UTF-8 JSON: {exc}") from None
+        header = loads(raw_header, HEADER_LIMITS)
+    except JsonLimitError as exc:
+        raise FrameWireError(f"frame header: {exc}") from None
     if not isinstance(header, dict):
         raise FrameWireError(f"frame header must be a JSON object, got {type(header).__name__}")
 
@@ -143,6 +158,11 @@ def decode_frame(parts: list[bytes]) -> Frame:
             f"frame header shape: expected [H, W, 3] with 1 <= H, W <= {MAX_SIDE}, got {shape!r}"
         )
     h, w = shape[0], shape[1]
+    if h * w > max_pixels:
+        raise FrameWireError(
+            f"camera {camera!r} seq {seq}: frame header shape {h}x{w} is {h * w} pixels, over "
+            f"the limit of {max_pixels} (max_pixels)"
+        )
 
     if encoding == "raw":
         if len(payload) != h * w * 3:
@@ -167,41 +187,10 @@ def _field(header: dict, key: str, kind: type):
     return value
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(height, width) from the first SOF segment of a JPEG, None if there is none."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length field
-            i += 2
-            continue
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        if length < 2:
-            return None
-        if marker in _SOF_MARKERS:
-            if i + 9 > len(data):
-                return None
-            return (
-                int.from_bytes(data[i + 5 : i + 7], "big"),
-                int.from_bytes(data[i + 7 : i + 9], "big"),
-            )
-        if marker == 0xDA:  # start of scan before any SOF
-            return None
-        i += 2 + length
-    return None
-
-
 def _decode_jpeg(payload: bytes, h: int, w: int, what: str) -> np.ndarray:
     # The size is read from the SOF segment first so a hostile JPEG cannot make the decoder
     # allocate a huge image the header did not announce.
-    size = _jpeg_size(payload)
+    size = jpeg_size(payload)
     if size is None:
         raise FrameWireError(f"{what}: payload is not a JPEG (no SOI/SOF marker)")
     if size != (h, w):

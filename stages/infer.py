@@ -59,7 +59,15 @@ from pipeline.files import path_kind
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from stages.jobs import Job
-from stages.runtimes import ModelOptions, Ran, Runtime, open_runtime, resolve, runtime_class
+from stages.runtimes import (
+    ModelOptions,
+    Pacing,
+    Ran,
+    Runtime,
+    open_runtime,
+    resolve,
+    runtime_class,
+)
 from stages.scheduler import Batch, BatchScheduler, ModelProfile, QueuedJob, SchedulerError
 
 log = logging.getLogger(__name__)
@@ -228,20 +236,34 @@ def _batch_name(batch: Batch) -> str:
     return f"{batch.model} batch {batch.seq} ({jobs})"
 
 
+PACING_TEXT = {
+    "npu2": "each pass takes the modelled NPU2 time of the released model it is or stands "
+    "in for; docs/device.md",
+    "stand-in": "each pass takes the modelled time of its own dispatches, not NPU2's",
+    "none": "no waiting: passes run as fast as the host computes them",
+}
 SECOND_WARM_UP_S = 5.0  # a first pass shorter than this is followed by the measured one
 
 
 def _measured_cost(rt: Runtime) -> float:
     """A model's initial pass cost: its first pass pays one-time work (kernel and context
-    loads, weight unpacking, caches), so when that pass is short a second one is measured."""
+    loads, weight unpacking, caches), so when that pass is short a second one is measured.
+    A pass paced as NPU2 takes its modelled time every time: one pass is enough."""
     first = rt.warm_up()
-    return rt.warm_up() if first < SECOND_WARM_UP_S else first
+    if rt.pacing.startswith("npu2") or first >= SECOND_WARM_UP_S:
+        return first
+    return rt.warm_up()
 
 
 class SimOptions(StageOptions):
-    """[stages.sim]: the simulated device (backend sim). Rates are npu.sim.CostModel's."""
+    """[stages.sim]: the simulated device (backend sim). pacing (docs/device.md §6): "npu2"
+    (each pass takes the modelled NPU2 time of the released model it is or stands in for),
+    "stand-in" (the model's own dispatches at the rates below, npu.sim.CostModel's) or
+    "none" (no waiting); pace_as: model -> the released variant to pace it as (e.g.
+    adaface = "ir18"; default the bundle's, or the synthetic model's stands_in_for)."""
 
-    sleep: bool = True  # wait out the modelled device time (wall clock ~ device clock)
+    pacing: Literal["npu2", "stand-in", "none"] = "npu2"
+    pace_as: dict[str, str] = {}
     gemm_flops_per_s: float = Field(1.6e12, gt=0)
     mha_flops_per_s: float = Field(1.2e12, gt=0)
     default_flops_per_s: float = Field(1.0e12, gt=0)
@@ -333,7 +355,7 @@ def open_stage_device(options: InferOptions, base_dir: Path) -> Any:
     return open_device(
         "sim",
         cost=cost,
-        sleep=s.sleep,
+        sleep=s.pacing != "none",
         registry_dir=resolve(base_dir, s.registry_dir),
         hwctx_limit=s.hwctx_limit,
     )
@@ -385,6 +407,11 @@ class Infer(Stage):
                 + ", ".join(f"[stages.{m}]" for m in models.names())
                 + ")"
             )
+        for m, variant in options.sim.pace_as.items():
+            try:
+                models.npu2_work(m, variant)
+            except (models.ModelLoadError, KeyError) as exc:
+                problems.append(f"stages[{index}].sim.pace_as.{m}: {exc}")
         key = "checkpoint" if options.backend == "cpu" else "bundle"
         for m in enabled:
             mo = options.model(m)
@@ -413,6 +440,14 @@ class Infer(Stage):
         """Open the device, load every enabled model, measure a warm-up pass of each."""
         opts = self.options
         self.device = open_stage_device(opts, self.base_dir)
+        pacing = Pacing(opts.sim.pacing, dict(opts.sim.pace_as))
+        if opts.backend == "sim":
+            log.info(
+                "stage %s: sim device, pacing %s (%s)",
+                self.name,
+                pacing.mode,
+                PACING_TEXT[pacing.mode],
+            )
         profiles = []
         for name in opts.enabled():
             mo = opts.model(name)
@@ -424,6 +459,7 @@ class Infer(Stage):
                 options=mo,
                 base_dir=self.base_dir,
                 synthetic_cache=resolve(self.base_dir, opts.synthetic_cache),
+                pacing=pacing,
             )
             self.runtimes[name] = rt
             job_type = rt.job_type
@@ -435,11 +471,12 @@ class Infer(Stage):
             self._model_of[job_type] = name
             cost = mo.cost_s if mo.cost_s is not None else max(_measured_cost(rt), 1e-4)
             log.info(
-                "stage %s: %s on %s: model %s%s, export batch %d, %d contexts, "
+                "stage %s: %s on %s%s: model %s%s, export batch %d, %d contexts, "
                 "pass cost %.4f s (%s)",
                 self.name,
                 name,
                 opts.backend,
+                f" (paced {rt.pacing})" if rt.pacing else "",
                 rt.model_id,
                 " (SYNTHETIC weights)" if rt.synthetic else "",
                 rt.batch_size,
@@ -508,9 +545,13 @@ class Infer(Stage):
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
             )
             self.metrics.add_gauges(self.name, self.device_gauges)
-            for model in self.runtimes:
+            self.metrics.add_info(self.name, self.device_info())
+            for model, rt in self.runtimes.items():
                 self.metrics.add_gauges(
                     f"{self.name}/{model}", functools.partial(self.model_gauges, model)
+                )
+                self.metrics.add_info(
+                    f"{self.name}/{model}", {"model": rt.model_id, "pacing": rt.pacing}
                 )
             feeder = asyncio.create_task(self._feed(inbox))
             await self._serve(out, feeder)
@@ -777,7 +818,7 @@ class Infer(Stage):
         docs/scheduler.md, plus per model its backend, model id, synthetic flag and errors)."""
         assert self.scheduler is not None
         snap = self.scheduler.stats.snapshot(now_ns())
-        snap["backend"] = self.options.backend
+        snap.update(self.device_info())
         snap["close_errors"] = self.close_errors
         snap["runtimes"] = {
             name: {
@@ -789,6 +830,7 @@ class Infer(Stage):
                 "errors": self.errors[name],
                 "device_timeouts": self.timeouts[name],
                 "last_error": self.last_error.get(name),
+                "pacing": rt.pacing,
             }
             for name, rt in self.runtimes.items()
         }
@@ -807,6 +849,13 @@ class Infer(Stage):
             if sim is not None:
                 snap["device"]["sim_device_time_s"] = sim.device_time_s
         return snap
+
+    def device_info(self) -> dict[str, str]:
+        """The stage's backend and, on sim, its pacing (the `info` of its stats entry)."""
+        info = {"backend": self.options.backend}
+        if self.options.backend == "sim":
+            info["pacing"] = self.options.sim.pacing
+        return info
 
     def device_gauges(self) -> dict[str, float]:
         """The stage's device-wide gauges (the `<stage>` entry of pipeline.metrics): busy

@@ -8,10 +8,14 @@ zmq.Again and is counted as a `queue_full` drop of that camera.
 
 XPUB, unlike PUB, hands every subscribe/unsubscribe to the application, and libzmq holds
 them in an unbounded queue until read: publish reads them while it waits for subscribers and
-then drains them every SUBSCRIPTION_DRAIN_S for as long as it runs, so subscribers that come
-and go cost no memory. Subscriptions that match `meta` get the meta message after each read
-(a last-value cache: every new subscriber receives it, stages.meta); those matching
-`preview/<camera>` turn that camera's preview on (stages.preview).
+then drains them after every send and every SUBSCRIPTION_DRAIN_S for as long as it runs, so
+subscribers that come and go cost no memory. Reading them is also where the subscription
+limits are enforced (stages/subscriptions.py: a peer over max_subscription_bytes,
+max_subscriptions_per_peer or max_subscriptions is disconnected), where subscriptions that
+match `meta` get the meta message (a last-value cache: every new subscriber receives it,
+stages.meta) and where those matching `preview/<camera>` turn that camera's preview on
+(stages.preview). Without `[security]` any process that reaches the port can subscribe
+(docs/security.md).
 
 With `[security]` (or a stage's `security` table) both sockets run CURVE through
 pipeline.security: a binding socket admits only the allow-listed client keys, a connecting
@@ -39,6 +43,7 @@ from pipeline.messages import Detections, Frame, Result, now_ns
 from pipeline.queues import BoundedQueue, camera_of
 from stages import meta, preview
 from stages.frame_wire import encode_frame
+from stages.subscriptions import SubscriptionGuard, SubscriptionLimits
 
 log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
@@ -63,6 +68,15 @@ class PublishOptions(StageOptions):
     # inbox backs up meanwhile, by its policy. 0 publishes from the start.
     wait_for_subscribers: int = Field(0, ge=0)
     security: SecuritySection | None = None  # this socket's overrides of [security]
+    # A peer that sends a longer subscription, holds more, or takes all peers' subscriptions
+    # over max_subscriptions is disconnected (stages/subscriptions.py).
+    max_subscription_bytes: int = Field(64, ge=1, le=1 << 20)
+    max_subscriptions_per_peer: int = Field(64, ge=1)
+    max_subscriptions: int = Field(512, ge=1)
+
+
+# The longest topic prefix before a camera name: "preview/".
+TOPIC_PREFIX_BYTES = len("preview/")
 
 
 class Publish(Stage):
@@ -88,21 +102,36 @@ class Publish(Stage):
         self._meta: list | None = None
         self._meta_due = False  # a subscription matching `meta` arrived since the last send
         self._plain: zmq.Socket | None = None
+        self.subscriptions: SubscriptionGuard | None = None
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
-        return security.check_stage(cls, config, index, bind=True)
+        problems = security.check_stage(cls, config, index, bind=True)
+        limit = config.stages[index].options.get("max_subscription_bytes", 64)
+        for i, cam in enumerate(config.cameras if type(limit) is int else []):
+            if TOPIC_PREFIX_BYTES + len(cam.name.encode()) > limit:
+                problems.append(
+                    f"cameras[{i}].name: topic preview/{cam.name} is longer than "
+                    f"stages[{index}].max_subscription_bytes ({limit}): no subscriber could "
+                    "subscribe to it"
+                )
+        return problems
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         curve = security.stage_curve(self, bind=True)
         ctx = zmq.asyncio.Context()
         self.guard = guard = security.SocketSecurity(ctx, curve, f"publish {self.name}")
+        limits = SubscriptionLimits(
+            self.options.max_subscription_bytes,
+            self.options.max_subscriptions_per_peer,
+            self.options.max_subscriptions,
+        )
+        self.subscriptions = subscriptions = SubscriptionGuard(limits, self.name)
         # XPUB sends exactly as PUB does and also reports subscriptions (wait_for_subscribers).
         sock = ctx.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
-        # every subscribe and unsubscribe, even of a topic another subscriber has
-        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        subscriptions.configure(sock)
         try:
             guard.bind(sock, self.options.bind)
         except zmq.ZMQError as exc:
@@ -113,11 +142,17 @@ class Publish(Stage):
                 f"publish {self.name}: cannot bind {self.options.bind}: {exc}"
             ) from None
         self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.bound.set()
-        log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
         # A NOBLOCK send or recv never waits, so it goes through a plain (synchronous) view of
         # the socket: no Future per message.
         self._plain = plain = zmq.Socket.shadow(sock.underlying)
+        monitor_at = f"inproc://npucam-publish-{id(self):x}-monitor"
+        sock.monitor(monitor_at, zmq.EVENT_DISCONNECTED)
+        monitor = ctx.socket(zmq.PAIR)
+        monitor.connect(monitor_at)
+        subscriptions.attach(plain, zmq.Socket.shadow(monitor.underlying), self.endpoint)
+        self.metrics.add_gauges(self.name, subscriptions.gauges)
+        self.bound.set()
+        log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
         send = plain.send_multipart
         self._meta = self._meta_message()
         self._warn_if_no_previews()
@@ -127,7 +162,7 @@ class Publish(Stage):
             tasks.append(asyncio.create_task(self._publish_stats_every(sock, interval)))
         try:
             await self._await_subscribers(sock, inbox)
-            tasks.append(asyncio.create_task(self._drain_subscriptions(plain)))
+            tasks.append(asyncio.create_task(self._drain_subscriptions()))
             async for item in inbox:
                 start = time.perf_counter()
                 try:
@@ -145,11 +180,16 @@ class Publish(Stage):
                     self.item_failed(item)
                 else:
                     self.metrics.did(self.name, camera_of(item), time.perf_counter() - start)
+                # A send lets libzmq take in subscriptions; the limits are checked right away.
+                self._read_subscriptions()
         finally:
             for task in tasks:
                 task.cancel()
             if self.options.stats:
                 await self._send_stats(sock)  # the final numbers, after the drain
+            sock.disable_monitor()
+            subscriptions.close()
+            monitor.close(0)
             sock.close(self.options.linger_ms)
             await asyncio.to_thread(_term, ctx, guard)
 
@@ -158,27 +198,31 @@ class Publish(Stage):
         seen = 0
         while seen < wanted and not inbox.closed:
             if await sock.poll(100, zmq.POLLIN):  # 100 ms: notice the pipeline stopping
-                event = await sock.recv()
-                self._subscription(event)
-                self._send_meta()
-                seen += event[:1] == b"\x01"
+                read, subscribed = self._read_subscriptions()
+                seen += subscribed
         if wanted:
             log.info("publish %s: %d subscriber(s) joined", self.name, seen)
 
-    async def _drain_subscriptions(self, plain: zmq.Socket) -> None:
-        """Read and discard XPUB's subscription notifications every SUBSCRIPTION_DRAIN_S, off
-        the send path (a timer, not the socket's fd: the synchronous sends share that fd's
-        edge-triggered wakeups, which an fd watch here could miss)."""
+    async def _drain_subscriptions(self) -> None:
+        """Read XPUB's subscription notifications every SUBSCRIPTION_DRAIN_S (besides after
+        every send), enforcing the subscription limits (a timer, not the socket's fd: the
+        synchronous sends share that fd's edge-triggered wakeups, which an fd watch here could
+        miss)."""
         while True:
             await asyncio.sleep(SUBSCRIPTION_DRAIN_S)
-            with contextlib.suppress(zmq.Again):
-                while True:
-                    self._subscription(plain.recv(NOBLOCK))
-            self._send_meta()
+            self._read_subscriptions()
+
+    def _read_subscriptions(self) -> tuple[int, int]:
+        """Drain XPUB's notifications under the subscription limits, feed each to the meta
+        and preview bookkeeping, then send the meta message if one was asked for: (read,
+        subscriptions among them)."""
+        read, subscribed = self.subscriptions.drain(self._subscription)
+        self.subscription_messages += read
+        self._send_meta()
+        return read, subscribed
 
     def _subscription(self, event: bytes) -> None:
         """One XPUB notification (byte 1 subscribe / 0 unsubscribe, then the prefix)."""
-        self.subscription_messages += 1
         subscribe, prefix = event[:1] == b"\x01", event[1:]
         if self.tap is not None:
             self.tap.subscription(subscribe, prefix)

@@ -60,10 +60,11 @@ import numpy as np
 import zmq
 
 from pipeline import assets
+from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
 from pipeline.security import Curve, SocketSecurity
-from stages.frame_wire import MAX_SIDE, FrameWireError, decode_frame
+from stages.frame_wire import FrameWireError, decode_frame
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ FPS_WINDOW_S = 2.0
 MAX_FAILED_READS = 5
 MAX_WIRE_SEQ = 2**53  # a received seq must stay exact for JSON readers whose numbers are doubles
 SKEWS_LOGGED = 5  # frames re-stamped for clock skew, logged per camera; then one per 100
+LOGGED_SKIPS = 5  # bad frames / messages logged one by one before one line per 100
 
 
 class SourceError(NpucamError):
@@ -100,6 +102,9 @@ class CameraSpec:
     curve: zmq sources: the CURVE keys to connect with (pipeline.security); None is plain.
     max_clock_skew_ms: zmq sources: a received grab time further than this from the arrival
         time is the sender's clock, not the hop: the frame is re-stamped on arrival.
+    max_pixels: zmq sources: a frame of more pixels is refused (counted bad_messages) from its
+        header, before its JPEG is decoded; the socket drops a peer whose message could not
+        be such a frame (MAXMSGSIZE).
     """
 
     name: str
@@ -115,6 +120,7 @@ class CameraSpec:
     end: str | None = None
     curve: Curve | None = None
     max_clock_skew_ms: float = 10_000.0
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -144,6 +150,8 @@ class CameraSpec:
             )
         if self.end not in (None, "stop", "reconnect"):
             raise self._error(f"end must be 'stop' or 'reconnect', got {self.end!r}")
+        if type(self.max_pixels) is not int or self.max_pixels < 1:
+            raise self._error(f"max_pixels must be a positive integer, got {self.max_pixels!r}")
         self._parsed = _parse_url(self)
 
     @property
@@ -341,14 +349,42 @@ class _CaptureSource(_Source):
 
 
 class _FileSource(_CaptureSource):
+    """A video file. A read that fails before the file's frame count (CAP_PROP_FRAME_COUNT,
+    the container's) is reached is a frame that could not be decoded: skipped and counted
+    (bad_frames); OpenCV reads on past it, as it does past damaged data. Without a frame
+    count, failures in a row are the end (MAX_FAILED_READS)."""
+
     def __init__(self, path: Path):
         super().__init__(str(path), f"file:{path}")
         self.path = path
+        self.frame_count = 0
+        self.frames_read = 0  # this pass: decoded plus failed, against frame_count
 
     def open(self) -> None:
         if not self.path.is_file():
             raise _SourceFailed(f"{self.path}: no such file")
-        super().open()
+        try:
+            super().open()
+        except _SourceFailed:
+            raise _SourceFailed(
+                f"cannot open {self.description}: not a video OpenCV can read"
+            ) from None
+        count = self.cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        self.frame_count = int(count) if 0 < count < 1e9 else 0
+        self.frames_read = 0
+
+    def read(self, seq: int) -> tuple[np.ndarray, None, str] | None:
+        ok, image = self.cap.read()
+        self.frames_read += 1
+        if ok:
+            return _as_bgr(image), None, self.description
+        if self.frames_read <= self.frame_count:
+            raise _BadFrame(
+                "bad_frames",
+                f"{self.description}: frame {self.frames_read} of {self.frame_count} could not "
+                "be decoded",
+            )
+        return None
 
 
 class _ImageFolderSource(_Source):
@@ -384,9 +420,6 @@ class _ZmqSource(_Source):
 
     RCVHWM = 4
     POLL_MS = 50
-    # The largest message the wire format allows (raw 16384 x 16384 x 3) plus its header;
-    # ZeroMQ drops a peer that sends more instead of allocating it.
-    MAXMSGSIZE = MAX_SIDE * MAX_SIDE * 3 + 65536
 
     def __init__(
         self,
@@ -395,8 +428,13 @@ class _ZmqSource(_Source):
         curve: Curve | None,
         camera: str,
         stall_timeout_s: float,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ):
         self.endpoint = endpoint
+        self.max_pixels = max_pixels
+        # The largest part a frame of max_pixels needs (its raw payload) and room for a JPEG's
+        # tables on tiny frames: ZeroMQ drops a peer that sends more instead of allocating it.
+        self.max_message_bytes = max_pixels * 3 + 65536
         self.description = f"zmq:{endpoint}"
         self.stop = stop
         self.stall_timeout_s = stall_timeout_s
@@ -410,7 +448,7 @@ class _ZmqSource(_Source):
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAXMSGSIZE)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
             SocketSecurity(self.ctx, self.curve, f"camera {self.camera}").connect(
                 self.sock, self.endpoint
@@ -434,7 +472,7 @@ class _ZmqSource(_Source):
                 continue
             parts = self.sock.recv_multipart()
             try:
-                remote = decode_frame(parts)
+                remote = decode_frame(parts, self.max_pixels)
             except FrameWireError as exc:
                 raise _BadFrame("bad_messages", str(exc)) from None
             if remote.seq >= MAX_WIRE_SEQ:
@@ -523,7 +561,9 @@ def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
         ]
         return _CaptureSource(target, redact(target), params)
     if kind == "zmq":
-        return _ZmqSource(target, stop, spec.curve, spec.name, spec.stall_timeout_s)
+        return _ZmqSource(
+            target, stop, spec.curve, spec.name, spec.stall_timeout_s, spec.max_pixels
+        )
     return _SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
 
 
@@ -531,10 +571,12 @@ class CameraReader:
     """Reads one camera on its own thread and calls emit(frame) for every frame.
 
     emit may block (the back-pressure of a `block` queue); it must return promptly once the
-    engine stops. health is one of HEALTH_STATES; stats() is a snapshot for metrics.
+    engine stops. It returns False for a frame the engine did not take (it is stopping):
+    counted as `refused`, so `frames` = frames taken + `refused`. health is one of
+    HEALTH_STATES; stats() is a snapshot for metrics.
     """
 
-    def __init__(self, spec: CameraSpec, emit: Callable[[Frame], None]) -> None:
+    def __init__(self, spec: CameraSpec, emit: Callable[[Frame], bool | None]) -> None:
         self.spec = spec
         self.emit = emit
         self._stop = threading.Event()
@@ -552,11 +594,13 @@ class CameraReader:
             "size_changes": 0,
             "emit_errors": 0,
             "clock_skews": 0,
+            "refused": 0,
         }
         self._last_grab_ns: int | None = None
         self._frame_size: tuple[int, int] | None = None
         self._last_error: str | None = None
         self._seq = 0
+        self.opened = False  # the source opened at least once
 
     def start(self) -> None:
         """Start the reader thread (once)."""
@@ -599,7 +643,7 @@ class CameraReader:
         return state
 
     def stats(self) -> dict:
-        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors,
+        """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, refused,
         clock_skews (frames re-stamped on arrival, see CameraSpec.max_clock_skew_ms), fps,
         last_grab_ns (and as a string), frame_size [H, W], health, last_error, source."""
         now = time.monotonic()
@@ -641,6 +685,7 @@ class CameraReader:
                 outcome = "failed"
                 try:
                     self._source.open()
+                    self.opened = True
                 except _SourceFailed as exc:
                     self._fail(str(exc))
                 except Exception as exc:
@@ -698,8 +743,7 @@ class CameraReader:
             try:
                 item = self._source.read(self._seq)
             except _BadFrame as exc:
-                self._counts[exc.key] += 1
-                self._last_error = str(exc)
+                self._skipped(exc.key, str(exc))
                 continue
             except Exception as exc:
                 # An unexpected backend error is a failure of this source, handled by policy.
@@ -713,6 +757,10 @@ class CameraReader:
                     break
                 waited = time.monotonic() - started
                 if spec.live and waited >= 0.9 * spec.stall_timeout_s:
+                    if failed_reads:  # frames FFmpeg could not decode, then the stall
+                        self._skipped(
+                            "bad_frames", "undecodable frame before a stall", failed_reads
+                        )
                     self._state = "stale"
                     self._fail(f"{self._source.description}: no frame for {waited:.1f} s (stalled)")
                     return flowed, "stalled"
@@ -742,7 +790,8 @@ class CameraReader:
             flowed = True
             self._state = "online"
             try:
-                self.emit(frame)
+                if self.emit(frame) is False:
+                    self._counts["refused"] += 1
             except Exception as exc:
                 # The engine's bug is counted and reported; the camera keeps reading.
                 self._counts["emit_errors"] += 1
@@ -766,6 +815,21 @@ class CameraReader:
         if n <= SKEWS_LOGGED or n % 100 == 0:
             log.warning("camera %s: %s (%d so far)", self.spec.name, self._last_error, n)
         return grab_ns
+
+    def _skipped(self, key: str, message: str, n: int = 1) -> None:
+        """Count n items that could not be used under key (bad_frames, bad_messages) and log
+        them: each of the first LOGGED_SKIPS, then one line per 100."""
+        before = self._counts[key]
+        self._counts[key] += n
+        self._last_error = message
+        if before < LOGGED_SKIPS or before // 100 != self._counts[key] // 100:
+            log.warning(
+                "camera %s: skipped %s (%d so far): %s",
+                self.spec.name,
+                key.replace("_", " ")[:-1],
+                self._counts[key],
+                message,
+            )
 
     def _note_grab(self, image: np.ndarray, grab_ns: int) -> None:
         now = time.monotonic()

@@ -8,14 +8,19 @@ tests/pipeline/engine_stages.py as `kind = "engine_stages:Collect"`.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import textwrap
 from pathlib import Path
 
-import cv2
-import numpy as np
-import pytest
+# as the npucam command does (pipeline/cli.py): one BLAS thread per calling thread, set
+# before numpy loads, so in-process runs behave as the command runs
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent / "pipeline"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

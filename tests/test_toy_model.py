@@ -50,7 +50,7 @@ def test_a_toy_fourth_model_runs_through_infer_and_publish_on_sim(
         backend = "sim"
         inbox = {{ size = 16, policy = "block" }}
         [stages.sim]
-        sleep = false
+        pacing = "none"
         registry_dir = "{tmp_path / "hwctx"}"
         [stages.toy]
         enabled = true

@@ -45,6 +45,10 @@ class ModelSpec:
       the `meta` message, docs/protocol.md), or None.
     export_batch(model, bundle_dir) -> items per device pass (bundle_dir None on cpu);
       default_batch: the same for the released bundles, when no model is loaded (planning).
+    npu2: module path of its released variants' NPU2 dispatch lists (npu.sim_cost; the
+      module defines VARIANTS, work(variant) -> ModelWork and variant_of_bundle(path)), or
+      None; stands_in_for: the released variant its synthetic model stands in for (the
+      paced simulator charges the synthetic model that variant's NPU2 time).
     """
 
     name: str
@@ -57,6 +61,8 @@ class ModelSpec:
     export_batch: Callable[[Any, Path | None], int] = field(default=lambda model, path: 1)
     default_batch: int = 1
     wire_meta: Callable[[], dict] | None = None
+    npu2: str | None = None
+    stands_in_for: str | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -99,6 +105,35 @@ def spec(name: str, where: str = "") -> ModelSpec:
     if name not in _REGISTRY:
         raise ModelLoadError(f"{where or name}: unknown model (known: {', '.join(_REGISTRY)})")
     return _REGISTRY[name]
+
+
+def npu2_module(name: str) -> Any:
+    """Model `name`'s NPU2 dispatch-list module (ModelSpec.npu2), or None when it has none."""
+    path = spec(name).npu2
+    return None if path is None else importlib.import_module(path)
+
+
+def npu2_work(name: str, variant: str) -> Any:
+    """The released `variant` of model `name` on NPU2 (an npu.sim_cost.ModelWork);
+    ModelLoadError naming the variants when it has no such one."""
+    mod = npu2_module(name)
+    if mod is None or variant not in mod.VARIANTS:
+        known = ", ".join(mod.VARIANTS) if mod is not None else "none"
+        raise ModelLoadError(f"{name}: no released variant {variant!r} (known: {known})")
+    return mod.work(variant)
+
+
+def released_variant(name: str, bundle_dir: Path | None, synthetic: bool) -> str | None:
+    """The released variant a loaded model is: its synthetic model's `stands_in_for`, or
+    the variant a bundle's params show (None when unknown or on cpu)."""
+    mod = npu2_module(name)
+    if mod is None:
+        return None
+    if synthetic:
+        return spec(name).stands_in_for
+    if bundle_dir is None or not (Path(bundle_dir) / "manifest.txt").is_file():
+        return None
+    return mod.variant_of_bundle(Path(bundle_dir))
 
 
 def bundle_batch(bundle_dir: Path | None) -> int:

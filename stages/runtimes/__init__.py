@@ -21,6 +21,7 @@ it; every output then says `synthetic: true`.
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -31,12 +32,16 @@ import numpy as np
 from pydantic import Field
 
 from npu.device import Launch, Steps, busy_steps
-from npu.models import ModelLoadError, ModelSource, load, spec
+from npu.models import ModelLoadError, ModelSource, load, npu2_work, released_variant, spec
+from npu.sim_cost import ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
 from pipeline.graph import StageOptions
 from stages.jobs import Inferred, Job
 
+log = logging.getLogger(__name__)
+
 BACKENDS = ("cpu", "sim", "npu")
+PACINGS = ("npu2", "stand-in", "none")
 
 
 class JobInputError(NpucamError):
@@ -121,11 +126,48 @@ class DeviceTimer:
     is the device plus the forward's own host steps between dispatches (nothing else can
     use the device meanwhile); on sim with `sleep` the modelled device time plus those
     steps, and the simulator's own numpy work where it exceeds the modelled time; on cpu
-    the numpy forward. The simulator's modelled time alone is in SimDevice.sim."""
+    the numpy forward. The simulator's modelled time alone is in SimDevice.sim.
 
-    def measure(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+    pass_name / count: which of the model's passes fn runs, and how many (PacedTimer
+    charges them; CLIP's label encoding runs ceil(labels / 8) "texts" passes)."""
+
+    def measure(
+        self, fn: Callable[[], Any], pass_name: str = "forward", count: int = 1
+    ) -> tuple[Any, float]:
         t0 = time.perf_counter()
         out = fn()
+        return out, time.perf_counter() - t0
+
+
+@dataclass
+class Pacing:
+    """How a sim device paces a stage's passes ([stages.sim] pacing, docs/device.md §6):
+    "npu2": each pass takes the modelled NPU2 time of the released model it is (a synthetic
+    model: the one it stands in for; `pace_as` names another variant per model), its own
+    dispatches none; "stand-in": the model's own dispatches' modelled time (npu.sim's
+    CostModel); "none": no waiting at all. `pacer` is the stage's one modelled NPU2 (its
+    16 contexts are shared by every model)."""
+
+    mode: str = "npu2"
+    pace_as: dict[str, str] = field(default_factory=dict)
+    pacer: Npu2Pacer = field(default_factory=lambda: Npu2Pacer())
+
+
+class PacedTimer(DeviceTimer):
+    """Device seconds of a pass paced as NPU2: the pacer charges `work`'s pass (with any
+    context loads and switch), the device waits that long from the pass's start, and the
+    stand-in's own dispatches cost no modelled time (npu.sim.SimDevice.paced)."""
+
+    def __init__(self, device: Any, pacer: Npu2Pacer, work: ModelWork) -> None:
+        self.device, self.pacer, self.work = device, pacer, work
+
+    def measure(
+        self, fn: Callable[[], Any], pass_name: str = "forward", count: int = 1
+    ) -> tuple[Any, float]:
+        charge = self.pacer.charge(self.work, pass_name, count)
+        t0 = time.perf_counter()
+        with self.device.paced(charge.total_s):
+            out = fn()
         return out, time.perf_counter() - t0
 
 
@@ -182,7 +224,9 @@ class Runtime:
         self.contexts = contexts
         self.options = options if options is not None else self.Options()
         self.max_wait_ms = self.options.max_wait_ms
-        self.timer = DeviceTimer()
+        self.timer: DeviceTimer = DeviceTimer()
+        # "npu2 as <released model>", "stand-in", "none" on sim; "" on cpu and npu
+        self.pacing = ""
 
     @classmethod
     def check_options(cls, options: ModelOptions, base_dir: Path, where: str) -> list[str]:
@@ -343,11 +387,14 @@ def open_runtime(
     options: ModelOptions | None = None,
     base_dir: Path | None = None,
     synthetic_cache: str | Path | None = None,
+    pacing: Pacing | None = None,
 ) -> Runtime:
     """Load model `name` on `backend` from `source` (npu.models.load) and wrap it in its
     runtime with `options` (its config table; default: the runtime's defaults). device is
-    the open device for sim / npu, None for cpu. Runs Runtime.started (CLIP encodes its
-    label prompts), so call it on the device thread. Errors name the config key."""
+    the open device for sim / npu, None for cpu; pacing: how a sim device paces it (the
+    infer stage passes its [stages.sim] pacing; None: by the model's own dispatches). Runs
+    Runtime.started (CLIP encodes its label prompts), so call it on the device thread.
+    Errors name the config key."""
     if backend not in BACKENDS:
         raise ModelLoadError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     cls = runtime_class(name, source.where)
@@ -363,5 +410,32 @@ def open_runtime(
         contexts=bundle_contexts(loaded.bundle_dir) if loaded.bundle_dir is not None else (),
         options=options,
     )
+    if backend == "sim":
+        pace(rt, pacing or Pacing("stand-in"), loaded.bundle_dir)
     rt.started(base_dir if base_dir is not None else Path.cwd())
     return rt
+
+
+def pace(rt: Runtime, pacing: Pacing, bundle_dir: Path | None) -> None:
+    """Set a sim runtime's pacing: as NPU2 runs the released model it is (its timer charges
+    that model's passes; the scheduler sees that model's contexts), else by its own
+    dispatches; a model with no known released variant is paced by its own dispatches, and
+    the log says so."""
+    if pacing.mode not in PACINGS:
+        raise ModelLoadError(f"pacing {pacing.mode!r}: expected one of {', '.join(PACINGS)}")
+    if pacing.mode != "npu2":
+        rt.pacing = pacing.mode
+        return
+    variant = pacing.pace_as.get(rt.name) or released_variant(rt.name, bundle_dir, rt.synthetic)
+    if variant is None:
+        rt.pacing = "stand-in"
+        log.warning(
+            "%s: no released model known for %s; paced by its own dispatches (stand-in)",
+            rt.name,
+            bundle_dir or "it",
+        )
+        return
+    work = npu2_work(rt.name, variant)
+    rt.timer = PacedTimer(rt.device, pacing.pacer, work)
+    rt.contexts = work.contexts
+    rt.pacing = f"npu2 as {work.name}"

@@ -153,7 +153,9 @@ class ClipRuntime(Runtime):
         embeds = self._embeds.get(labels)
         if embeds is None:
             out, device_s = self.timer.measure(
-                lambda: self.model.label_embeddings(list(labels), self.template)
+                lambda: self.model.label_embeddings(list(labels), self.template),
+                "texts",
+                -(-len(labels) // self.model.towers.t_batch),
             )
             embeds = np.asarray(out, np.float32)
             self._embeds[labels] = embeds

@@ -8,7 +8,7 @@ import numpy as np
 from npu.device import Steps
 from npu.models.sapiens2.preprocess import crop_persons
 from stages.jobs import PoseInferred, PoseJob
-from stages.runtimes import JobInputError, Runtime, SlotOutput
+from stages.runtimes import JobInputError, PacedTimer, Runtime, SlotOutput
 
 
 class Sapiens2Runtime(Runtime):
@@ -47,8 +47,9 @@ class Sapiens2Runtime(Runtime):
 
     @property
     def stepped(self) -> bool:
-        """A bundle replay (sim, npu) runs as steps; the cpu forward does not."""
-        return hasattr(self.model.ops, "heatmap_steps")
+        """A bundle replay (sim, npu) runs as steps; the cpu forward does not, nor a pass
+        paced as NPU2 (one modelled wait from the pass's start: PacedTimer)."""
+        return hasattr(self.model.ops, "heatmap_steps") and not isinstance(self.timer, PacedTimer)
 
     def forward_steps(self, inputs: np.ndarray) -> Steps:
         outs = []

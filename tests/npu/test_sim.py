@@ -382,6 +382,28 @@ def test_sleep_flag_makes_wait_return_after_the_modelled_time(tmp_path, reg):
     dev.close()
 
 
+def test_a_paced_pass_takes_its_seconds_and_its_own_dispatches_none(tmp_path, reg):
+    _, specs = _ctx_bundle(tmp_path / "b", 1)
+    cost = CostModel(dispatch_s=0.2, ctx_create_s=0.0, ctx_switch_s=0.0)
+    dev = SimDevice(cost, sleep=True, registry_dir=reg)
+    kern = dev.load(specs[0])
+    bufs = [dev.alloc(64 * 64 * 2) for _ in range(4)]
+    t0 = time.perf_counter()
+    with dev.paced(0.3):
+        for _ in range(3):  # 3 x 0.2 s at the device's own rates, free inside the pass
+            dev.run(kern, bufs)
+    wall = time.perf_counter() - t0
+    assert 0.3 <= wall < 0.55
+    assert dev.sim.paced_s == pytest.approx(0.3) and dev.sim.paced_passes == 1
+    assert dev.sim.dispatch_s == 0.0 and dev.sim.device_time_s == pytest.approx(0.3)
+    assert dev.cost is cost  # the device's own rates are back after the pass
+    assert dev.run(kern, bufs) >= 0.2
+    with pytest.raises(RuntimeError), dev.paced(5.0):
+        raise RuntimeError("a failed pass")
+    assert dev.sim.paced_passes == 1 and dev.cost is cost  # not charged
+    dev.close()
+
+
 def test_timing_lines_are_labelled_sim(tmp_path, reg, monkeypatch, capsys):
     monkeypatch.setenv("TACONITE_TIMING", "")
     _, specs = _ctx_bundle(tmp_path / "b", 1)

@@ -125,3 +125,14 @@ def test_a_bad_gauge_source_is_skipped_and_logged_not_raised(caplog):
     assert len(warnings) == 6  # once per stage and problem, not per read
     with pytest.raises(MetricsError, match="stage name is empty"):
         m.add_gauges("", dict)
+
+
+def test_stage_info_appears_in_the_snapshot_as_strings():
+    m = Metrics()
+    m.add_info("infer", {"backend": "sim", "pacing": "npu2"})
+    m.add_info("infer/clip", {"slots": 4})
+    stages = m.snapshot()["stages"]
+    assert stages["infer"]["info"] == {"backend": "sim", "pacing": "npu2"}
+    assert stages["infer/clip"]["info"] == {"slots": "4"}
+    with pytest.raises(MetricsError, match="stage name is empty"):
+        m.add_info("", {})

@@ -68,6 +68,38 @@ def test_latest_keeps_one_item_per_camera():
     assert m.dropped("s", "b", "queue_full") == 3
 
 
+def test_latest_replacement_keeps_the_cameras_place_in_line():
+    async def main():
+        q = BoundedQueue("s", 8, "latest", Metrics())
+        for cam, seq in (("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1)):
+            await q.put(Item(cam, seq))
+        q.close()
+        return [(item.camera, item.seq) async for item in q]
+
+    assert asyncio.run(main()) == [("a", 1), ("b", 1), ("c", 0)]
+
+
+def test_latest_serves_the_camera_served_longest_ago_first_and_holds_one_item_per_camera():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 2, "latest", m)
+        order = []
+        for seq in range(3):
+            for cam in ("a", "b", "c", "d"):  # a always sends first: it must not always win
+                await q.put(Item(cam, seq))
+            order.append((await q.get()).camera)
+        for cam in "dcba":
+            await q.put(Item(cam, 9))
+        while len(q):
+            order.append((await q.get()).camera)
+        return m, order
+
+    m, order = asyncio.run(main())
+    # size 2 does not cap a latest queue: each of the 4 cameras keeps a slot and a turn
+    assert order == ["a", "b", "c", "d", "a", "b", "c"]
+    assert m.dropped("s", "a", "queue_full") == 2  # replaced at seq 2 and 9
+
+
 def test_block_waits_for_room_and_loses_nothing():
     async def main():
         m = Metrics()

@@ -56,7 +56,7 @@ def _common() -> dict:
     ("mutate", "reason"),
     [
         (lambda p: p[:1], "expected \\[topic, header"),
-        (lambda p: [p[0], b"{not json", *p[2:]], "header is not JSON"),
+        (lambda p: [p[0], b"{not json", *p[2:]], "header: not UTF-8 JSON"),
         (lambda p: [p[0], b"[1, 2]", *p[2:]], "not a JSON object"),
         (lambda p: [p[0], _edit(p[1], v=2), *p[2:]], "schema version 2"),
         (lambda p: [p[0], _edit(p[1], seq=None, drop="seq"), *p[2:]], "lacks seq"),

@@ -1,14 +1,22 @@
 """Helper stages for the reliability tests' configs (`kind = "fault_stages:FaceJobs"`):
 a stand-in for detect + align that turns each frame into one face job, one that turns each
-frame into a pose, a face and a CLIP job, and a sink that keeps every item with the wall
-time it arrived."""
+frame into a pose, a face and a CLIP job, a sink that keeps every item with the wall time it
+arrived, and a sink that reports its process's malloc arenas."""
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import json
 import os
+import re
+import tempfile
+import threading
+from pathlib import Path
 
 import cv2
 import numpy as np
+from pydantic import Field
 
 from pipeline.graph import MapStage, Stage, StageOptions
 from pipeline.messages import Frame, now_ns
@@ -79,3 +87,39 @@ class Timed(Stage):
     async def run(self, inbox, out) -> None:
         async for item in inbox:
             self.items.append((now_ns(), item))
+
+
+class ArenasOptions(StageOptions):
+    report: str = Field(min_length=1)  # where the arena count is written at the end
+
+
+def malloc_arenas() -> int:
+    """glibc's arenas in this process, from malloc_info(3)'s XML (one <heap nr=...> each)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = (ctypes.c_char_p, ctypes.c_char_p)
+    libc.fclose.argtypes = (ctypes.c_void_p,)
+    libc.malloc_info.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    with tempfile.NamedTemporaryFile(suffix=".xml") as tmp:
+        f = libc.fopen(tmp.name.encode(), b"w")
+        libc.malloc_info(0, f)
+        libc.fclose(f)
+        return len(re.findall(r"<heap nr=", Path(tmp.name).read_text()))
+
+
+class Arenas(Stage):
+    """Copies each frame in a worker thread, so the executor's threads allocate frame-sized
+    buffers; when its inbox ends it writes {"arenas": malloc_arenas(), "threads": names of
+    the process's threads} to `report` as JSON."""
+
+    kind = "arenas"
+    accepts = (Frame,)
+    Options = ArenasOptions
+
+    async def run(self, inbox, out) -> None:
+        async for item in inbox:
+            await asyncio.to_thread(lambda image=item.image: image.astype(np.float32).sum())
+        threads = sorted(t.name for t in threading.enumerate())
+        Path(self.options.report).write_text(
+            json.dumps({"arenas": malloc_arenas(), "threads": threads})
+        )

@@ -183,3 +183,34 @@ def test_a_cut_stream_reconnects_while_the_other_camera_keeps_flowing(write_conf
     doomed = frames_of(pipeline, "doomed")
     assert len(doomed) > during_cut + 10  # back online after the stream returned
     assert [f.seq for f in doomed] == list(range(len(doomed)))
+
+
+def test_max_pixels_reaches_a_zmq_cameras_reader_and_is_refused_elsewhere(write_config):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.graph import check_stages
+    from stages.capture import camera_spec
+
+    text = """
+        [[cameras]]
+        name = "remote"
+        url = "zmq:tcp://127.0.0.1:5999"
+        max_pixels = 12000000
+        [[cameras]]
+        name = "card"
+        url = "synthetic:"
+        {extra}
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+    """
+    config = load_config(write_config(text.format(extra="")))
+    check_stages(config)
+    assert camera_spec(config.cameras[0], config).max_pixels == 12_000_000
+    bad = write_config(text.format(extra="max_pixels = 100"), "bad.toml")
+    try:
+        check_stages(load_config(bad))
+    except ConfigError as exc:
+        assert "cameras[1].max_pixels: only zmq: cameras check frame sizes" in str(exc)
+    else:
+        raise AssertionError("max_pixels on a synthetic camera passed")

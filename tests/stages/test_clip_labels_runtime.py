@@ -70,7 +70,7 @@ def make_stage(tmp_path: Path, cache: Path, clip: dict) -> Infer:
         {
             "backend": "sim",
             "synthetic_cache": str(cache),
-            "sim": {"registry_dir": str(tmp_path / "hwctx"), "sleep": False},
+            "sim": {"registry_dir": str(tmp_path / "hwctx"), "pacing": "none"},
             "clip": {"enabled": True, "synthetic": True, **clip},
         }
     )

@@ -227,3 +227,19 @@ def test_corrupted_jpeg_bytes_raise_only_frame_wire_error(flips):
     for index, byte in flips:
         payload[index % len(payload)] = byte
     _decode_or_wire_error([parts[0], bytes(payload)])
+
+
+@pytest.mark.parametrize("source", ["p/" * 3000, "é" * 3000, "\U0001f600" * 400])
+def test_encode_shortens_a_long_source_so_the_receiver_accepts_it(source):
+    image = np.zeros((4, 6, 3), np.uint8)
+    parts = encode_frame(Frame("cam", 0, 1, 2, image, source), "raw")
+    got = decode_frame(parts)
+    assert source.startswith(got.source) and 0 < len(got.source) < len(source)
+
+
+def test_a_frame_over_max_pixels_is_refused_from_its_header():
+    image = np.zeros((30, 40, 3), np.uint8)
+    parts = encode_frame(Frame("cam", 0, 1, 2, image), "raw")
+    assert decode_frame(parts, max_pixels=1200).image.shape == (30, 40, 3)
+    with pytest.raises(FrameWireError, match="30x40 is 1200 pixels, over the limit of 1199"):
+        decode_frame(parts, max_pixels=1199)

@@ -48,7 +48,7 @@ def make_stage(tmp_path, cache, models=("sapiens2", "adaface", "clip"), **over) 
     raw = {
         "backend": "sim",
         "synthetic_cache": str(cache),
-        "sim": {"registry_dir": str(tmp_path / "hwctx"), "sleep": True, "dispatch_s": 0.002},
+        "sim": {"registry_dir": str(tmp_path / "hwctx"), "pacing": "stand-in", "dispatch_s": 0.002},
     }
     for m in models:
         raw[m] = {"enabled": True, "synthetic": True}
@@ -808,7 +808,7 @@ import numpy as np
 tmp, cache = sys.argv[1], sys.argv[2]
 options = InferOptions.model_validate({
     "backend": "sim", "synthetic_cache": cache,
-    "sim": {"registry_dir": tmp + "/hwctx", "sleep": True},
+    "sim": {"registry_dir": tmp + "/hwctx", "pacing": "stand-in"},
     "adaface": {"enabled": True, "synthetic": True},
 })
 context = types.SimpleNamespace(config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics())
@@ -885,3 +885,48 @@ def test_faces_of_one_track_in_one_frame_are_never_merged(tmp_path, cache):
     assert (0, "sapiens2") in got and (1, "yunet") in got
     replaced = stage.scheduler.stats.drops.get(("adaface", "c0", "queue_full"), 0)
     assert got.count((0, "yunet")) + replaced == 2
+
+
+def test_a_paced_stage_says_its_pacing_in_its_log_stats_and_snapshot(tmp_path, cache, caplog):
+    stage = make_stage(tmp_path, cache, models=("adaface",), sim={"pacing": "npu2"})
+    caplog.set_level(logging.INFO, logger="stages.infer")
+
+    async def source():
+        await started(stage)
+        yield face("c0", 0)
+
+    out = run_stage(stage, source())
+    assert len(out.items) == 1 and out.items[0][1].device_s >= 0.5  # IR-101's NPU2 time
+    text = caplog.text
+    assert "sim device, pacing npu2" in text and "paced npu2 as adaface-ir101" in text
+    stats = stage.stats()
+    assert stats["pacing"] == "npu2" and stats["runtimes"]["adaface"]["pacing"] == (
+        "npu2 as adaface-ir101"
+    )
+    snap = stage.metrics.snapshot()["stages"]
+    assert snap["infer"]["info"] == {"backend": "sim", "pacing": "npu2"}
+    assert snap["infer/adaface"]["info"]["pacing"] == "npu2 as adaface-ir101"
+
+
+def test_check_names_an_unknown_pace_as_variant(tmp_path):
+    config = parse_config(
+        {
+            "stages": [
+                {
+                    "kind": "infer",
+                    "backend": "sim",
+                    "sim": {"pace_as": {"adaface": "ir50", "sapiens2": "1b"}},
+                    "adaface": {"enabled": True, "synthetic": True},
+                }
+            ]
+        },
+        tmp_path / "x.toml",
+    )
+    problems = Infer.check(config, 0)
+    assert any(
+        p.startswith("stages[0].sim.pace_as.adaface: ")
+        and "no released variant 'ir50'" in p
+        and "ir18, ir101" in p
+        for p in problems
+    ), problems
+    assert not any("pace_as.sapiens2" in p for p in problems)  # 1b is a released variant

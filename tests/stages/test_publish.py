@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 import zmq
 from engine_stages import receive, start, subscriber
 
@@ -248,3 +249,21 @@ def test_subscription_notifications_are_read_while_subscribers_come_and_go(write
     code, reached, read = asyncio.run(main())
     assert code == 0
     assert read == 2 * cycles and all(reached), reached
+
+
+def test_a_camera_whose_topics_exceed_max_subscription_bytes_is_a_config_error(write_config):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.graph import check_stages
+
+    name = "c" * 57  # preview/<name> is 65 bytes, over the default 64
+    path = write_config(
+        f'[[cameras]]\nname = "{name}"\nurl = "synthetic:"\n'
+        '[[stages]]\nkind = "capture"\n[[stages]]\nkind = "publish"\n'
+    )
+    with pytest.raises(ConfigError, match=r"cameras\[0\].name: topic preview/c+ is longer than"):
+        check_stages(load_config(path))
+    raised = path.read_text().replace(
+        'kind = "publish"', 'kind = "publish"\nmax_subscription_bytes = 65'
+    )
+    path.write_text(raised)
+    check_stages(load_config(path))

@@ -7,19 +7,21 @@ load rules (explicit backend, synthetic only when allowed, errors naming the con
 from __future__ import annotations
 
 import shutil
+import time
 
 import numpy as np
 import pytest
 
-from npu.models import ModelLoadError, ModelSource, synthetic
+from npu.models import ModelLoadError, ModelSource, npu2_work, spec, synthetic
 from npu.models.adaface import synthetic as ada_synthetic
 from npu.models.adaface.preprocess import embedder_input
 from npu.models.clip import synthetic as clip_synthetic
 from npu.models.sapiens2.preprocess import crop_persons
 from npu.sim import SimDevice
+from npu.sim_cost import NPU2
 from pipeline.messages import now_ns
 from stages.jobs import ClipJob, FaceJob, PoseJob
-from stages.runtimes import JobInputError, open_runtime
+from stages.runtimes import JobInputError, Pacing, open_runtime
 from stages.runtimes.clip import ClipOptions
 
 SYN = ModelSource(synthetic=True, where="stage infer: m")
@@ -97,6 +99,58 @@ def test_profiles_from_bundles(sim_runtimes):
     keys = [set(rt.contexts) for rt in sim_runtimes.values()]
     assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
     assert pose.warm_up() > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "released", "seconds"),
+    [("sapiens2", "sapiens2-0.4b", 2.4), ("adaface", "adaface-ir101", 0.5),
+     ("clip", "clip-vit-h-14", 0.76)],
+)  # fmt: skip
+def test_a_paced_stand_in_takes_the_released_models_npu2_time(
+    cache, tmp_path, name, released, seconds
+):
+    dev = SimDevice(sleep=True, registry_dir=tmp_path / "hwctx")
+    options = ClipOptions(labels=["a person"]) if name == "clip" else None
+    rt = open_runtime(
+        name, "sim", SYN, device=dev, options=options, synthetic_cache=cache, pacing=Pacing()
+    )
+    assert rt.synthetic and rt.pacing == f"npu2 as {released}"
+    work = npu2_work(name, spec(name).stands_in_for)
+    assert rt.contexts == work.contexts  # the scheduler sees the real model's contexts
+    before = dev.sim.paced_s
+    t0 = time.perf_counter()
+    device_s = rt.warm_up()
+    wall = time.perf_counter() - t0
+    modelled = dev.sim.paced_s - before
+    # the pass is the released model's (its contexts already resident from the label pass
+    # for CLIP; loaded for the others: a few ms more), in wall time as in device seconds
+    assert NPU2.pass_s(work.passes["forward"]) <= modelled < seconds * 1.05 + 0.06
+    assert modelled == pytest.approx(seconds, rel=0.05, abs=0.05)
+    assert modelled <= wall and device_s == pytest.approx(wall, abs=0.01)
+    dev.close()
+
+
+def test_pace_as_picks_another_released_variant_and_stand_in_keeps_own_rates(cache, tmp_path):
+    dev = SimDevice(registry_dir=tmp_path / "hwctx")
+    rt = open_runtime(
+        "adaface", "sim", SYN, device=dev, synthetic_cache=cache,
+        pacing=Pacing(pace_as={"adaface": "ir18"}),
+    )  # fmt: skip
+    before = dev.sim.paced_s
+    rt.warm_up()
+    assert rt.pacing == "npu2 as adaface-ir18"
+    assert dev.sim.paced_s - before == pytest.approx(0.2, rel=0.05, abs=0.05)
+    own = open_runtime("adaface", "sim", SYN, device=dev, synthetic_cache=cache)
+    paced, dispatched = dev.sim.paced_s, dev.sim.dispatch_s
+    own.warm_up()
+    assert own.pacing == "stand-in" and own.contexts != rt.contexts
+    assert dev.sim.paced_s == paced and dev.sim.dispatch_s > dispatched
+    with pytest.raises(ModelLoadError, match="no released variant 'ir50'"):
+        open_runtime(
+            "adaface", "sim", SYN, device=dev, synthetic_cache=cache,
+            pacing=Pacing(pace_as={"adaface": "ir50"}),
+        )  # fmt: skip
+    dev.close()
 
 
 def test_cpu_runtimes_have_no_contexts(cache):

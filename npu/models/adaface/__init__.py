@@ -41,4 +41,6 @@ MODEL = ModelSpec(
         "embedding_dim": 512,
         "embedding": "L2-normalised; compare faces by dot product",
     },
+    npu2="npu.models.adaface.npu2",
+    stands_in_for="ir101",
 )

@@ -36,4 +36,6 @@ MODEL = ModelSpec(
     export_batch=lambda model, bundle_dir: int(model.towers.v_batch),
     default_batch=4,
     wire_meta=lambda: {"probabilities": "softmax over the labels of the message, in their order"},
+    npu2="npu.models.clip.npu2",
+    stands_in_for="vit-h-14",
 )

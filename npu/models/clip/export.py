@@ -109,6 +109,14 @@ def _tower_records(
     write_addln(bw, f"{t}_addln", rows=fields["rows"], dim=tower.dim, eps=tower.eps)
 
 
+def pass_rows(cfg: ClipConfig, v_stride: int, t_seq_pad: int) -> tuple[int, int, int]:
+    """(v_mha_rows, v_rows, t_rows) of a bundle: an image's MHA span (its tokens rounded up
+    to MHA_ROW_ALIGN) and each tower's pass rows, rounded up to GEMM_M (its GEMM chunks)."""
+    v_mha = _round_up(cfg.v_tokens, MHA_ROW_ALIGN)
+    v_rows = _round_up(max(V_BATCH * v_stride, (V_BATCH - 1) * v_stride + v_mha), GEMM_M)
+    return v_mha, v_rows, _round_up(T_BATCH * t_seq_pad, GEMM_M)
+
+
 def _write(
     path: Path,
     cfg: ClipConfig,
@@ -125,9 +133,7 @@ def _write(
 ) -> None:
     import cv2
 
-    v_mha = _round_up(cfg.v_tokens, MHA_ROW_ALIGN)
-    v_rows = _round_up(max(V_BATCH * v_stride, (V_BATCH - 1) * v_stride + v_mha), GEMM_M)
-    t_rows = _round_up(T_BATCH * t_seq_pad, GEMM_M)
+    v_mha, v_rows, t_rows = pass_rows(cfg, v_stride, t_seq_pad)
     with BundleWriter(path, 1) as bw:
         params = {
             "v_layers": cfg.vision.layers, "v_dim": cfg.vision.dim, "v_tokens": cfg.v_tokens,

@@ -41,4 +41,6 @@ MODEL = ModelSpec(
     synthetic="npu.models.sapiens2.synthetic",
     export_batch=lambda model, bundle_dir: bundle_batch(bundle_dir),
     wire_meta=_wire_meta,
+    npu2="npu.models.sapiens2.npu2",
+    stands_in_for="0.4b",
 )

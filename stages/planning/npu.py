@@ -1,0 +1,485 @@
+"""The NPU side of a plan: each enabled model's device time per pass (the calibrated NPU2
+time of the released model it is or stands in for, npu.sim_cost; or measured on the
+config's backend when it is not paced as NPU2), and a discrete-event run of the inference
+stage's own scheduler (stages.scheduler.simulate) fed with the jobs the detect stage would
+issue: its rate limits and intervals, the tracker's one pose job per idle track, the
+scene's people and faces, and the results coming back."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npu import models
+from npu.sim_cost import NPU2, ModelWork, Npu2Pacer
+from pipeline.errors import NpucamError
+from stages.scheduler import (
+    Batch,
+    BatchScheduler,
+    ContextShare,
+    ModelProfile,
+    QueuedJob,
+    SimClock,
+    simulate,
+)
+
+NS = 1_000_000_000
+SPREAD_S = 45.0  # the window of a minute's run after its start-up (bench/plan_accuracy.py)
+
+
+class PlanError(NpucamError):
+    """A config or option `npucam plan` cannot plan for."""
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """One model's device time per pass and where it comes from. released: the released
+    model it is priced as (None when measured); host_s: CPU seconds a pass spends on the
+    device thread of this machine (the simulator computing a stand-in: sim only; a paced
+    sim pass lasts max(pass_s, host_wall_s): `device_s`)."""
+
+    model: str
+    batch: int
+    pass_s: float
+    contexts: tuple[str, ...]
+    source: str
+    released: str | None = None
+    host_s: float = 0.0
+    host_wall_s: float = 0.0  # the same pass's wall time (a paced pass takes at least this)
+    profile_cost_s: float = 0.0  # the scheduler's initial estimate (cost_s, else pass_s)
+    work: ModelWork | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def item_s(self) -> float:
+        return self.pass_s / self.batch
+
+    @property
+    def device_s(self) -> float:
+        """Seconds a pass holds the device in the run: on sim no less than its host work."""
+        return max(self.pass_s, self.host_wall_s)
+
+
+def _bundle_batch(name: str, bundle: Path | None) -> int:
+    """Items per pass of model `name`: its bundle's batch param, else the registry's."""
+    spec = models.spec(name)
+    if bundle is None or not (bundle / "manifest.txt").is_file():
+        return spec.default_batch
+    from npu.bundle import Bundle
+
+    b = Bundle.open(bundle)
+    try:
+        for key in ("batch", "v_batch"):
+            if b.has_param(key):
+                return b.param(key, int)
+    finally:
+        b.close()
+    return spec.default_batch
+
+
+def device_costs(
+    config: Any,
+    options: Any,
+    overrides: dict[str, float],
+    variants: dict[str, str],
+    measure: bool,
+) -> dict[str, ModelCost]:
+    """Every enabled model's ModelCost. Paced as NPU2 (backend npu, or sim with pacing
+    npu2): the calibrated time of its released variant (`variants`, then [stages.sim]
+    pace_as, then its bundle's, then the synthetic model's stands_in_for); otherwise, or
+    when no released variant is known on sim, measured (sim: the modelled time of its own
+    dispatches, or with pacing none its host time; cpu: its wall time). measure: also time
+    the stand-in's host work on sim (what the simulator computes per pass)."""
+    from stages.runtimes import resolve
+
+    backend = options.backend
+    paced = backend == "npu" or (backend == "sim" and options.sim.pacing == "npu2")
+    out: dict[str, ModelCost] = {}
+    to_measure: list[str] = []
+    for name in options.enabled():
+        mo = options.model(name)
+        raw = resolve(config.base_dir, mo.bundle)
+        bundle = Path(raw) if raw else None
+        synthetic = (bundle is None or not bundle.exists()) and mo.synthetic
+        batch = _bundle_batch(name, None if synthetic else bundle)
+        variant = variants.get(name) or (
+            options.sim.pace_as.get(name) if backend == "sim" else None
+        )
+        if paced and variant is None:
+            variant = models.released_variant(name, None if synthetic else bundle, synthetic)
+        if name in overrides:
+            out[name] = ModelCost(name, batch, overrides[name], (), "--cost")
+        elif paced and variant is not None:
+            work = models.npu2_work(name, variant)
+            pw = work.passes["forward"]
+            out[name] = ModelCost(
+                name, pw.items, NPU2.pass_s(pw), work.contexts,
+                f"calibrated NPU2 time of {work.name} (docs/device.md)", work.name, work=work,
+            )  # fmt: skip
+        elif backend == "npu":
+            raise PlanError(
+                f"{config.path}: {name}: no calibrated NPU2 time for {bundle} (not a released "
+                "model): pass --cost MODEL=SECONDS or --as MODEL=VARIANT"
+            )
+        else:
+            to_measure.append(name)
+        if name in out:
+            cost_s = mo.cost_s if mo.cost_s is not None else out[name].pass_s
+            out[name] = _with(out[name], profile_cost_s=cost_s)
+    if backend != "npu" and (to_measure or (measure and backend == "sim")):
+        measured = _measure(config, options, to_measure, measure)
+        for name, (batch, pass_s, cpu_s, wall_s, contexts, how) in measured.items():
+            mo = options.model(name)
+            if name in out:
+                out[name] = _with(out[name], host_s=cpu_s, host_wall_s=wall_s)
+            else:
+                out[name] = ModelCost(
+                    name, batch, pass_s, contexts, how, host_s=cpu_s, host_wall_s=wall_s,
+                    profile_cost_s=mo.cost_s if mo.cost_s is not None else pass_s,
+                )  # fmt: skip
+    return {m: out[m] for m in options.enabled()}
+
+
+def _with(cost: ModelCost, **changes: Any) -> ModelCost:
+    from dataclasses import replace
+
+    return replace(cost, **changes)
+
+
+def _measure(
+    config: Any, options: Any, names: list[str], host: bool
+) -> dict[str, tuple[int, float, float, float, tuple[str, ...], str]]:
+    """Load the enabled models as the stage would, each on a sim device that does not wait
+    (or cpu), and time a pass after a warm-up: (batch, pass seconds, host CPU seconds, host
+    wall seconds, contexts, how) for `names`; with `host`, also every other model on sim."""
+    from stages.infer import open_stage_device
+    from stages.runtimes import Pacing, open_runtime, resolve
+
+    wanted = list(options.enabled()) if host and options.backend == "sim" else names
+    sim_opts = options.model_copy(update={"sim": options.sim.model_copy(update={"pacing": "none"})})
+    device = open_stage_device(sim_opts, config.base_dir)
+    own = Pacing("stand-in")
+    out = {}
+    try:
+        for name in wanted:
+            mo = options.model(name)
+            rt = open_runtime(
+                name, options.backend, mo.source(config.base_dir, f"{config.path}: {name}"),
+                device=device, options=mo, base_dir=config.base_dir,
+                synthetic_cache=resolve(config.base_dir, options.synthetic_cache), pacing=own,
+            )  # fmt: skip
+            try:
+                rt.warm_up()
+                sim = getattr(device, "sim", None)
+                before = sim.dispatch_s + sim.ctx_switch_s if sim is not None else 0.0
+                cpu0 = time.thread_time()
+                wall = rt.warm_up()
+                cpu = time.thread_time() - cpu0
+                if sim is None:
+                    pass_s, how = wall, f"measured on {options.backend} (wall clock)"
+                elif options.sim.pacing == "none":
+                    pass_s, how = wall, "measured on sim (host time: pacing none)"
+                else:
+                    pass_s = sim.dispatch_s + sim.ctx_switch_s - before
+                    how = "modelled time of its own dispatches (pacing stand-in)"
+                if rt.synthetic:
+                    how += ", synthetic"
+                out[name] = (rt.batch_size, pass_s, cpu, wall, rt.contexts, how)
+            finally:
+                rt.close()
+    finally:
+        if device is not None:
+            device.close()
+    return out
+
+
+# -- the discrete-event run ---------------------------------------------------------------
+
+
+@dataclass
+class CameraLoad:
+    """One camera as the detect stage feeds infer: `rate` frames a second processed (after
+    the CPU's limits) of `fps` delivered; frames: its detections per delivered frame
+    (stages.planning.probe.Scene.frames), looping as a looping file does; staleness_s: the
+    budget of its jobs."""
+
+    name: str
+    rate: float
+    fps: float
+    staleness_s: float
+    frames: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclass
+class NpuOutcome:
+    """What the scheduler did over the measured window (rates per second of it)."""
+
+    window_s: float
+    busy: float
+    results: dict[str, dict[str, float]]  # model -> camera -> results/s
+    drops: dict[str, dict[str, float]]  # model -> reason -> jobs/s
+    jobs: dict[str, float]  # model -> jobs submitted/s
+    passes: dict[str, float]  # model -> passes/s
+    context_loads_s: float  # modelled context loads and switches, device-s/s
+    # model -> (lowest, highest) results/s over any SPREAD_S of the window: how much a minute's
+    # run can differ from the long-run rate
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # model -> its share of the context budget at the end of the run (the scheduler's view:
+    # what is resident, what it loaded, whose loads evicted its contexts)
+    contexts: dict[str, ContextShare] = field(default_factory=dict)
+
+    def results_per_s(self, model: str) -> float:
+        return sum(self.results.get(model, {}).values())
+
+
+@dataclass
+class _Camera:
+    """The detect stage's state for one camera: its tracks (with their pose bookkeeping, as
+    stages.tracks.CameraTracks holds it), a face tracker when there is no person detector,
+    the last frames with face and CLIP jobs, and pose-derived faces waiting for a frame."""
+
+    load: CameraLoad
+    tracks: Any
+    faces: Any = None
+    last_face: int | None = None
+    last_clip: int | None = None
+    pose_faces: list[int] = field(default_factory=list)
+
+
+def simulate_npu(
+    costs: dict[str, ModelCost],
+    cameras: list[CameraLoad],
+    detect: Any,
+    infer: Any,
+    *,
+    face_points: bool = False,
+    horizon_s: float = 150.0,
+    warm_s: float = 30.0,
+) -> NpuOutcome:
+    """Run the stage's scheduler on `costs` for horizon_s of simulated time, with the jobs
+    detect (DetectOptions `detect`, None: no detect stage) issues on `cameras`, and report
+    the window after warm_s. infer: the InferOptions (per-model max_wait_ms, queue, share;
+    context slots; prepare_ahead_ms). face_points: the dark stage sends a face job per pose."""
+    from npu.device import ctx_cache_cap
+
+    kind_of = {m: models.spec(m).kind for m in costs}
+    model_of = {k: m for m, k in kind_of.items()}
+    clock = SimClock(0)
+    profiles = []
+    for m, c in costs.items():
+        mo = infer.model(m)
+        profiles.append(
+            ModelProfile(
+                name=m,
+                batch_size=c.batch,
+                max_wait_ms=mo.max_wait_ms,
+                contexts=c.contexts,
+                cost_s=c.profile_cost_s or c.pass_s,
+                queue_size=mo.queue_size,
+                queue_policy=mo.queue_policy,
+                share=mo.share,
+            )  # fmt: skip
+        )
+    sched = BatchScheduler(
+        profiles,
+        clock=clock,
+        context_slots=infer.context_slots or ctx_cache_cap(),
+        prepare_ahead_s=infer.prepare_ahead_ms / 1000,
+    )
+    pacer = Npu2Pacer()
+    extra = [0.0]  # modelled context loads and switches in the window
+
+    def device_s(batch: Batch) -> float:
+        c = costs[batch.model]
+        if c.work is None:
+            return c.device_s
+        charge = pacer.charge(c.work)
+        if clock.t >= warm_ns:
+            extra[0] += charge.total_s - charge.pass_s
+        return max(charge.total_s, c.host_wall_s)
+
+    from stages.detect import person_tracker
+    from stages.tracks import CameraTracks
+
+    cams = {}
+    for c in cameras:
+        cam = _Camera(c, CameraTracks(person_tracker(detect.tracker, c.name)))
+        if detect.person == "none":
+            cam.faces = person_tracker(detect.tracker, c.name)
+        cams[c.name] = cam
+    warm_ns, end_ns = round(warm_s * NS), round(horizon_s * NS)
+    submitted: Counter = Counter()
+    results: defaultdict[str, Counter] = defaultdict(Counter)
+    done_at: defaultdict[str, list[int]] = defaultdict(list)  # model -> result times
+    mark: dict[str, Any] = {}
+
+    def submit(model: str | None, cam: str, payload: tuple, t: int, key: Any, prio: int) -> None:
+        if model is None:
+            return
+        deadline = t + round(cams[cam].load.staleness_s * NS)
+        job = QueuedJob(model, cam, payload, deadline, prio, key, t)
+        sched.submit(job)
+        if t >= warm_ns:
+            submitted[model] += 1
+
+    def frame(cam: _Camera, t: int) -> None:
+        """What stages.detect.Detect.process does with one frame, minus the detectors."""
+        load, o = cam.load, detect
+        boxes, scores, face_boxes = load.frames[int(t * load.fps / NS) % len(load.frames)]
+        tracks = cam.tracks
+        tracked = tracks.tracker.update(boxes, scores, t)
+        ids: list[int | None] = [None] * len(scores)
+        for tb in tracked:
+            ids[tb.detection] = tb.track_id
+        boxed = {tb.track_id for tb in tracked}
+        tracks.expire_poses(t)
+        if o.pose and o.pose_jobs_per_frame:
+            m = model_of.get("pose")
+            issued = 0
+            for track in tracks.tracker.pose_queue():
+                if issued == o.pose_jobs_per_frame:
+                    break
+                if track.track_id not in boxed:
+                    continue
+                prio = track.pose_priority
+                key = (m, load.name, track.track_id)
+                submit(m, load.name, ("pose", track.track_id), t, key, prio)
+                issued += 1
+                tracks.tracker.pose_started(track.track_id)
+                deadline = t + round(load.staleness_s * NS)
+                retry = o.pose_retry_s
+                tracks.pose_deadlines[track.track_id] = (
+                    deadline if retry is None else min(deadline, t + round(retry * NS))
+                )
+        if o.clip != "off":
+            regions = [None] if o.clip == "frame" else sorted(boxed)[: o.clip_max_per_frame]
+            due = cam.last_clip is None or t - cam.last_clip >= o.clip_interval_s * NS
+            if regions and due:
+                cam.last_clip = t
+                m = model_of.get("clip")
+                for p in regions:
+                    key = None if p is None else (m, load.name, p)
+                    submit(m, load.name, ("clip", p), t, key, 0)
+        if o.face != "none" and o.faces and len(face_boxes):
+            due = cam.last_face is None or t - cam.last_face >= o.face_interval_s * NS
+            if due:
+                cam.last_face = t
+                m = model_of.get("face")
+                source = "yunet" if o.face == "yunet" else "blazeface"
+                for f in _face_tracks(cam, face_boxes, boxes, ids, t):
+                    key = None if f is None else (m, load.name, f, source)
+                    submit(m, load.name, ("face", f), t, key, 0)
+        elif cam.faces is not None:
+            _face_tracks(cam, face_boxes, boxes, ids, t)  # the face tracker sees every frame
+        if o.faces:
+            m = model_of.get("face")
+            for p in cam.pose_faces:
+                submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
+            cam.pose_faces.clear()
+
+    def on_complete(batch: Batch, returned: list) -> None:
+        for job, _ in returned:
+            if clock.t >= warm_ns:
+                results[job.model][job.camera] += 1
+                done_at[job.model].append(clock.t)
+            kind, who = job.payload
+            if kind != "pose":
+                continue
+            cam = cams[job.camera]
+            cam.tracks.finish_pose(who, job.capture_ts_ns, clock.t)  # as the dark stage does
+            if face_points:
+                cam.pose_faces.append(who)
+
+    def snapshot() -> None:
+        mark["drops"] = Counter(sched.stats.drops)
+
+    events: list[tuple[int, Any]] = [(warm_ns, snapshot)]
+    for k, cam in enumerate(cams.values()):
+        if cam.load.rate <= 0 or not cam.load.frames:
+            continue
+        period = NS / cam.load.rate
+        phase = round(period * k / max(len(cams), 1))
+        j = 0
+        while (t := phase + round(j * period)) < end_ns:
+            events.append((t, lambda cam=cam, t=t: frame(cam, t)))
+            j += 1
+    report = simulate(sched, clock, events, device_s, end_ns, on_complete=on_complete)
+
+    window = (end_ns - warm_ns) / NS
+    busy = sum(max(0, min(b, end_ns) - max(a, warm_ns)) for a, b, _ in report.batches) / (
+        end_ns - warm_ns
+    )
+    drops: dict[str, dict[str, float]] = defaultdict(dict)
+    before = mark.get("drops", Counter())
+    for (m, _cam, reason), n in sched.stats.drops.items():
+        d = n - before.get((m, _cam, reason), 0)
+        if d:
+            drops[m][reason] = drops[m].get(reason, 0.0) + d / window
+    passes: Counter = Counter()
+    for a, _, b in report.batches:
+        if a >= warm_ns:
+            passes[b.model] += 1
+    spread = {}
+    span = round(min(SPREAD_S, window) * NS)
+    for m, times in done_at.items():
+        rates = []
+        for start in range(warm_ns, end_ns - span + 1, 5 * NS):
+            n = sum(1 for t in times if start <= t < start + span)
+            rates.append(n / (span / NS))
+        if rates:
+            spread[m] = (min(rates), max(rates))
+    return NpuOutcome(
+        spread=spread,
+        window_s=window,
+        busy=busy,
+        results={m: {c: n / window for c, n in r.items()} for m, r in results.items()},
+        drops=dict(drops),
+        jobs={m: n / window for m, n in submitted.items()},
+        passes={m: n / window for m, n in passes.items()},
+        context_loads_s=extra[0] / window,
+        contexts=sched.context_view(),
+    )
+
+
+def _face_tracks(
+    cam: _Camera, faces: np.ndarray, people: np.ndarray, ids: list[int | None], t: int
+) -> list[int | None]:
+    """Each face's track: its own face track without a person detector, else the smallest
+    person box containing its centre (stages.detect)."""
+    if cam.faces is not None:
+        got: list[int | None] = [None] * len(faces)
+        for tb in cam.faces.update(faces, np.ones(len(faces), np.float32), t):
+            got[tb.detection] = tb.track_id
+        return got
+    out: list[int | None] = []
+    for x1, y1, x2, y2 in faces:
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        best, area = None, np.inf
+        for (a1, b1, a2, b2), tid in zip(people, ids, strict=True):
+            size = (a2 - a1) * (b2 - b1)
+            if tid is not None and a1 <= cx <= a2 and b1 <= cy <= b2 and size < area:
+                best, area = tid, size
+        out.append(best)
+    return out
+
+
+def context_budget(costs: dict[str, ModelCost], slots: int) -> dict[str, Any]:
+    """Which models' contexts fit the device together, and what alternating costs when they
+    do not: {slots, needed, fits, per_model, reload_s (one round of every model's loads)}."""
+    per = {m: len(c.contexts) for m, c in costs.items()}
+    needed = sum(per.values())
+    fits = needed <= slots
+    reload_s = 0.0 if fits else sum(n * NPU2.ctx_load_s for n in per.values())
+    return {
+        "slots": slots,
+        "needed": needed,
+        "fits": fits,
+        "per_model": per,
+        "switch_s": NPU2.ctx_switch_s,
+        "load_s": NPU2.ctx_load_s,
+        "reload_round_s": reload_s,
+    }

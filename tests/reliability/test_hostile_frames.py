@@ -1,0 +1,125 @@
+"""A `zmq:` camera fed by a hostile sender (stages/frame_wire.py, stages/sources.py): frames
+that would make the receiver allocate far more than a frame, and headers that are huge, deep
+or hold integers Python cannot print, are refused before they cost anything, counted in
+`bad_messages` and logged naming the camera; every valid frame in between is published, and
+the other camera keeps streaming.
+
+- A 631-byte JPEG whose header shape and SOF both claim 16384 x 16384: before the fix it was
+  decoded to an 805 MB frame (8 s of the reader's time, +805 MB RSS); now the header's
+  268 M pixels are over the camera's max_pixels (default 3840 x 2160) and nothing is decoded.
+- A header with a 20 MiB `source` (accepted and copied into every det message before), one
+  nested 2000 deep, one whose seq has 5000 digits: over the header limits of
+  stages.frame_wire.HEADER_LIMITS (8 KiB, depth 4, strings of 1024 bytes, 20 digits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+import zmq
+from engine_stages import start
+from hostile_inputs import RssPeak, deep_header, giant_int_header, jpeg_claiming, with_fields
+from rel_helpers import Recorder
+
+from pipeline.messages import Frame, now_ns
+from stages.frame_wire import encode_frame
+
+
+def test_zmq_camera_refuses_oversized_frames_and_hostile_headers_before_decoding(
+    write_config, free_port, caplog
+):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    path = write_config(
+        f"""
+        [metrics]
+        stats_interval_s = 0.2
+        [[cameras]]
+        name = "remote"
+        url = "zmq:{endpoint}"
+        staleness_ms = 60000
+        [[cameras]]
+        name = "card"
+        url = "synthetic:?width=64&height=48&fps=25"
+        [[stages]]
+        kind = "capture"
+        [[stages]]
+        kind = "publish"
+        bind = "tcp://127.0.0.1:*"
+        inbox = {{ size = 64, policy = "block" }}
+        """
+    )
+    image = np.full((48, 64, 3), 90, np.uint8)
+
+    def valid(seq: int) -> list[bytes]:
+        return encode_frame(Frame("sender", seq, now_ns(), now_ns() + 10**9, image, "cam"))
+
+    header = valid(0)[0]
+    bomb = [with_fields(header, shape=[16384, 16384, 3]), jpeg_claiming(16384, 16384)]
+    hostile = [
+        bomb,
+        [with_fields(header, source="A" * (20 << 20)), valid(0)[1]],
+        [deep_header(header, depth=2000), valid(0)[1]],  # 4 KB: within the size limit
+        [giant_int_header(header), valid(0)[1]],
+    ]
+    stream = [valid(0)]
+    for i, msg in enumerate(hostile, 1):
+        stream += [msg, valid(i)]
+
+    async def main():
+        ctx = zmq.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.setsockopt(zmq.SNDTIMEO, 5000)
+        push.bind(endpoint)
+        pipeline, task = await start(path)
+        try:
+            await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
+            rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+            await rec.wait_for(lambda: len(rec.frames("card")) >= 5, 10, "card streaming")
+            peak = RssPeak()
+            peak.start()
+            t0 = now_ns()
+            started = time.monotonic()
+            for msg in stream:
+                await asyncio.to_thread(push.send_multipart, msg)
+            await rec.wait_for(
+                lambda: len(rec.frames("remote")) >= len(hostile) + 1, 15, "the valid frames"
+            )
+            took = time.monotonic() - started
+            await asyncio.sleep(0.5)
+            grew = peak.stop()
+            t1 = now_ns()
+            last = rec.stats()[-1].header["stats"]["cameras"]
+        finally:
+            pipeline.stop()
+            code = await asyncio.wait_for(task, 10)
+            push.close(0)
+            ctx.term()
+        await rec.stop(idle_s=0.1)
+        return code, rec, last, grew, took, (t0, t1)
+
+    with caplog.at_level(logging.WARNING, logger="stages.sources"):
+        code, rec, last, grew, took, (t0, t1) = asyncio.run(main())
+    print(f"\nhostile frames: RSS peak +{grew:.0f} MB, all valid frames published {took:.2f} s")
+    assert code == 0
+    remote = rec.frames("remote")
+    assert [s.header["seq"] for s in remote] == list(range(len(hostile) + 1))
+    assert all(len(s.header["source"]) < 4096 for s in remote)
+    assert last["remote"]["bad_messages"] == len(hostile)
+    assert last["remote"]["health"] == "online" and last["remote"]["reconnects"] == 0
+    # the 805 MB frame was never allocated, nor the 20 MiB header kept
+    assert grew < 100
+    assert took < 5
+    skipped = [r.getMessage() for r in caplog.records if "skipped bad message" in r.getMessage()]
+    assert len(skipped) == len(hostile)
+    assert all(m.startswith("camera remote: ") for m in skipped)
+    assert "16384x16384 is 268435456 pixels, over the limit of 8294400" in skipped[0]
+    for text, what in zip(skipped[1:], ("bytes", "nested", "digits"), strict=True):
+        assert what in text
+    # the other camera never went silent for more than 0.4 s while the attack ran
+    card = [s.received_ns for s in rec.frames("card") if t0 <= s.received_ns <= t1]
+    edges = [t0, *card, t1]
+    assert max(b - a for a, b in zip(edges, edges[1:], strict=False)) <= 400_000_000
