@@ -143,8 +143,13 @@ class Parts:
                     yield piece
 
             setattr(owner, name, timed_steps)
-        else:
-            setattr(owner, name, functools.wraps(fn)(functools.partial(call, fn)))
+        else:  # a function, not a partial: a method wrapped on its class still binds
+
+            @functools.wraps(fn)
+            def timed(*args, **kwargs):
+                return call(fn, *args, **kwargs)
+
+            setattr(owner, name, timed)
 
     def reset(self) -> None:
         self.cpu = dict.fromkeys(self.cpu, 0.0)

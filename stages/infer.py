@@ -539,9 +539,13 @@ class Infer(Stage):
             profiles = await asyncio.wrap_future(opened)
             from npu.device import ctx_cache_cap
 
+            # passes interleaved on the device thread: one more batch in flight, whose host
+            # glue (the crop) is ready when the device thread can take it in
+            interleave = self._device_thread.interleave if any(p.interleave for p in profiles) else 1
             self.scheduler = BatchScheduler(
                 profiles,
                 context_slots=self.options.context_slots or ctx_cache_cap(),
+                max_in_flight=interleave + 1,
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
             )
             self.metrics.add_gauges(self.name, self.device_gauges)

@@ -138,12 +138,14 @@ def device_busy(tmp_path, monkeypatch, layers: int | None, seconds: float) -> di
 
 
 def test_queued_boxes_keep_the_device_busy_at_two_layers(tmp_path, monkeypatch):
-    # 2 layers of the real widths, the real head (~0.6 s of device time a box, ~0.35 s of
-    # host CPU: a harder ratio than the whole model's ~2.7 s to ~0.8 s); the serial glue
-    # leaves the device ~40% idle at this depth
+    # 2 layers of the real widths and the real head: 0.56 s of device time a box against
+    # ~0.45 s of host glue (the whole model: 2.7 s against ~0.8 s), so a host step often
+    # outlasts the other box's one queued device step. Measured on 2 shared cores: passes
+    # one at a time (DeviceThread interleave=1) 0.60, interleaved 0.74-0.77; the bound sits
+    # between them, so it fails when the passes stop overlapping
     got = device_busy(tmp_path, monkeypatch, layers=2, seconds=8.0)
     assert got["errors"] == 0 and got["published"] >= 10, got
-    assert got["busy"] >= 0.85, got
+    assert got["busy"] >= 0.68, got
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ F32 = np.float32
 CHUNK_ELEMS = 1 << 17  # elements per chunk and array: a few chunk arrays fit a core's L2
 # elements of host work between the points where the thread driving the steps may turn to
 # another computation's device step (Pieces yield () there: npu.device.Interleaved)
-PIECE_ELEMS = 1 << 22
+PIECE_ELEMS = 1 << 20
 Pieces = Iterator[tuple[()]]
 
 # fill(lo, hi, dst): rows [lo, hi) of a chunk, as bf16 into dst (uint16 [hi - lo, C])

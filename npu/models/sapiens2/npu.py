@@ -157,8 +157,9 @@ class Sapiens2Replay:
     `slots` sets of the flat buffers (and residual streams) let that many forwards be in
     flight at once (`heatmap_steps(crop, slot)`): the device runs one box's dispatch while
     the host glue of another runs. `flats` is slot 0's set. The host scratch of the head
-    (the deconv scatter and the squares of InstanceNorm) is shared: host steps run one at a
-    time, on the thread driving the steps.
+    (the deconv scatter and the squares of InstanceNorm) is per slot too: host steps run on
+    the thread driving the steps, but in pieces (glue.in_pieces), between which another
+    slot's may run.
     """
 
     def __init__(
@@ -205,7 +206,8 @@ class Sapiens2Replay:
         self.kernels: dict[str, Kernel] = {}
         self._free_slots = list(range(slots))
         self._x = [np.empty((cfg.tokens, cfg.D), np.float32) for _ in range(slots)]
-        self._head: np.ndarray | None = None  # the head's [pixels, C] rows, then its squares
+        # per slot: the head's [pixels, C] rows, then their squares (allocated at first use)
+        self._head: list[np.ndarray | None] = [None] * slots
         try:
             for _ in range(slots):
                 self.slots.append(self._allocate())
@@ -219,8 +221,10 @@ class Sapiens2Replay:
             raise
         self._prefix = host["prefix"].reshape(cfg.prefix, cfg.D)
         patches = cfg.gh * cfg.gw
-        self._cos = host["rope.cos"].reshape(patches, cfg.hd)
-        self._sin = host["rope.sin"].reshape(patches, cfg.hd)
+        # plain ndarray views of the bundle's memmaps: a memmap's slice costs a Python-level
+        # __array_finalize__, and the staging slices them per row chunk
+        self._cos = host["rope.cos"].view(np.ndarray).reshape(patches, cfg.hd)
+        self._sin = host["rope.sin"].view(np.ndarray).reshape(patches, cfg.hd)
 
     def _allocate(self) -> dict[str, Flat]:
         g = self.gemms
@@ -267,18 +271,19 @@ class Sapiens2Replay:
         bits = flats["c"].bits((rows - 1) * rec.c_stride + cols)
         return np.lib.stride_tricks.as_strided(bits, (rows, cols), (rec.c_stride * 2, 2))
 
-    def _head_rows(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-        """The head's float32 scratch: its rows [rows, cols] and their squares."""
+    def _head_rows(self, slot: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+        """The head's float32 scratch of a slot: its rows [rows, cols] and their squares (a
+        slot's own: the head's host steps run in pieces, between which another slot's may run)."""
         cfg = self.config
-        if self._head is None:
+        if self._head[slot] is None:
             h0, w0, most = cfg.gh, cfg.gw, 0
             for co in cfg.up:
                 h0, w0 = 2 * h0, 2 * w0
                 most = max(most, h0 * w0 * co)
             most = max([most, *(h0 * w0 * co for co in cfg.convs)])
-            self._head = np.empty((2, most), np.float32)
-        n = rows * cols
-        return self._head[0, :n].reshape(rows, cols), self._head[1, :n].reshape(rows, cols)
+            self._head[slot] = np.empty((2, most), np.float32)
+        head, n = self._head[slot], rows * cols
+        return head[0, :n].reshape(rows, cols), head[1, :n].reshape(rows, cols)
 
     # the forward, as steps: host glue, then the launches of one device step (yielded)
 
@@ -380,7 +385,7 @@ class Sapiens2Replay:
             yield [self._gemm(flats, f"d{j}", f"d{j}")]
             rows = min(rec.rows, (h0 + 1) * (w0 + 2))
             c = flats["c"].bits((rows - 1) * rec.n + rec.n)
-            y, sq = self._head_rows(4 * h0 * w0, co)
+            y, sq = self._head_rows(slot, 4 * h0 * w0, co)
             bias = self.host.get(f"d{j}.bias")
             yield from glue.scatter_into(pool, c, h0, w0, rec.n, co, bias,
                                          y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
@@ -397,7 +402,7 @@ class Sapiens2Replay:
         for j, co in enumerate(cfg.convs):
             rec = self.gemms[f"c{j}"]
             yield [self._gemm(flats, f"c{j}", f"c{j}")]
-            y, sq = self._head_rows(px, co)
+            y, sq = self._head_rows(slot, px, co)
             yield from glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
             yield from glue.instance_norm_silu_to(
                 pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co)
