@@ -541,7 +541,8 @@ class Infer(Stage):
 
             # passes interleaved on the device thread: one more batch in flight, whose host
             # glue (the crop) is ready when the device thread can take it in
-            interleave = self._device_thread.interleave if any(p.interleave for p in profiles) else 1
+            stepped = any(p.interleave for p in profiles)
+            interleave = self._device_thread.interleave if stepped else 1
             self.scheduler = BatchScheduler(
                 profiles,
                 context_slots=self.options.context_slots or ctx_cache_cap(),
