@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-NPU2_SLOTS = 16  # hardware contexts NPU2 holds, machine-wide (spec: the driver's hwctx_limit)
+NPU2_SLOTS = 16  # NPU2's hardware contexts, machine-wide (the driver's hwctx_limit: docs/device.md)
 
 
 def round_up(n: int, m: int) -> int:

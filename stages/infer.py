@@ -58,6 +58,7 @@ from pipeline.errors import NpucamError
 from pipeline.files import path_kind
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
+from pipeline.queues import Policy
 from stages.jobs import Job
 from stages.runtimes import (
     ModelOptions,
@@ -386,7 +387,9 @@ class Infer(Stage):
         # dispatched batches: the device thread's future and the loop's wrapper of it
         self._in_flight: deque[tuple[Batch, Future, asyncio.Future]] = deque()
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()  # set when jobs leave the model queues
         self._feeding = True
+        self._inbox_blocks = False  # the stage's inbox is `block`: model queues default to it
         self._model_of: dict[type, str] = {}  # job type -> the enabled model that takes it
 
     # -- configuration -----------------------------------------------------------------
@@ -492,7 +495,7 @@ class Infer(Stage):
                     contexts=rt.contexts,
                     cost_s=cost,
                     queue_size=mo.queue_size,
-                    queue_policy=mo.queue_policy,
+                    queue_policy=mo.policy(self._inbox_blocks),
                     share=mo.share,
                     interleave=rt.stepped,
                 )
@@ -534,6 +537,7 @@ class Infer(Stage):
         self._prep_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-prepare")
         feeder: asyncio.Task | None = None
         failure: BaseException | None = None
+        self._inbox_blocks = getattr(inbox, "policy", None) is Policy.BLOCK
         try:
             opened = self._device_thread.submit("loading the models", self._open)
             profiles = await asyncio.wrap_future(opened)
@@ -634,10 +638,22 @@ class Infer(Stage):
         assert self.scheduler is not None
         try:
             async for item in inbox:
+                await self._wait_for_room(type(item))
                 self.submit(item)
         finally:
             self._feeding = False
             self._wake.set()
+
+    async def _wait_for_room(self, kind: type) -> None:
+        """Hold the job in hand while its model's `block` queue is full: the feeder takes
+        nothing more from the inbox, so the inbox fills and its producers wait in turn."""
+        assert self.scheduler is not None
+        model = self._model_of.get(kind)
+        if model is None or self.scheduler.profiles[model].queue_policy != "block":
+            return
+        while not self.scheduler.has_room(model):
+            self._room.clear()
+            await self._room.wait()
 
     def submit(self, item: Job) -> bool:
         """Queue one job for its model; False if dropped at once (counted)."""
@@ -711,6 +727,7 @@ class Infer(Stage):
                     )
                 in_flight.append((batch, ran, asyncio.wrap_future(ran)))
             self._sync_drops()
+            self._room.set()  # dispatches and drops made room: a waiting feeder re-checks
             if in_flight and in_flight[0][2].done():
                 batch, _, fut = in_flight.popleft()
                 await self._finish(batch, fut, out)

@@ -25,8 +25,8 @@ from pipeline.errors import NpucamError
 from pipeline.messages import now_ns
 from pipeline.queues import oldest_of_busiest_camera
 
-QueuePolicy = Literal["drop_oldest", "reject_new"]
-QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new")
+QueuePolicy = Literal["drop_oldest", "reject_new", "block"]
+QUEUE_POLICIES: tuple[str, ...] = ("drop_oldest", "reject_new", "block")
 
 # Why a job was dropped: past its deadline; still in time but unable to finish before it
 # even on an optimistic cost (the device's backlog, or a pass longer than the time left);
@@ -52,7 +52,9 @@ class ModelProfile:
     max_wait_ms: a partial batch closes once its oldest job has waited this long.
     contexts: the hardware-context keys its kernels need (shared keys are shared contexts).
     cost_s: initial estimate of one batch's device time with its contexts resident.
-    queue_size / queue_policy: the bound of its queue and what happens when it is full.
+    queue_size / queue_policy: the bound of its queue and what happens when it is full:
+        drop the oldest job of the busiest camera, refuse the new job, or ("block") nothing
+        is dropped because the submitter waits for `has_room` first (stages/infer.py).
     share: its weight in the device-time split between models that all have work.
     interleave: its passes run interleaved on the device thread (the host glue of one while
         the device runs the other's dispatches), so while only such passes are in flight
@@ -481,6 +483,11 @@ class BatchScheduler:
                 first.group = job.group
                 return True
         if len(queue) >= profile.queue_size:
+            if profile.queue_policy == "block":
+                raise SchedulerError(
+                    f"camera {job.camera!r}: the {job.model} queue is full ({len(queue)} "
+                    "jobs) and its policy is block: wait for has_room() before submitting"
+                )
             if profile.queue_policy == "reject_new":
                 self._drop(job, "queue_full")
                 return False
@@ -525,6 +532,10 @@ class BatchScheduler:
         self._served[camera] = max(self._served.get(camera, 0.0), self._virtual)
 
     # -- dispatch -------------------------------------------------------------------------
+
+    def has_room(self, model: str) -> bool:
+        """Whether `model`'s queue is below its bound (a `block` queue takes a job only then)."""
+        return len(self._queues[model]) < self.profiles[model].queue_size
 
     def pending(self, model: str | None = None) -> int:
         """Queued (not dispatched) jobs, of one model or of all."""

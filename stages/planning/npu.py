@@ -250,6 +250,11 @@ class _Camera:
     pose_faces: list[int] = field(default_factory=list)
 
 
+def _planned(policy: str) -> str:
+    """The policy the plan simulates for a model queue (a held-back `block` job is refused)."""
+    return "reject_new" if policy == "block" else policy
+
+
 def simulate_npu(
     costs: dict[str, ModelCost],
     cameras: list[CameraLoad],
@@ -259,11 +264,13 @@ def simulate_npu(
     face_points: bool = False,
     horizon_s: float = 150.0,
     warm_s: float = 30.0,
+    infer_blocks: bool = False,
 ) -> NpuOutcome:
     """Run the stage's scheduler on `costs` for horizon_s of simulated time, with the jobs
     detect (DetectOptions `detect`, None: no detect stage) issues on `cameras`, and report
     the window after warm_s. infer: the InferOptions (per-model max_wait_ms, queue, share;
-    context slots; prepare_ahead_ms). face_points: the dark stage sends a face job per pose."""
+    context slots; prepare_ahead_ms). face_points: the dark stage sends a face job per pose.
+    infer_blocks: the infer stage's inbox is `block`."""
     from npu.device import ctx_cache_cap
 
     kind_of = {m: models.spec(m).kind for m in costs}
@@ -280,7 +287,9 @@ def simulate_npu(
                 contexts=c.contexts,
                 cost_s=c.profile_cost_s or c.pass_s,
                 queue_size=mo.queue_size,
-                queue_policy=mo.queue_policy,
+                # a plan models live cameras: a job a full `block` queue holds back waits
+                # upstream, where newer frames replace it, so the plan counts it refused
+                queue_policy=_planned(mo.policy(infer_blocks)),
                 share=mo.share,
             )  # fmt: skip
         )

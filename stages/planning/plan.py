@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import load_config
+from pipeline.config import Config, load_config
 from pipeline.graph import stage_class
 from stages.planning.npu import (
     CameraLoad,
@@ -224,6 +224,7 @@ def make_plan(
             outcome = simulate_npu(
                 costs, loads, detect_opts, infer_opts,
                 face_points=_dark_face_points(config), horizon_s=horizon_s,
+                infer_blocks=_inbox_blocks(config, inf_i),
             )  # fmt: skip
             infer_host = sum(outcome.passes.get(m, 0.0) * c.host_s for m, c in costs.items())
         else:
@@ -342,6 +343,12 @@ def _override(
 def _counts(mean: float, frames: int) -> list[int]:
     """`frames` integer counts whose mean is `mean` (e.g. 1.5 -> 1, 2, 1, 2, ...)."""
     return [int((i + 1) * mean + 1e-9) - int(i * mean + 1e-9) for i in range(frames)]
+
+
+def _inbox_blocks(config: Config, index: int) -> bool:
+    """Whether stage `index`'s inbox is `block` (its model queues then default to block)."""
+    inbox = config.stages[index].inbox
+    return inbox is not None and inbox.policy == "block"
 
 
 def _dark_face_points(config: Any) -> bool:

@@ -58,9 +58,17 @@ class ModelOptions(StageOptions):
     synthetic: bool = False  # no checkpoint / bundle: use the synthetic model (else fail)
     max_wait_ms: float = Field(0.0, ge=0)  # a partial batch closes after its oldest waited this
     queue_size: int = Field(16, ge=1, le=100_000)
-    queue_policy: Literal["drop_oldest", "reject_new"] = "drop_oldest"
+    # when its queue is full; default: block if the infer stage's inbox is block (the
+    # back-pressure reaches the producers), else drop_oldest
+    queue_policy: Literal["drop_oldest", "reject_new", "block"] | None = None
     cost_s: float | None = Field(None, gt=0)  # initial pass cost; default: measured warm-up
     share: float = Field(1.0, gt=0)  # weight in the device-time split between models
+
+    def policy(self, inbox_blocks: bool) -> str:
+        """The queue policy this model runs with, given whether the stage's inbox blocks."""
+        if self.queue_policy is not None:
+            return self.queue_policy
+        return "block" if inbox_blocks else "drop_oldest"
 
     def source(self, base_dir: Path, where: str) -> ModelSource:
         """Where this model's weights come from, its paths resolved against the config's dir."""

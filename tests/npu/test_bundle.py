@@ -1,5 +1,5 @@
-"""npu.bundle: manifest grammar, reserved records, tensors, every error text of spec section 1.6
-(taconite-bundle's wording), path confinement and arbitrary-bytes fuzzing."""
+"""npu.bundle: manifest grammar, reserved records, tensors, every error text of docs/bundles.md
+"Errors" (taconite-bundle/src/lib.rs's wording), path confinement and arbitrary-bytes fuzzing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """npu.bundle_writer: what it writes reads back through npu.bundle unchanged, in the on-disk
-form spec section 1 gives (64-byte aligned offsets, one record a line)."""
+form docs/bundles.md gives (64-byte aligned offsets, one record a line)."""
 
 from __future__ import annotations
 

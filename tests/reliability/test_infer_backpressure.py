@@ -1,12 +1,9 @@
 """`block` all the way through the NPU stage: an offline run whose every inbox is `block`
-must lose no face job. It does: stages/infer.py's feeder takes every job from its inbox at
-once and hands it to the scheduler, whose per-model queue (queue_size, policy drop_oldest or
-reject_new) drops what does not fit (`queue_full` under infer/adaface), so the inbox never
-fills and back-pressure never reaches capture. The fix belongs in stages/infer.py and
-stages/scheduler.py (outside this change): a model queue that is full makes the feeder wait
-before it takes the next job from the inbox (a `block` queue_policy, the default when the
-stage's inbox is `block`), so the inbox fills and its producers wait. Until then this test is
-an expected failure.
+loses no face job. stages/infer.py's feeder holds a job while its model's `block` queue
+(the default when the stage's inbox is `block`) is full, so the inbox fills and back-pressure
+reaches capture. Before that the feeder took every job at once and the per-model queue
+(queue_size 2, drop_oldest) dropped what did not fit (`queue_full` under infer/adaface).
+Paced at NPU2 time (0.5 s a face), so the device is slower than the producers.
 """
 
 from __future__ import annotations
@@ -15,14 +12,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-import pytest
 from engine_stages import start
 
 FAULT_STAGES = str(Path(__file__).parent)
-FRAMES = 40
+FRAMES = 16
 
 
-@pytest.mark.xfail(strict=True, reason="infer's model queues drop under `block` (see docstring)")
 def test_a_block_pipeline_through_infer_loses_no_face_job(
     write_config, make_clip, tmp_path, monkeypatch
 ):

@@ -417,6 +417,20 @@ def test_reject_new_policy_drops_the_incoming_job():
     assert sched.stats.drops == {("adaface", "cam1", "queue_full"): 1}
 
 
+def test_block_policy_never_drops_for_fullness_and_says_when_there_is_room():
+    clock = SimClock()
+    sched = BatchScheduler(profiles(queue_size=2, policy="block"), clock=clock)
+    assert sched.submit(job("adaface", "cam0", 0, 60 * S))
+    assert sched.has_room("adaface")
+    assert sched.submit(job("adaface", "cam0", 1, 60 * S))
+    assert not sched.has_room("adaface") and sched.has_room("clip")
+    with pytest.raises(SchedulerError, match="'cam1'.*adaface queue is full.*has_room"):
+        sched.submit(job("adaface", "cam1", 2, 60 * S))
+    assert sched.pending("adaface") == 2 and not sched.stats.drops
+    sched.next_batch()  # a dispatch takes a job out: room again
+    assert sched.has_room("adaface")
+
+
 def test_failed_batch_drops_its_jobs_with_reason_error_and_scheduling_goes_on():
     clock = SimClock()
     sched = BatchScheduler(profiles(), clock=clock)

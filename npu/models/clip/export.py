@@ -7,9 +7,9 @@ ctx= insts=` with K x N exactly dim x 3·dim, dim x dim, dim x N1, N1 x dim, and
 geometry are unpublished (docs/clip.md), so the parts only the simulator reads are npucam's:
 B is npu.sim's bfp16ebs8 packing with the tiling in `tile_n= tile_k= ct_k=`, biases and the
 fc1 GELU are `bias=` / `epilogue=` fields, and the op records carry `kind=` plus geometry
-(npu.sim_clip). The numerics follow b.7: LN1 / LN2 affines folded into qkv / fc1, fc2's bias
-riding an extra fc1 column (N1 = MLP width + 1, rounded up to 64), the attention scale
-compiled into the MHA kernel.
+(npu.sim_clip). The numerics follow taconite-clip's src/tower.rs (docs/clip.md): LN1 / LN2
+affines folded into qkv / fc1, fc2's bias riding an extra fc1 column (N1 = MLP width + 1,
+rounded up to 64), the attention scale compiled into the MHA kernel.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def _write(
 
 
 def _host_tensors(host: HostWeights) -> dict[str, np.ndarray]:
-    """Spec b.2's host tensor names -> float32 arrays."""
+    """taconite-clip's host tensor names (docs/clip.md) -> float32 arrays."""
     return {
         "v.patch_w": host.v_patch_w, "v.cls": host.v_cls, "v.pos": host.v_pos,
         "v.ln_pre.w": host.v_ln_pre[0], "v.ln_pre.b": host.v_ln_pre[1],

@@ -201,7 +201,7 @@ class BundleLayers:
 
 
 def _host_weights(bundle: Bundle, p: Any, vdim: int, tdim: int) -> HostWeights:
-    """Spec b.2's host f32 tensors, shapes checked against the params."""
+    """taconite-clip's host f32 tensors (docs/clip.md), shapes checked against the params."""
     patch, image_size, embed = p("patch", int), p("image_size", int), p("embed_dim", int)
     tokens, context = p("v_tokens", int), p("context", int)
     shapes = {

@@ -128,8 +128,8 @@ def test_stage_layout_errors_name_the_unit_or_the_config(tmp_path):
 
 
 def test_subsample_keeps_floor_h_over_stride_rows_as_the_bundle_step():
-    """Spec a.2: subsample output is (c, h/stride, w/stride) with integer division; an odd
-    side loses its last row and column (ceil would give 4x4 here)."""
+    """docs/adaface-bundle.md §1: subsample output is (c, h/stride, w/stride) with integer
+    division; an odd side loses its last row and column (ceil would give 4x4 here)."""
     x = np.arange(3 * 7 * 7, dtype=np.float32).reshape(3, 7, 7)
     k = 3 * 3 * 3
     program = IrProgram(

@@ -462,10 +462,10 @@ def _torch_conv64(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def test_each_group_partial_is_rounded_to_bf16_before_the_f32_sum(tmp_path, sim):
-    """Spec a.3 rounding rules, against torch float64 convs: a conv over two input-channel
-    groups rounds each group's partial to bf16 and sums them in f32 (not one rounding of the
-    full sum), and prelu_bias rounds twice. An identity head hands back the last activation
-    exactly, so the whole [16, 8, 8] buffer is compared bit for bit."""
+    """docs/adaface-bundle.md §3's rounding rules, against torch float64 convs: a conv over two
+    input-channel groups rounds each group's partial to bf16 and sums them in f32 (not one
+    rounding of the full sum), and prelu_bias rounds twice. An identity head hands back the last
+    activation exactly, so the whole [16, 8, 8] buffer is compared bit for bit."""
     rng = np.random.default_rng(7)
     w1 = rng.normal(0, 0.3, (16, 3, 3, 3)).astype(np.float32)
     w2 = rng.normal(0, 0.3, (16, 16, 3, 3)).astype(np.float32)
