@@ -13,6 +13,7 @@ quiet bit set, `(bits >> 16) | 0x0040`, as taconite::f32_to_bf16. So every NaN s
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from pipeline.errors import NpucamError
@@ -42,6 +43,22 @@ def f32_to_bf16(a: np.ndarray) -> np.ndarray:
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     if nan.any():
         out[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return out
+
+
+def f32_to_bf16_into(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """f32_to_bf16(a) written into `out` without a temporary of a's size; returns out.
+
+    a: float32, any shape (any strides); out: uint16 of the same shape, e.g. a view of a
+    device buffer's mapping. ml_dtypes' cast rounds to nearest even exactly as the integer
+    trick does on every non-NaN value; it makes every NaN the canonical 0x7FC0 / 0xFFC0, so a
+    NaN present (a max that is NaN) is redone with the payload-keeping rule.
+    """
+    with np.errstate(invalid="ignore"):
+        np.copyto(out.view(ml_dtypes.bfloat16), a, casting="unsafe")
+        if a.size and np.isnan(np.max(a)):
+            nan = np.isnan(a)
+            out[nan] = f32_to_bf16(a[nan])
     return out
 
 

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -498,12 +498,128 @@ class Kernel(Protocol):
 class Launch(Protocol):
     """A started run. wait() waits for it without holding the GIL, checks the final state
     and returns wall seconds; past `deadline` (time.perf_counter() seconds; default the
-    launch's own) it raises DeviceTimeout. expected_s: the time the device should take."""
+    launch's own) it raises DeviceTimeout. expected_s: the time the device should take;
+    busy_s, once waited for: the device time it took (from when the device could start it,
+    after the dispatches before it, to when its wait saw it done)."""
 
     expected_s: float
     deadline: float
+    busy_s: float
 
     def wait(self, deadline: float | None = None) -> float: ...
+
+    def finished(self) -> bool:
+        """Whether it has finished (one read of its state; wait() then returns at once)."""
+        ...
+
+
+Steps = Generator[Sequence[Launch], None, Any]
+
+
+def wait_all(launches: Iterable[Launch]) -> None:
+    """Wait for launches in order; on an error the others are waited for too, then the first
+    error is raised (as run_all)."""
+    first: BaseException | None = None
+    for launch in launches:
+        try:
+            launch.wait()
+        except DeviceError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def run_steps(steps: Steps) -> Any:
+    """Drive a stepped device computation alone: a generator that does its host work, starts
+    the launches of one device step and yields them; each is resumed once they are done, and
+    its return value is the result. The calls reach the device in the generator's order."""
+    try:
+        launches = next(steps)
+        while True:
+            try:
+                wait_all(launches)
+            except BaseException:
+                steps.close()
+                raise
+            launches = steps.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+def busy_steps(steps: Steps) -> Generator[Sequence[Launch], None, tuple[Any, float]]:
+    """The same steps, returning (their result, the device seconds their launches took: the
+    sum of busy_s, which leaves out the device's idle time between them and the time it
+    spent on other computations' launches interleaved with them)."""
+    busy = 0.0
+    try:
+        launches = next(steps)
+        while True:
+            yield launches
+            busy += sum(launch.busy_s for launch in launches)
+            launches = steps.send(None)
+    except StopIteration as stop:
+        return stop.value, busy
+
+
+class Interleaved:
+    """Stepped device computations (Steps) in flight together on one thread, as taconite's
+    device is kept busy by queueing the next dispatch before waiting for the current one:
+    add() runs a computation's host work up to its first device step; step() waits for the
+    oldest outstanding step (the others' launches stay queued on the device meanwhile) and
+    resumes its computation, whose host work up to its next step then runs while the
+    device works through the other computations' launches. A computation's end or error
+    goes to its `done(result, error)`.
+
+    Computations in step with each other do their long host steps at the same time (a
+    Sapiens2 head's InstanceNorms), when the device has only the others' short dispatches
+    to run; admits() staggers them: another computation should join only once those in
+    flight are half way through, by the device time the last computation of their kind
+    took."""
+
+    def __init__(self) -> None:
+        self._active: deque[list[Any]] = deque()  # [steps, launches, done, kind, busy_s]
+        self._length: dict[str, float] = {}  # kind -> device seconds of its last computation
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def admits(self) -> bool:
+        """Whether a computation joining now would be out of step with those in flight."""
+        return all(2 * entry[4] >= self._length.get(entry[3], 0) for entry in self._active)
+
+    def add(
+        self, steps: Steps, done: Callable[[Any, BaseException | None], None], kind: str = ""
+    ) -> None:
+        self._advance([steps, (), done, kind, 0.0], first=True)
+
+    def step(self) -> None:
+        """Resume one computation: the oldest whose device step has finished, else the
+        oldest doing host work (a step of no launches: a piece of a long host step), so
+        the device is fed first; else wait for the oldest outstanding step."""
+        ready = next((e for e in self._active if all(x.finished() for x in e[1])), None)
+        entry = ready or self._active[0]
+        self._active.remove(entry)
+        try:
+            wait_all(entry[1])
+        except BaseException as exc:
+            entry[0].close()
+            entry[2](None, exc)
+            return
+        self._advance(entry, first=False)
+
+    def _advance(self, entry: list[Any], first: bool) -> None:
+        steps, finished, done, kind, busy = entry
+        busy += sum(launch.busy_s for launch in finished)
+        try:
+            launches = next(steps) if first else steps.send(None)
+        except StopIteration as stop:
+            self._length[kind] = busy
+            done(stop.value, None)
+        except BaseException as exc:
+            done(None, exc)
+        else:
+            entry[1], entry[4] = launches, busy
+            self._active.append(entry)
 
 
 class Device(Protocol):
@@ -604,6 +720,7 @@ class DeviceLaunch:
         self.expected_s = 0.0
         self.deadline = float("inf")
         self.seen_running = False  # a poll saw it in flight: its completion time is exact
+        self.busy_s = 0.0  # once finished: from when the device could start it to its end
         self.wall: float | None = None
         self.error: DeviceError | None = None
 
@@ -613,6 +730,9 @@ class DeviceLaunch:
 
     def wait(self, deadline: float | None = None) -> float:
         return self.device.wait(self, deadline)
+
+    def finished(self) -> bool:
+        return self.device.finished(self)
 
 
 @dataclass
@@ -934,6 +1054,23 @@ class DeviceCore(Generic[K, B]):
             raise
         return time.perf_counter() - t0
 
+    def finished(self, launch: DeviceLaunch) -> bool:
+        """Whether a launch has finished (Launch.finished): one read of its state, never a
+        wait; a finished launch is retired as its wait would retire it."""
+        with self._lock:
+            if launch.done:
+                return True
+            now = time.perf_counter()
+            try:
+                state = self._state(launch)
+            except Exception:
+                return True  # its wait reports the failure
+            if state in IN_FLIGHT_STATES:
+                launch.seen_running = True
+                return False
+            self._retire(launch, now, state=state)
+            return True
+
     def wait(self, launch: DeviceLaunch, deadline: float | None = None) -> float:
         """Wait for a launch (Launch.wait): its wall seconds, or its error raised."""
         if not launch.done:
@@ -989,6 +1126,7 @@ class DeviceCore(Generic[K, B]):
         self._count_run(kernel, wall, now - launch.t_start)
         began = max(launch.t_start, self._last_done)
         self._last_done = max(self._last_done, now)
+        launch.busy_s = max(0.0, now - began)
         if state == ERT_CMD_STATE_COMPLETED:
             kernel.timing.learn(now - began, exact=launch.seen_running)
             self._suspect.discard(kernel.spec.context_key)

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from npu.bf16 import bf16_to_f32, f32_to_bf16
-from npu.device import Buffer, Device, Kernel, KernelSpec, kernel_key, kernel_spec
+from npu.device import Buffer, Device, Kernel, KernelSpec, Launch, kernel_key, kernel_spec
 from pipeline.errors import NpucamError
 
 EPILOGUES = ("none", "silu", "gelu", "swiglu")
@@ -476,12 +476,16 @@ class Flat:
             self._views[key] = self.device.sub(self.root, 0, elems * 2)
         return self._views[key]
 
-    def put(self, bits: np.ndarray) -> None:
-        """bf16 bits (uint16, any shape) into the first bits.size elements, then synced."""
-        n = bits.size
+    def host(self, n: int | None = None) -> np.ndarray:
+        """The host mapping's first n elements (default all), uint16, for the host to write
+        bf16 into; written(n) then syncs them. No sync happens here."""
+        n = self.elems if n is None else n
         if n > self.elems:
-            raise OpsError(f"{self.name}: {n} elements into a buffer of {self.elems}")
-        np.copyto(self.root.array(np.uint16)[:n], bits.reshape(-1))
+            raise OpsError(f"{self.name}: {n} elements of a buffer of {self.elems}")
+        return self.root.array(np.uint16)[:n]
+
+    def written(self, n: int) -> None:
+        """The host wrote the first n elements: sync them to the device (npu.rs `fill_rows`)."""
         self.device.to_device(self.view(n))
 
     def bits(self, n: int) -> np.ndarray:
@@ -495,13 +499,16 @@ class Flat:
         self._views.clear()
 
 
-def run_gemm(device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat) -> float:
-    """One dispatch of a GEMM over all its rows: (A view of a_elems, B, C view of c_elems)."""
-    return device.run(kernel, [a.view(rec.a_elems), b, c.view(rec.c_elems)])
+def run_gemm(
+    device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat
+) -> Launch:
+    """Start one dispatch of a GEMM over all its rows: (A view of a_elems, B, C view of
+    c_elems); its Launch (wait() it; a chained dispatch may be started before that)."""
+    return device.start(kernel, [a.view(rec.a_elems), b, c.view(rec.c_elems)])
 
 
-def run_mha(device: Device, kernel: Kernel, rec: MhaRecord, stage: Flat, o: Flat) -> float:
-    """The attention: q, k and v three views of the staging buffer, all from offset 0, and
-    the o view (npu.rs `run_mha`)."""
+def run_mha(device: Device, kernel: Kernel, rec: MhaRecord, stage: Flat, o: Flat) -> Launch:
+    """Start the attention: q, k and v three views of the staging buffer, all from offset 0,
+    and the o view (npu.rs `run_mha`); its Launch."""
     views = [stage.view(rec.q_elems, 0), stage.view(rec.k_elems, 1), stage.view(rec.v_elems, 2)]
-    return device.run(kernel, [*views, o.view(rec.o_elems)])
+    return device.start(kernel, [*views, o.view(rec.o_elems)])

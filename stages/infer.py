@@ -51,7 +51,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, create_model
 
 from npu import models
-from npu.device import DeviceFailed, DeviceTimeout, open_device
+from npu.device import DeviceFailed, DeviceTimeout, Interleaved, Steps, open_device
 from npu.models import ModelLoadError
 from pipeline.config import Config
 from pipeline.errors import NpucamError
@@ -87,14 +87,23 @@ class DeviceCloseError(NpucamError):
 
 
 class DeviceThread:
-    """The one thread that touches the device: calls run one at a time, in submission order.
+    """The one thread that touches the device: calls run in submission order.
 
+    A plain call (submit) runs alone, start to end. A stepped call (submit_steps: a
+    generator of device steps, npu.device.Steps) may be in flight with up to
+    `interleave - 1` other stepped calls (npu.device.Interleaved): while the device runs
+    one's dispatches, the host glue of another runs here, so the device does not wait on
+    host glue when two boxes are queued (staggered: a second one joins once the first is
+    half way, npu.device.Interleaved.admits). A plain call waits for the stepped calls before
+    it.
     A daemon thread, unlike a ThreadPoolExecutor's workers (which the interpreter joins at
     exit), so a device call that never returns cannot keep the process from exiting.
-    `running` is (what, time.monotonic() at its start) of the call in progress, or None."""
+    `running` is (what, time.monotonic() at its start) of the oldest call in progress, or
+    None."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, interleave: int = 2) -> None:
         self.name = name
+        self.interleave = max(1, interleave)
         self.running: tuple[str, float] | None = None
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -104,11 +113,20 @@ class DeviceThread:
 
     def submit(self, what: str, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Queue fn(*args) behind the calls already queued; `what` names it in logs."""
-        fut: Future[T] = Future()
+        return self._put(what, fn, args, None)
+
+    def submit_steps(self, what: str, kind: str, fn: Callable[..., Steps], *args: Any) -> Future:
+        """Queue the stepped call fn(*args) (a generator of device steps; its return value is
+        the future's result) behind the calls already queued; `kind` (the model) tells
+        Interleaved how many steps such a call takes, to stagger the ones in flight."""
+        return self._put(what, fn, args, kind)
+
+    def _put(self, what: str, fn: Callable[..., Any], args: tuple, kind: str | None) -> Future:
+        fut: Future = Future()
         with self._lock:
             if self._stopped:
                 raise RuntimeError(f"{self.name}: {what} submitted after shutdown")
-            self._calls.put((fut, what, fn, args))
+            self._calls.put((fut, what, fn, args, kind))
         return fut
 
     def shutdown(self) -> None:
@@ -123,12 +141,63 @@ class DeviceThread:
         return not self._thread.is_alive()
 
     def _serve(self) -> None:
+        active = Interleaved()
+        names: deque[tuple[str, float]] = deque()  # the stepped calls in flight, oldest first
+        held = None  # the next call, waiting for the stepped calls in flight to end
+        stopping = False
         while True:
-            call = self._calls.get()
-            if call is None:
+            while (
+                held is None and not stopping and len(active) < self.interleave
+                and active.admits()
+            ):  # fmt: skip
+                try:
+                    call = self._calls.get(block=not active)
+                except queue.Empty:
+                    break
+                if call is None:
+                    stopping = True
+                elif call[4] is None:
+                    held = call
+                elif call[0].set_running_or_notify_cancel():
+                    self._start_steps(active, names, *call)
+                del call  # an idle thread holds no batch
+            if active:
+                self.running = names[0]
+                active.step()
+                self.running = names[0] if names else None
+            elif held is not None:
+                self._call(*held[:4])
+                held = None
+            elif stopping:
                 return
-            self._call(*call)
-            del call  # an idle thread holds no batch
+
+    def _start_steps(
+        self,
+        active: Interleaved,
+        names: deque,
+        fut: Future,
+        what: str,
+        fn: Callable,
+        args: tuple,
+        kind: str,
+    ) -> None:
+        entry = (what, time.monotonic())
+        names.append(entry)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            names.remove(entry)
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        try:
+            steps = fn(*args)
+        except BaseException as exc:
+            done(None, exc)
+            return
+        self.running = entry
+        active.add(steps, done, kind)
 
     def _call(self, fut: Future, what: str, fn: Callable[..., Any], args: tuple) -> None:
         if not fut.set_running_or_notify_cancel():
@@ -150,6 +219,14 @@ def _run_prepared(rt: Runtime, glue: Future, device: Any) -> tuple[Ran, int, dic
     event loop gets round to the completion); with the device's per-model context view
     (npu.device.ModelContexts by model), read on the thread that owns the device."""
     ran = rt.run(glue.result())
+    finished = now_ns()
+    return ran, finished, device.context_view() if device is not None else {}
+
+
+def _steps_prepared(rt: Runtime, glue: Future, device: Any) -> Steps:
+    """_run_prepared as steps (Runtime.run_steps), interleaved with another batch's on the
+    device thread."""
+    ran = yield from rt.run_steps(glue.result())
     finished = now_ns()
     return ran, finished, device.context_view() if device is not None else {}
 
@@ -420,6 +497,7 @@ class Infer(Stage):
                     queue_size=mo.queue_size,
                     queue_policy=mo.policy(self._inbox_blocks),
                     share=mo.share,
+                    interleave=rt.stepped,
                 )
             )
         return profiles
@@ -465,9 +543,14 @@ class Infer(Stage):
             profiles = await asyncio.wrap_future(opened)
             from npu.device import ctx_cache_cap
 
+            # passes interleaved on the device thread: one more batch in flight, whose host
+            # glue (the crop) is ready when the device thread can take it in
+            stepped = any(p.interleave for p in profiles)
+            interleave = self._device_thread.interleave if stepped else 1
             self.scheduler = BatchScheduler(
                 profiles,
                 context_slots=self.options.context_slots or ctx_cache_cap(),
+                max_in_flight=interleave + 1,
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
             )
             self.metrics.add_gauges(self.name, self.device_gauges)
@@ -634,9 +717,14 @@ class Infer(Stage):
                     wait_s = (batch.dispatch_ns - job.enqueue_ns) / 1e9
                     self.metrics.observe_queue_wait(f"{self.name}/{batch.model}", wait_s)
                 glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
-                ran = self._device_thread.submit(
-                    _batch_name(batch), _run_prepared, rt, glue, self.device
-                )
+                if rt.stepped:
+                    ran = self._device_thread.submit_steps(
+                        _batch_name(batch), rt.name, _steps_prepared, rt, glue, self.device
+                    )
+                else:
+                    ran = self._device_thread.submit(
+                        _batch_name(batch), _run_prepared, rt, glue, self.device
+                    )
                 in_flight.append((batch, ran, asyncio.wrap_future(ran)))
             self._sync_drops()
             self._room.set()  # dispatches and drops made room: a waiting feeder re-checks

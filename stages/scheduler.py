@@ -56,6 +56,9 @@ class ModelProfile:
         drop the oldest job of the busiest camera, refuse the new job, or ("block") nothing
         is dropped because the submitter waits for `has_room` first (stages/infer.py).
     share: its weight in the device-time split between models that all have work.
+    interleave: its passes run interleaved on the device thread (the host glue of one while
+        the device runs the other's dispatches), so while only such passes are in flight
+        its next batch is handed out at once, not `prepare_ahead_s` before the device frees.
     """
 
     name: str
@@ -66,6 +69,7 @@ class ModelProfile:
     queue_size: int = 64
     queue_policy: QueuePolicy = "drop_oldest"
     share: float = 1.0
+    interleave: bool = False
 
     def __post_init__(self) -> None:
         where = f"model profile {self.name!r}"
@@ -612,12 +616,14 @@ class BatchScheduler:
                 self._blocked.add(name)
         if len(self._in_flight) >= self.max_in_flight:
             return None
-        # Decide as late as the host glue allows: fresher jobs, fuller batches.
-        if (
+        # Decide as late as the host glue allows: fresher jobs, fuller batches; but a pass
+        # that interleaves with the ones in flight must be there to interleave with them.
+        early = (
             self._in_flight
             and self.prepare_ahead_ns is not None
             and start_ns - now > self.prepare_ahead_ns
-        ):
+        )
+        if early and not all(self.profiles[b.model].interleave for b in self._in_flight):
             return None
         candidates = [
             self._candidate(self.profiles[name], latest_start_ns, jobs)
@@ -634,6 +640,8 @@ class BatchScheduler:
         if not candidates:
             return None
         chosen = self._choose(candidates, latest_start_ns)
+        if early and not chosen.profile.interleave:
+            return None  # its turn comes at the prepare-ahead point
         return self._dispatch(chosen, now, start_ns)
 
     def _device_free_ns(self, now: int, bound: bool = False) -> int:

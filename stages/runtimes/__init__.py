@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from npu.device import Launch, Steps, busy_steps
 from npu.models import ModelLoadError, ModelSource, load, npu2_work, released_variant, spec
 from npu.sim_cost import ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
@@ -316,13 +317,36 @@ class Runtime:
         """The device pass over a full batch: one output per slot."""
         raise NotImplementedError
 
+    @property
+    def stepped(self) -> bool:
+        """Whether a pass runs as device steps (forward_steps), which the device thread may
+        interleave with another pass's; False: whole passes only (forward)."""
+        return False
+
+    def forward_steps(self, inputs: np.ndarray) -> Steps:
+        """The device pass as steps (npu.device.Steps) returning one output per slot."""
+        raise NotImplementedError
+
     def run(self, prepared: Prepared) -> Ran:
         """Run a prepared batch on the device (device thread only)."""
+        self._check_size(prepared)
+        outs, device_s = self.timer.measure(lambda: self.forward(prepared.inputs))
+        return self._ran(prepared, outs, device_s)
+
+    def run_steps(self, prepared: Prepared) -> Generator[Sequence[Launch], None, Ran]:
+        """run() as steps (device thread only); the device seconds are its launches' own
+        (npu.device.busy_steps), not the wall time, which the interleaved pass shares."""
+        self._check_size(prepared)
+        outs, device_s = yield from busy_steps(self.forward_steps(prepared.inputs))
+        return self._ran(prepared, outs, device_s)
+
+    def _check_size(self, prepared: Prepared) -> None:
         if prepared.size != self.batch_size or len(prepared.inputs) != self.batch_size:
             raise JobInputError(
                 f"{self.name}: batch of {len(prepared.inputs)} slots, export size {self.batch_size}"
             )
-        outs, device_s = self.timer.measure(lambda: self.forward(prepared.inputs))
+
+    def _ran(self, prepared: Prepared, outs: list[np.ndarray], device_s: float) -> Ran:
         mask = prepared.mask
         result = []
         for i, out in enumerate(outs):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from npu.device import Steps
 from npu.models.sapiens2.preprocess import crop_persons
 from stages.jobs import PoseInferred, PoseJob
-from stages.runtimes import JobInputError, Runtime, SlotOutput
+from stages.runtimes import JobInputError, PacedTimer, Runtime, SlotOutput
 
 
 class Sapiens2Runtime(Runtime):
@@ -43,6 +44,18 @@ class Sapiens2Runtime(Runtime):
 
     def forward(self, inputs: np.ndarray) -> list[np.ndarray]:
         return list(self.model.heatmaps(np.ascontiguousarray(inputs, np.float32)))
+
+    @property
+    def stepped(self) -> bool:
+        """A bundle replay (sim, npu) runs as steps; the cpu forward does not, nor a pass
+        paced as NPU2 (one modelled wait from the pass's start: PacedTimer)."""
+        return hasattr(self.model.ops, "heatmap_steps") and not isinstance(self.timer, PacedTimer)
+
+    def forward_steps(self, inputs: np.ndarray) -> Steps:
+        outs = []
+        for crop in np.ascontiguousarray(inputs, np.float32):
+            outs.append((yield from self.model.ops.heatmap_steps(crop)))
+        return outs
 
     def finish(self, job: PoseJob, slot: SlotOutput) -> None:
         job.window = slot.aux

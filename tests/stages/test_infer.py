@@ -246,14 +246,21 @@ def test_device_error_fails_that_job_and_the_stage_goes_on(tmp_path, cache):
 
 
 def test_a_failing_pass_of_any_kind_fails_only_its_batch(tmp_path, cache, monkeypatch):
-    run = Runtime.run
+    # Sapiens2's passes run as steps, interleaved two at a time on the device thread
+    run, run_steps = Runtime.run, Runtime.run_steps
 
     def flaky(self, prepared):
         if prepared.jobs[0].seq == 1:
             raise DeviceError("kernel finished in state 8")
         return run(self, prepared)
 
+    def flaky_steps(self, prepared):
+        if prepared.jobs[0].seq == 1:
+            raise DeviceError("kernel finished in state 8")
+        return (yield from run_steps(self, prepared))
+
     monkeypatch.setattr(Runtime, "run", flaky)
+    monkeypatch.setattr(Runtime, "run_steps", flaky_steps)
     stage = make_stage(tmp_path, cache, models=("sapiens2",))
 
     async def source():
@@ -401,8 +408,20 @@ def _rss_bytes() -> int:
 
 def warm(stage: Infer) -> bool:
     """Every model has finished 2 passes: kernels loaded, weights unpacked, buffers grown."""
-    models = stage.scheduler.stats.models.values()
-    return all(m.batches - len(stage.scheduler.in_flight) >= 2 for m in models)
+    sched = stage.scheduler
+    running = Counter(b.model for b in sched.in_flight)
+    return all(m.batches - running[name] >= 2 for name, m in sched.stats.models.items())
+
+
+def union_s(intervals: list[tuple[float, float]], start: float = 0.0, end: float = 1e300) -> float:
+    """Seconds within [start, end] covered by at least one of the intervals."""
+    total, reach = 0.0, start
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
@@ -412,7 +431,7 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
     passes slowed by a shared 2-core host (a model whose estimate a slow pass inflated past
     the budget is held back until the estimate relaxes: docs/scheduler.md)."""
     intervals: list[tuple[float, float]] = []
-    run = Runtime.run
+    run, run_steps = Runtime.run, Runtime.run_steps
 
     def timed(self, prepared):
         t0 = time.perf_counter()
@@ -421,7 +440,15 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
         finally:
             intervals.append((t0, time.perf_counter()))
 
+    def timed_steps(self, prepared):  # Sapiens2's passes: interleaved, so they overlap
+        t0 = time.perf_counter()
+        try:
+            return (yield from run_steps(self, prepared))
+        finally:
+            intervals.append((t0, time.perf_counter()))
+
     monkeypatch.setattr(Runtime, "run", timed)
+    monkeypatch.setattr(Runtime, "run_steps", timed_steps)
     stage = make_stage(tmp_path, cache, sim={"dispatch_s": 0.01}, sapiens2={"share": 3.0})
     rss: list[int] = []
     window: list[float] = []
@@ -449,11 +476,12 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
 
     out = run_stage(stage, source(), Tally())
     start, end = window
-    busy = sum(min(b, end) - max(a, start) for a, b in intervals if b > start and a < end)
+    busy = union_s(intervals, start, end)
     assert busy / (end - start) >= 0.95, f"device busy {busy / (end - start):.3f}"
-    # the stage's own counter agrees with the independent measurement
+    # the stage's own counter: a whole pass's wall time, an interleaved pass's own launches,
+    # so never more than the time some pass was in progress, and most of it
     reported = stage.scheduler.stats.busy_s
-    assert reported == pytest.approx(sum(b - a for a, b in intervals), rel=0.02)
+    assert 0.8 * union_s(intervals) <= reported <= union_s(intervals) * 1.02
     assert out.items, "nothing published"
     for sent_ns, deadline_ns, _ in out.items:
         assert sent_ns <= deadline_ns  # no stale result published

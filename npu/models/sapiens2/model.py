@@ -23,6 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
+from npu.device import run_steps
+from npu.models.sapiens2 import kernels
 from npu.models.sapiens2.config import Config, ModelError
 from npu.ops import LOG2E, GemmWeights, Ops
 
@@ -135,17 +137,6 @@ def deconv_scatter(c: np.ndarray, h0: int, w0: int, c_out: int) -> np.ndarray:
     return out.reshape(2 * h0, 2 * w0, c_out)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, prefix: int) -> np.ndarray:
-    """Half-split (rotate_half) RoPE of the patch tokens of x float32 [T, heads, hd] with the
-    tables cos, sin [T - prefix, hd]; the prefix tokens pass unchanged. Returns a new array."""
-    patches = x[prefix:]
-    half = patches.shape[-1] // 2
-    rotated = np.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
-    out = x.copy()
-    out[prefix:] = patches * cos[:, None, :] + rotated * sin[:, None, :]
-    return out
-
-
 def stage_attention(
     qkv: np.ndarray,
     cfg: Config,
@@ -154,24 +145,30 @@ def stage_attention(
     k_norm: np.ndarray,
     cos: np.ndarray,
     sin: np.ndarray,
+    prefix: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The attention's staged rows from the qkv GEMM's output, as taconite-sapiens2's model.rs
-    `backbone` stages them: qkv float32 [T, (heads + 2 kv)·hd] (columns q | k | v) ->
+    `backbone` stages them: qkv float32 [T, (heads + 2 kv)·hd] (columns q | k | v), or the
+    GEMM's bf16 bits of it (uint16, widened exactly as bf16_to_f32) ->
     float32 [T, 3D], row t = [q_t·log2(e)/sqrt(hd) | k_t repeated to every query head |
     v_t repeated], q and k RMS-normed with their weights (when the config has q/k norm) and
-    rotated (patch tokens). Query head h reads kv head h // (heads / kv) (HF `repeat_kv`)."""
-    t, h, hd, d = len(qkv), cfg.heads, cfg.hd, cfg.D
-    q = qkv[:, :d].reshape(t, h, hd)
-    k = qkv[:, d : d + kv * hd].reshape(t, kv, hd)
-    v = qkv[:, d + kv * hd : d + 2 * kv * hd].reshape(t, kv, hd)
-    if cfg.qk_norm:
-        q = rms_norm(q, cfg.eps) * q_norm
-        k = rms_norm(k, cfg.eps) * k_norm
-    out = np.empty((t, 3, h, hd), np.float32)
-    out[:, 0] = rope(q, cos, sin, cfg.prefix) * np.float32(LOG2E / math.sqrt(hd))
-    out[:, 1] = np.repeat(rope(k, cos, sin, cfg.prefix), h // kv, axis=1)
-    out[:, 2] = np.repeat(v, h // kv, axis=1)
-    return out.reshape(t, 3 * d)
+    rotated (the rows after the first `prefix`, default cfg.prefix, with the table rows
+    cos, sin [T - prefix, hd]: half-split RoPE, x·cos + rotate_half(x)·sin). Query head h
+    reads kv head h // (heads / kv) (HF `repeat_kv`). Written into `out` (float32 [T, 3D])
+    when given; rows are independent, so a chunk of rows with its table rows stages as those
+    rows of the whole. One compiled pass (npu.models.sapiens2.kernels.stage)."""
+    prefix = cfg.prefix if prefix is None else prefix
+    out = np.empty((len(qkv), 3 * cfg.D), np.float32) if out is None else out
+    f32 = np.float32
+    qkv = np.asarray(qkv)
+    run = kernels.stage_bits if qkv.dtype == np.uint16 else kernels.stage
+    run(
+        qkv if qkv.dtype == np.uint16 else np.asarray(qkv, f32), cfg.heads, kv, cfg.hd,
+        prefix, np.asarray(q_norm, f32), np.asarray(k_norm, f32), cos, sin, f32(cfg.eps),
+        f32(LOG2E / math.sqrt(cfg.hd)), cfg.qk_norm, out,
+    )  # fmt: skip
+    return out
 
 
 def staged_attention(stage: np.ndarray, heads: int, hd: int) -> np.ndarray:
@@ -289,6 +286,12 @@ class Sapiens2Pose:
                 f"sapiens2: crops must be float32 [N, 3, {cfg.H}, {cfg.W}], "
                 f"got {crops.dtype} {crops.shape}"
             )
+        steps = getattr(self.ops, "heatmap_steps", None)
+        if steps is not None:
+            out = np.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw), np.float32)
+            for crop, hm in zip(crops, out, strict=True):
+                run_steps(steps(crop, out=hm))
+            return out
         return np.stack([self._heatmap(c) for c in crops])
 
     def features(self, crop: np.ndarray) -> np.ndarray:
@@ -297,6 +300,9 @@ class Sapiens2Pose:
         The final norm's weight is folded into d0, so these are unweighted.
         """
         cfg = self.config
+        steps = getattr(self.ops, "feature_steps", None)
+        if steps is not None:
+            return run_steps(steps(np.asarray(crop, np.float32)))
         p = cfg.patch
         a = crop.reshape(3, cfg.gh, p, cfg.gw, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3 * p * p)
         x = np.concatenate([self._prefix, self.ops.patch(a)])

@@ -12,18 +12,32 @@ the manifest line.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from npu.bf16 import bf16_to_f32, f32_to_bf16
+import npu.models.sapiens2.model as s2model
+from npu.bf16 import f32_to_bf16_into
 from npu.bundle import Bundle, BundleError
-from npu.device import Buffer, Device, DeviceError, Kernel, kernel_spec, open_device
+from npu.device import (
+    Buffer,
+    Device,
+    DeviceError,
+    Kernel,
+    Launch,
+    Steps,
+    kernel_spec,
+    open_device,
+)
+from npu.models.sapiens2 import glue
 from npu.models.sapiens2.config import Config, ModelError
-from npu.models.sapiens2.model import Sapiens2Pose, Stager, deconv_pairs
+from npu.models.sapiens2.model import Sapiens2Pose
 from npu.ops import Flat, GemmRecord, MhaRecord, run_gemm, run_mha
+from npu.rows import row_pool
 
 VERSION = 2  # format 2 leaves biases to the host; format 1 (0.4b) is read too
 OWNER = "sapiens2"
@@ -131,17 +145,31 @@ def _check_mha(rec: MhaRecord, cfg: Config, where: str) -> None:
 
 
 class Sapiens2Replay:
-    """A bundle's kernels, weights and taconite's flat buffers on a device: the Sapiens2Ops
-    steps of npu.models.sapiens2.model, run as taconite-sapiens2 runs them.
+    """A bundle's kernels, weights and taconite's flat buffers on a device, running the
+    forward as taconite-sapiens2 runs it, with the host glue of npu.models.sapiens2.glue.
 
     Buffers (model.rs Model::load): `a` (max a_elems of patch, gu, pred, qkv<w>, d<j>, c<j>),
     `c` (max c_elems of every gemm), `gu` (max of gu.c_elems, down.a_elems), one `qkv<w>`
     per width (its c_elems), `stage` (max of q/k/v_elems), `ao` (max of o_elems, o.a_elems);
     one buffer per weight tensor. Every argument is a view from offset 0; each GEMM runs once
     over all its rows; gu -> down and mha -> o stay on the device.
+
+    `slots` sets of the flat buffers (and residual streams) let that many forwards be in
+    flight at once (`heatmap_steps(crop, slot)`): the device runs one box's dispatch while
+    the host glue of another runs. `flats` is slot 0's set. The host scratch of the head
+    (the deconv scatter and the squares of InstanceNorm) is per slot too: host steps run on
+    the thread driving the steps, but in pieces (glue.in_pieces), between which another
+    slot's may run.
     """
 
-    def __init__(self, device: Device, bundle: Bundle, cfg: Config) -> None:
+    def __init__(
+        self,
+        device: Device,
+        bundle: Bundle,
+        cfg: Config,
+        host: dict[str, np.ndarray],
+        slots: int = 2,
+    ) -> None:
         self.device, self.config, self.backend = device, cfg, device.backend
         where = str(bundle.root)
         records = {r.fields[0]: r for r in bundle.tagged("gemm") if r.fields}
@@ -170,11 +198,20 @@ class Sapiens2Replay:
                 f"A) at c_stride={gu.c_stride} ({gu.where})"
             )
         _check_mha(self.mha, cfg, where)
+        self.host = host
+        self.pool = row_pool()
         self._buffers: list[Buffer] = []
+        self.slots: list[dict[str, Flat]] = []
         self.flats: dict[str, Flat] = {}
         self.kernels: dict[str, Kernel] = {}
+        self._free_slots = list(range(slots))
+        self._x = [np.empty((cfg.tokens, cfg.D), np.float32) for _ in range(slots)]
+        # per slot: the head's [pixels, C] rows, then their squares (allocated at first use)
+        self._head: list[np.ndarray | None] = [None] * slots
         try:
-            self._allocate(cfg)
+            for _ in range(slots):
+                self.slots.append(self._allocate())
+            self.flats = self.slots[0]
             self.weights = {name: self._upload(bundle, name) for name in weight_tensors(cfg)}
             for key, spec in specs.items():
                 self.kernels[key] = device.load(spec)
@@ -182,8 +219,14 @@ class Sapiens2Replay:
         except BaseException:
             self.close()
             raise
+        self._prefix = host["prefix"].reshape(cfg.prefix, cfg.D)
+        patches = cfg.gh * cfg.gw
+        # plain ndarray views of the bundle's memmaps: a memmap's slice costs a Python-level
+        # __array_finalize__, and the staging slices them per row chunk
+        self._cos = host["rope.cos"].view(np.ndarray).reshape(patches, cfg.hd)
+        self._sin = host["rope.sin"].view(np.ndarray).reshape(patches, cfg.hd)
 
-    def _allocate(self, cfg: Config) -> None:
+    def _allocate(self) -> dict[str, Flat]:
         g = self.gemms
         a_keys = [k for k in g if k not in ("o", "down")]
         sizes = {
@@ -194,8 +237,7 @@ class Sapiens2Replay:
             "stage": max(self.mha.q_elems, self.mha.k_elems, self.mha.v_elems),
             "ao": max(self.mha.o_elems, g["o"].a_elems),
         }
-        for name, elems in sizes.items():
-            self.flats[name] = Flat(self.device, elems, name)
+        return {name: Flat(self.device, elems, name) for name, elems in sizes.items()}
 
     def _upload(self, bundle: Bundle, name: str) -> Buffer:
         blob = np.asarray(bundle.view(name)).view(np.uint8)
@@ -205,68 +247,184 @@ class Sapiens2Replay:
         self.device.to_device(buf)
         return buf
 
-    def _gemm(self, key: str, weight: str) -> GemmRecord:
-        """Dispatch GEMM `key` once over all its rows with B = tensor `weight`."""
+    @contextmanager
+    def slot(self) -> Iterator[int]:
+        """A free slot for one forward in flight, given back when the forward ends."""
+        if not self._free_slots:
+            raise ModelError(
+                f"sapiens2: {len(self.slots)} forwards already in flight on this replay"
+            )
+        slot = self._free_slots.pop(0)
+        try:
+            yield slot
+        finally:
+            self._free_slots.insert(0, slot)
+
+    def _gemm(self, flats: dict[str, Flat], key: str, weight: str) -> Launch:
+        """Start GEMM `key` once over all its rows with B = tensor `weight`."""
         rec, use = self.gemms[key], self.uses[key]
-        run_gemm(self.device, self.kernels[key], rec, self.flats[use.a], self.weights[weight],
-                 self.flats[use.c])  # fmt: skip
-        return rec
+        return run_gemm(self.device, self.kernels[key], rec, flats[use.a], self.weights[weight],
+                        flats[use.c])  # fmt: skip
 
-    def _read_rows(self, rec: GemmRecord, rows: int, cols: int) -> np.ndarray:
-        """float32 [rows, cols] of `c` read at the record's c_stride (synced from the device)."""
-        n = (rows - 1) * rec.c_stride + cols
-        bits = self.flats["c"].bits(n)
-        view = np.lib.stride_tricks.as_strided(bits, (rows, cols), (rec.c_stride * 2, 2))
-        return bf16_to_f32(view)
+    def _c_rows(self, flats: dict[str, Flat], rec: GemmRecord, rows: int, cols: int) -> np.ndarray:
+        """`c`'s first rows x cols at the record's c_stride, synced from the device: uint16."""
+        bits = flats["c"].bits((rows - 1) * rec.c_stride + cols)
+        return np.lib.stride_tricks.as_strided(bits, (rows, cols), (rec.c_stride * 2, 2))
 
-    # the Sapiens2Ops steps
-
-    def patch(self, a: np.ndarray) -> np.ndarray:
-        self.flats["a"].put(f32_to_bf16(a))
-        return self._read_rows(self._gemm("patch", "patch"), len(a), self.config.D)
-
-    def attention(self, i: int, a: np.ndarray, stage: Stager) -> np.ndarray:
+    def _head_rows(self, slot: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+        """The head's float32 scratch of a slot: its rows [rows, cols] and their squares (a
+        slot's own: the head's host steps run in pieces, between which another slot's may run)."""
         cfg = self.config
-        t, w = len(a), qkv_width(cfg, i)
-        self.flats["a"].put(f32_to_bf16(a))
-        self._gemm(f"qkv{w}", f"{i}.qkv")
-        qkv = bf16_to_f32(self.flats[f"qkv{w}"].bits(t * w)).reshape(t, w)
-        self.flats["stage"].put(f32_to_bf16(stage(qkv)))
-        run_mha(self.device, self.kernels["mha"], self.mha, self.flats["stage"], self.flats["ao"])
-        return self._read_rows(self._gemm("o", f"{i}.o"), t, cfg.D)
+        if self._head[slot] is None:
+            h0, w0, most = cfg.gh, cfg.gw, 0
+            for co in cfg.up:
+                h0, w0 = 2 * h0, 2 * w0
+                most = max(most, h0 * w0 * co)
+            most = max([most, *(h0 * w0 * co for co in cfg.convs)])
+            self._head[slot] = np.empty((2, most), np.float32)
+        head, n = self._head[slot], rows * cols
+        return head[0, :n].reshape(rows, cols), head[1, :n].reshape(rows, cols)
 
-    def mlp(self, i: int, a: np.ndarray) -> np.ndarray:
-        self.flats["a"].put(f32_to_bf16(a))
-        self._gemm("gu", f"{i}.gu")
-        return self._read_rows(self._gemm("down", f"{i}.down"), len(a), self.config.D)
+    # the forward, as steps: host glue, then the launches of one device step (yielded)
 
-    def deconv(self, j: int, x: np.ndarray) -> np.ndarray:
-        h0, w0 = x.shape[:2]
-        self.flats["a"].put(f32_to_bf16(deconv_pairs(x)))
-        rec = self._gemm(f"d{j}", f"d{j}")
-        windows = (h0 + 1) * (w0 + 2)
-        rows = min(rec.rows, windows)
-        out = np.zeros((windows, rec.n), np.float32)
-        out[:rows] = self._read_rows(rec, rows, rec.n)
+    def feature_steps(self, crop: np.ndarray, slot: int | None = None) -> Steps:
+        """Steps of the backbone of one crop float32 [3, H, W] in `slot` (default: a free
+        one, given back at the end); returns the final-normed patch tokens float32
+        [gh*gw, D] (the final norm's weight is folded into d0)."""
+        if slot is None:
+            with self.slot() as free:
+                return (yield from self.feature_steps(crop, free))
+        cfg = self.config
+        x = yield from self._backbone(crop, slot)
+        out = np.empty((cfg.gh * cfg.gw, cfg.D), np.float32)
+        tokens = x[cfg.prefix :]
+
+        def rows(r0: int, r1: int) -> None:
+            glue.rms_into(tokens[r0:r1], cfg.eps, out[r0:r1])
+
+        self.pool.run(len(out), glue.chunk_rows(cfg.D), rows)
         return out
 
-    def conv(self, j: int, y: np.ndarray) -> np.ndarray:
-        self.flats["a"].put(f32_to_bf16(y))
-        return self._read_rows(self._gemm(f"c{j}", f"c{j}"), len(y), self.config.convs[j])
+    def heatmap_steps(
+        self, crop: np.ndarray, slot: int | None = None, out: np.ndarray | None = None
+    ) -> Steps:
+        """Steps of one crop float32 [3, H, W] in `slot` (default: a free one, given back at
+        the end); returns its heatmaps float32 [K, Hh, Wh] (written into `out` if given)."""
+        if slot is None:
+            with self.slot() as free:
+                return (yield from self.heatmap_steps(crop, free, out))
+        x = yield from self._backbone(crop, slot)
+        return (yield from self._head_steps(x, slot, out))
 
-    def pred(self, y: np.ndarray) -> np.ndarray:
-        self.flats["a"].put(f32_to_bf16(y))
-        return self._read_rows(self._gemm("pred", "pred"), len(y), self.config.K)
+    def _backbone(self, crop: np.ndarray, slot: int) -> Steps:
+        cfg, pool, dev = self.config, self.pool, self.device
+        flats, x = self.slots[slot], self._x[slot]
+        t, d, p = cfg.tokens, cfg.D, cfg.patch
+        a = flats["a"]
+        n_patch = cfg.gh * cfg.gw * 3 * p * p
+        patches = a.host(n_patch).reshape(cfg.gh, cfg.gw, 3, p, p)
+        grid = crop.reshape(3, cfg.gh, p, cfg.gw, p).transpose(1, 3, 0, 2, 4)
+
+        def patch_rows(r0: int, r1: int) -> None:
+            f32_to_bf16_into(grid[r0:r1], patches[r0:r1])
+
+        pool.run(cfg.gh, 1, patch_rows)
+        a.written(n_patch)
+        yield [self._gemm(flats, "patch", "patch")]
+        x[: cfg.prefix] = self._prefix
+        yield from glue.read_rows(
+            pool, self._c_rows(flats, self.gemms["patch"], t - cfg.prefix, d), x[cfg.prefix :]
+        )
+        a_rows = a.host(t * d).reshape(t, d)
+        stage = flats["stage"]
+        stage_rows = stage.host(t * 3 * d).reshape(t, 3 * d)
+        for i in range(cfg.layers):
+            w = qkv_width(cfg, i)
+            glue.put_rms(pool, x, cfg.eps, a_rows)
+            a.written(t * d)
+            yield [self._gemm(flats, f"qkv{w}", f"{i}.qkv")]
+            qkv = flats[f"qkv{w}"].bits(t * w).reshape(t, w)
+            yield from glue.stage_rows(pool, qkv, stage_rows, self._stager(i))
+            stage.written(t * 3 * d)
+            attention = run_mha(dev, self.kernels["mha"], self.mha, stage, flats["ao"])
+            yield [attention, self._gemm(flats, "o", f"{i}.o")]
+            glue.add_rows(pool, x, self._c_rows(flats, self.gemms["o"], t, d))
+            glue.put_rms(pool, x, cfg.eps, a_rows)
+            a.written(t * d)
+            yield [self._gemm(flats, "gu", f"{i}.gu"), self._gemm(flats, "down", f"{i}.down")]
+            glue.add_rows(pool, x, self._c_rows(flats, self.gemms["down"], t, d))
+            bias = self.host.get(f"{i}.down.bias")
+            if bias is not None:
+                x += bias
+        return x
+
+    def _stager(self, i: int) -> Callable[[np.ndarray, int, int, np.ndarray], np.ndarray]:
+        """Layer i's staging of qkv rows [r0, r1) (model.stage_attention, looked up at each
+        call), with the RoPE table rows of the patch tokens among them."""
+        cfg, pre = self.config, self.config.prefix
+        kv, qn, kn = cfg.kv_heads[i], self.host[f"{i}.q_norm"], self.host[f"{i}.k_norm"]
+
+        def stage(qkv: np.ndarray, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
+            lo = max(r0, pre)
+            cos, sin = self._cos[lo - pre : r1 - pre], self._sin[lo - pre : r1 - pre]
+            return s2model.stage_attention(qkv, cfg, kv, qn, kn, cos, sin, lo - r0, out)
+
+        return stage
+
+    def _head_steps(self, x: np.ndarray, slot: int, out: np.ndarray | None) -> Steps:
+        cfg, pool = self.config, self.pool
+        flats = self.slots[slot]
+        a = flats["a"].host()
+        h0, w0, cin = cfg.gh, cfg.gw, cfg.D
+        pairs = glue.pairs_view(a, h0, w0, cin)
+        glue.zero_pair_pads(pairs)
+        glue.rms_rows_to(pool, x[cfg.prefix :], cfg.eps, w0, glue.pair_writer(pairs))
+        flats["a"].written(pairs.size)
+        for j, co in enumerate(cfg.up):
+            rec = self.gemms[f"d{j}"]
+            yield [self._gemm(flats, f"d{j}", f"d{j}")]
+            rows = min(rec.rows, (h0 + 1) * (w0 + 2))
+            c = flats["c"].bits((rows - 1) * rec.n + rec.n)
+            y, sq = self._head_rows(slot, 4 * h0 * w0, co)
+            bias = self.host.get(f"d{j}.bias")
+            yield from glue.scatter_into(pool, c, h0, w0, rec.n, co, bias,
+                                         y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
+            h0, w0, cin = 2 * h0, 2 * w0, co
+            if j + 1 < len(cfg.up):
+                pairs = glue.pairs_view(a, h0, w0, cin)
+                glue.zero_pair_pads(pairs)
+                write, written = glue.pair_writer(pairs), pairs.size
+            else:
+                write, written = glue.dense_writer(a, cin), h0 * w0 * cin
+            yield from glue.instance_norm_silu_to(pool, y, cfg.in_eps, sq, w0, write)
+            flats["a"].written(written)
+        px = h0 * w0
+        for j, co in enumerate(cfg.convs):
+            rec = self.gemms[f"c{j}"]
+            yield [self._gemm(flats, f"c{j}", f"c{j}")]
+            y, sq = self._head_rows(slot, px, co)
+            yield from glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
+            yield from glue.instance_norm_silu_to(
+                pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co)
+            )
+            flats["a"].written(px * co)
+        rec = self.gemms["pred"]
+        yield [self._gemm(flats, "pred", "pred")]
+        c = flats["c"].bits((px - 1) * rec.c_stride + cfg.K)
+        out = np.empty((cfg.K, h0, w0), np.float32) if out is None else out
+        yield from glue.heatmaps_into(pool, c, px, rec.c_stride, out.reshape(cfg.K, px))
+        return out
 
     def close(self) -> None:
         """Free the kernels and buffers (the device stays open)."""
         for kernel in self.kernels.values():
             self.device.free_kernel(kernel)
-        for flat in self.flats.values():
-            flat.free()
+        for flats in self.slots:
+            for flat in flats.values():
+                flat.free()
         for buf in self._buffers:
             self.device.free(buf)
-        self.kernels, self.flats, self._buffers = {}, {}, []
+        self.kernels, self.flats, self.slots, self._buffers = {}, {}, [], []
 
 
 def weight_tensors(cfg: Config) -> list[str]:
@@ -315,4 +473,4 @@ def from_bundle(path: str | Path, device: Any) -> Sapiens2Pose:
     host = host_tensors(bundle, cfg)
     for name in weight_tensors(cfg):
         bundle.entry(name)
-    return Sapiens2Pose(cfg, Sapiens2Replay(dev, bundle, cfg), host)
+    return Sapiens2Pose(cfg, Sapiens2Replay(dev, bundle, cfg, host), host)

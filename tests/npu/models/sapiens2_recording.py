@@ -130,3 +130,85 @@ def layer_events(fake, replay, start: int, layers: int) -> list[Event]:
             elif layer >= 0:
                 events.append(Event(layer, "sync from device", "", *where(c[1])))
     return events
+
+
+def real_config(model: str, layers: int | None = None):
+    """Sapiens2 0.4b or 1b at its real widths, tokens and head (0.4b: D 1024, 16 x 64 heads,
+    I 4096, up (1024, 768); 1b: D 1536, 24 heads, I 6144, up (1536, 1024); both convs (768,
+    512, 256), 1024 x 768 -> 3081 tokens, 308 x 256 x 192 heatmaps), 24 / 40 layers unless
+    `layers` says fewer. KV heads: full attention in the first and last third of the layers,
+    heads / 2 in the middle third (0.4b: layers 8-15 with 8, docs/bundles.md)."""
+    from npu.models.sapiens2.config import Config
+
+    d, full, heads, inter, up = {
+        "0.4b": (1024, 24, 16, 4096, (1024, 768)),
+        "1b": (1536, 40, 24, 6144, (1536, 1024)),
+    }[model]
+    n = full if layers is None else layers
+    kv = tuple(heads // 2 if n // 3 <= i < 2 * n // 3 else heads for i in range(n))
+    return Config(D=d, I=inter, layers=n, heads=heads, hd=64, kv_heads=kv, regs=8, patch=16,
+                  H=1024, W=768, eps=1e-6, in_eps=1e-5, up=up, convs=(768, 512, 256), K=308,
+                  flip_pairs=((1, 2),))  # fmt: skip
+
+
+def write_random_bundle(cfg, path: Path, host_bias: bool = False, per_record: bool = False):
+    """A format-2 bundle of taconite-sapiens2's records (npu.models.sapiens2.export's layout)
+    for a device that computes nothing (the fake pyxrt): random weight bytes of the packed
+    sizes, random host tensors (and `{i}.down.bias` with host_bias), arbitrary instruction
+    words. Contexts: one per K, as the sim writer's; per_record: one per record, named
+    `<key>.xclbin`, so that the fake pyxrt can give each kernel its own dispatch time.
+    Written to `path`.partial, then renamed."""
+    from npu.bf16 import bfp16_packed_size
+    from npu.bundle_writer import BundleWriter
+    from npu.models.sapiens2.export import record_layout
+    from npu.models.sapiens2.model import rope_tables
+    from npu.models.sapiens2.npu import gemm_keys, qkv_width
+    from npu.sim import write_xclbin
+
+    rng = np.random.default_rng(0)
+    layout = record_layout(cfg)
+    tmp = path.with_name(path.name + ".partial")
+    with BundleWriter(tmp, 2) as bw:
+        for name in ("D", "I", "layers", "heads", "hd", "regs", "patch", "H", "W", "eps",
+                     "in_eps", "K", "box_pad", "blur"):  # fmt: skip
+            bw.param(name, getattr(cfg, name))
+        for name in ("kv_heads", "up", "convs", "mean", "std"):
+            bw.param(name, ",".join(map(str, getattr(cfg, name))))
+        bw.param("flip_pairs", ",".join(f"{a}:{b}" for a, b in cfg.flip_pairs) or "0:0")
+        keys = gemm_keys(cfg)
+        ctx = {k: k if per_record else f"gemm_k{layout[k]['K']}" for k in keys}
+        for name in sorted(set(ctx.values())) + ["mha"]:
+            write_xclbin(bw, name)
+        bw.file("kernels/any.bin", np.arange(16, dtype=np.uint32).tobytes())  # never run
+        for key in keys:
+            bw.record("gemm", key, **layout[key], ctx=ctx[key], insts="kernels/any.bin")
+        t, d = cfg.tokens, cfg.D
+        bw.record("mha", q_elems=t * 3 * d, k_elems=t * 3 * d, v_elems=t * 3 * d,
+                  o_elems=t * d, ctx="mha", insts="kernels/any.bin")  # fmt: skip
+
+        def weight(name: str, key: str) -> None:
+            f = layout[key]
+            cols = 2 * f["N"] if key == "gu" else f["N"]
+            bw.tensor(name, rng.integers(0, 256, bfp16_packed_size(f["K"], cols), np.uint8), "u8")
+
+        weight("patch", "patch")
+        for i in range(cfg.layers):
+            weight(f"{i}.qkv", f"qkv{qkv_width(cfg, i)}")
+            for n in ("o", "gu", "down"):
+                weight(f"{i}.{n}", n)
+        for j in range(len(cfg.up)):
+            weight(f"d{j}", f"d{j}")
+        for j in range(len(cfg.convs)):
+            weight(f"c{j}", f"c{j}")
+        weight("pred", "pred")
+        cos, sin = rope_tables(cfg)
+        bw.tensor("prefix", rng.normal(size=cfg.prefix * d).astype(np.float32), "f32")
+        bw.tensor("rope.cos", cos.reshape(-1), "f32")
+        bw.tensor("rope.sin", sin.reshape(-1), "f32")
+        for i in range(cfg.layers):
+            for n in ("q_norm", "k_norm"):
+                bw.tensor(f"{i}.{n}", (1 + 0.1 * rng.normal(size=cfg.hd)).astype(np.float32))
+            if host_bias:
+                bw.tensor(f"{i}.down.bias", (0.01 * rng.normal(size=d)).astype(np.float32))
+    tmp.rename(path)
+    return path
