@@ -561,6 +561,14 @@ def busy_steps(steps: Steps) -> Generator[Sequence[Launch], None, tuple[Any, flo
         return stop.value, busy
 
 
+# stepped computations a device thread keeps in flight (stages.infer.DeviceThread), and so the
+# buffer slots a stepped model allocates (npu.models.sapiens2.npu.Sapiens2Replay): with two,
+# the device has only the other computation's one queued step to run while the host works on
+# a long step (a Sapiens2 head's InstanceNorms), and idles once that is done; with three it
+# has the steps of two (docs/inference.md, "Sapiens2: host glue overlapped with the device")
+INTERLEAVE = 3
+
+
 class Interleaved:
     """Stepped device computations (Steps) in flight together on one thread, as taconite's
     device is kept busy by queueing the next dispatch before waiting for the current one:
@@ -572,9 +580,9 @@ class Interleaved:
 
     Computations in step with each other do their long host steps at the same time (a
     Sapiens2 head's InstanceNorms), when the device has only the others' short dispatches
-    to run; admits() staggers them: another computation should join only once those in
-    flight are half way through, by the device time the last computation of their kind
-    took."""
+    to run; admits() staggers them: with n in flight at most, another computation should
+    join only once those in flight are 1/n of the way through (the newest; the others are
+    further), by the device time the last computation of their kind took."""
 
     def __init__(self) -> None:
         self._active: deque[list[Any]] = deque()  # [steps, launches, done, kind, busy_s]
@@ -583,9 +591,10 @@ class Interleaved:
     def __len__(self) -> int:
         return len(self._active)
 
-    def admits(self) -> bool:
-        """Whether a computation joining now would be out of step with those in flight."""
-        return all(2 * entry[4] >= self._length.get(entry[3], 0) for entry in self._active)
+    def admits(self, share: float = 0.5) -> bool:
+        """Whether a computation joining now would be out of step with those in flight: each
+        is at least `share` of the way through."""
+        return all(entry[4] >= share * self._length.get(entry[3], 0) for entry in self._active)
 
     def add(
         self, steps: Steps, done: Callable[[Any, BaseException | None], None], kind: str = ""

@@ -51,7 +51,14 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, create_model
 
 from npu import models
-from npu.device import DeviceFailed, DeviceTimeout, Interleaved, Steps, open_device
+from npu.device import (
+    INTERLEAVE,
+    DeviceFailed,
+    DeviceTimeout,
+    Interleaved,
+    Steps,
+    open_device,
+)
 from npu.models import ModelLoadError
 from pipeline.config import Config
 from pipeline.errors import NpucamError
@@ -93,15 +100,15 @@ class DeviceThread:
     generator of device steps, npu.device.Steps) may be in flight with up to
     `interleave - 1` other stepped calls (npu.device.Interleaved): while the device runs
     one's dispatches, the host glue of another runs here, so the device does not wait on
-    host glue when two boxes are queued (staggered: a second one joins once the first is
-    half way, npu.device.Interleaved.admits). A plain call waits for the stepped calls before
-    it.
+    host glue when boxes are queued (staggered: with n in flight at most, another joins once
+    the newest is 1/n of the way through, npu.device.Interleaved.admits). A plain call waits
+    for the stepped calls before it.
     A daemon thread, unlike a ThreadPoolExecutor's workers (which the interpreter joins at
     exit), so a device call that never returns cannot keep the process from exiting.
     `running` is (what, time.monotonic() at its start) of the oldest call in progress, or
     None."""
 
-    def __init__(self, name: str, interleave: int = 2) -> None:
+    def __init__(self, name: str, interleave: int = INTERLEAVE) -> None:
         self.name = name
         self.interleave = max(1, interleave)
         self.running: tuple[str, float] | None = None
@@ -148,7 +155,7 @@ class DeviceThread:
         while True:
             while (
                 held is None and not stopping and len(active) < self.interleave
-                and active.admits()
+                and active.admits(1 / self.interleave)
             ):  # fmt: skip
                 try:
                     call = self._calls.get(block=not active)

@@ -3,8 +3,11 @@ src/python/pybind11/src/pyxrt.cpp; docs/device.md, "The test fake pyxrt").
 
 Tests inject it with `monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)` after reset();
 a subprocess gets it through tests/npu/pyxrt_shim (configure() from $NPUCAM_FAKE_PYXRT).
-Every call except state() lands in `calls` as a tuple (state() polls are counted in
-`state_calls`). Hardware contexts count against a machine-wide `limit` and free their slot
+Every call except state() lands in `calls` as a tuple while `record` is on (the default;
+state() polls are counted in `state_calls`) and is counted by name in `counts` always. The
+log is bounded: a recording run past `max_calls` calls fails with RuntimeError, so a long
+run (a paced test, a bench, a subprocess through the shim, whose calls nobody reads) turns
+`record` off and keeps only the counts. Hardware contexts count against a machine-wide `limit` and free their slot
 when garbage-collected, as a released xrt::hw_context does; a full machine raises
 RuntimeError mentioning CREATE_HWCTX, as the amdxdna driver does.
 
@@ -38,11 +41,15 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
 calls: list[tuple[Any, ...]] = []
+record = True  # append every call to `calls`; off: only count them in `counts`
+max_calls = 500_000  # a recording run past this many calls fails (turn `record` off)
+counts: Counter[str] = Counter()
 live_contexts: set[int] = set()
 limit = 16
 fail_contexts = 0  # the next n hw_context creations raise a non-"full" error
@@ -65,8 +72,10 @@ FOREVER_US = 4_000_000_000  # one usleep of ~67 minutes
 
 def reset(hwctx_limit: int = 16) -> None:
     global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s
-    global state_calls, _busy_until
+    global state_calls, _busy_until, record
     calls.clear()
+    counts.clear()
+    record = True
     live_contexts.clear()
     next_states.clear()
     dispatch_s.clear()
@@ -85,8 +94,9 @@ def reset(hwctx_limit: int = 16) -> None:
 def configure(settings: dict[str, Any]) -> None:
     """Set the timing knobs from a dict: dispatch_s ({substring: s}), default_dispatch_s,
     hang_next, hang_file, tdr_s, limit; timeline_file: where to write `timeline` (JSON) at
-    exit."""
-    global default_dispatch_s, hang_next, hang_file, tdr_s, limit
+    exit; record_calls (default off: a subprocess's call log is never read)."""
+    global default_dispatch_s, hang_next, hang_file, tdr_s, limit, record
+    record = bool(settings.get("record_calls", False))
     if settings.get("timeline_file"):
         atexit.register(_write_timeline, settings["timeline_file"])
     dispatch_s.update(settings.get("dispatch_s", {}))
@@ -102,8 +112,22 @@ def _write_timeline(path: str) -> None:
         json.dump(timeline, fh)
 
 
+def _log(*call: Any) -> None:
+    counts[call[0]] += 1
+    if not record:
+        return
+    if len(calls) >= max_calls:
+        raise RuntimeError(
+            f"fake pyxrt: {max_calls} calls recorded; a long run sets fake_pyxrt.record = "
+            "False (calls are still counted in `counts`)"
+        )
+    calls.append(call)
+
+
 def of(name: str) -> list[tuple[Any, ...]]:
-    """The recorded calls named `name`."""
+    """The recorded calls named `name` (RuntimeError when not recording: they were not kept)."""
+    if not record:
+        raise RuntimeError("fake pyxrt: calls are not being recorded (record is off)")
     return [c for c in calls if c[0] == name]
 
 
@@ -174,7 +198,7 @@ class xclbin:  # noqa: N801
         if path.endswith("corrupt.xclbin"):
             raise RuntimeError(f"{path}: not a valid xclbin")
         self.path = path
-        calls.append(("xclbin", path))
+        _log("xclbin", path)
 
     def get_kernels(self) -> list[_KernelInfo]:
         return [_KernelInfo()]
@@ -182,10 +206,10 @@ class xclbin:  # noqa: N801
 
 class device:  # noqa: N801
     def __init__(self, index: int) -> None:
-        calls.append(("device", index))
+        _log("device", index)
 
     def register_xclbin(self, xb: xclbin) -> uuid:
-        calls.append(("register_xclbin", xb.path))
+        _log("register_xclbin", xb.path)
         return uuid(xb.path)
 
 
@@ -194,10 +218,10 @@ class hw_context:  # noqa: N801
         global fail_contexts
         if fail_contexts:
             fail_contexts -= 1
-            calls.append(("hw_context.fail", id_.path))
+            _log("hw_context.fail", id_.path)
             raise ValueError("xclbin is corrupt")
         if len(live_contexts) >= limit:
-            calls.append(("hw_context.full", id_.path))
+            _log("hw_context.full", id_.path)
             raise RuntimeError(
                 "DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-16): Device or resource busy"
             )
@@ -205,23 +229,23 @@ class hw_context:  # noqa: N801
         self.path = id_.path
         self.hung: run | None = None  # a hung run in flight on this context
         live_contexts.add(self.id)
-        calls.append(("hw_context", id_.path))
+        _log("hw_context", id_.path)
 
     def __del__(self) -> None:
         hung = getattr(self, "hung", None)
         if hung is not None and hung.in_flight():
-            calls.append(("hw_context.free_blocked", self.path))
+            _log("hw_context.free_blocked", self.path)
             block_forever()  # the driver waits for the outstanding job
         if getattr(self, "id", None) in live_contexts:
             live_contexts.discard(self.id)
-            calls.append(("hw_context.free", self.path))
+            _log("hw_context.free", self.path)
 
 
 class kernel:  # noqa: N801
     def __init__(self, ctx: hw_context, name: str) -> None:
         self.ctx = ctx
         self.name = name
-        calls.append(("kernel", ctx.path, name))
+        _log("kernel", ctx.path, name)
 
     def group_id(self, i: int) -> int:
         return 100 + i  # distinct from i, so a test sees that the kernel was asked
@@ -249,12 +273,12 @@ class bo:  # noqa: N801
             self.parent, self.offset = parent, offset
             self.storage = parent.storage
             self.base = parent.base + offset  # a sub of a sub takes its host pointer this way
-            calls.append(("bo.sub", parent.id, size, offset, self.id))
+            _log("bo.sub", parent.id, size, offset, self.id)
         else:
             _, size, flags, group = args
             self.parent, self.offset, self.base = None, 0, 0
             self.storage = np.full(size, 0xAB, np.uint8)  # not zeroed: the device must zero
-            calls.append(("bo", size, flags, group, self.id))
+            _log("bo", size, flags, group, self.id)
         self.nbytes = size
 
     def map(self) -> memoryview:
@@ -263,10 +287,10 @@ class bo:  # noqa: N801
     def write(self, data: Any, offset: int) -> None:
         raw = np.frombuffer(bytes(data), np.uint8)
         self.storage[self.base + offset : self.base + offset + raw.size] = raw
-        calls.append(("bo.write", self.id, raw.size, offset))
+        _log("bo.write", self.id, raw.size, offset)
 
     def sync(self, direction: xclBOSyncDirection, *rest: int) -> None:
-        calls.append(("sync", self.id, xclBOSyncDirection(direction).name, *rest))
+        _log("sync", self.id, xclBOSyncDirection(direction).name, *rest)
 
     def size(self) -> int:
         return self.nbytes
@@ -301,12 +325,12 @@ class run:  # noqa: N801
         self.started = False
         self.hung = False
         self.final = ert_cmd_state.ERT_CMD_STATE_COMPLETED
-        calls.append(("run", self.id, k.name))
+        _log("run", self.id, k.name)
 
     def set_arg(self, i: int, value: Any) -> None:
         self.args[i] = value
         shown = value.id if isinstance(value, bo) else value
-        calls.append(("set_arg", self.id, i, type(value).__name__, shown))
+        _log("set_arg", self.id, i, type(value).__name__, shown)
 
     def in_flight(self) -> bool:
         return self.started and int(self._state()) in (1, 2, 3, 7)
@@ -315,7 +339,7 @@ class run:  # noqa: N801
         global _busy_until
         if self.in_flight():
             raise RuntimeError(f"run {self.id} started while in flight")
-        calls.append(("start", self.id))
+        _log("start", self.id)
         now = time.perf_counter()
         ctx = self.kernel.ctx
         self.started, self.t_start = True, now
@@ -330,7 +354,7 @@ class run:  # noqa: N801
             self.begin = self.end = float("inf")
             if not behind_hung:
                 ctx.hung = self
-                calls.append(("hang", self.id))
+                _log("hang", self.id)
             return
         self.begin = max(now, _busy_until)
         self.end = self.begin + dispatch_time(ctx.path)
@@ -358,7 +382,7 @@ class run:  # noqa: N801
 
     def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
         """wait() is wait(0): no timeout. wait(t) gives up after t ms with TIMEOUT (8)."""
-        calls.append(("wait", self.id, timeout_ms))
+        _log("wait", self.id, timeout_ms)
         if self.hung and tdr_s is None and timeout_ms == 0:
             block_forever()
         remaining = (self.t_start + tdr_s if self.hung else self.end) - time.perf_counter()
@@ -368,5 +392,5 @@ class run:  # noqa: N801
 
     def __del__(self) -> None:
         if getattr(self, "hung", False) and self.in_flight():
-            calls.append(("run.free_blocked", self.id))
+            _log("run.free_blocked", self.id)
             block_forever()

@@ -104,6 +104,22 @@ def test_kernel_call_builds_a_run_per_call_and_skips_other_arguments():
     assert len(fake.of("start")) == 2
 
 
+def test_the_call_log_is_bounded_and_counts_go_on_with_recording_off(monkeypatch):
+    k = kernel()
+    monkeypatch.setattr(fake, "max_calls", len(fake.calls) + 4)
+    k()  # run, start
+    k()
+    with pytest.raises(RuntimeError, match="calls recorded"):
+        k()  # a recording run past max_calls fails instead of growing without limit
+    fake.record = False
+    before = len(fake.calls)
+    for _ in range(10):
+        k()
+    assert len(fake.calls) == before and fake.counts["start"] == 12
+    with pytest.raises(RuntimeError, match="not being recorded"):
+        fake.of("start")  # not an empty list that reads as "never called"
+
+
 def test_map_keeps_no_owner_so_a_view_of_a_freed_bo_reads_garbage():
     b = fake.bo(fake.device(0), 8, fake.bo.host_only, 0)
     view = np.frombuffer(b.map(), np.uint8)

@@ -24,6 +24,7 @@ import npu.models.sapiens2.model as s2model
 from npu.bf16 import f32_to_bf16_into
 from npu.bundle import Bundle, BundleError
 from npu.device import (
+    INTERLEAVE,
     Buffer,
     Device,
     DeviceError,
@@ -154,12 +155,13 @@ class Sapiens2Replay:
     one buffer per weight tensor. Every argument is a view from offset 0; each GEMM runs once
     over all its rows; gu -> down and mha -> o stay on the device.
 
-    `slots` sets of the flat buffers (and residual streams) let that many forwards be in
-    flight at once (`heatmap_steps(crop, slot)`): the device runs one box's dispatch while
-    the host glue of another runs. `flats` is slot 0's set. The host scratch of the head
-    (the deconv scatter and the squares of InstanceNorm) is per slot too: host steps run on
-    the thread driving the steps, but in pieces (glue.in_pieces), between which another
-    slot's may run.
+    `slots` sets of the flat buffers (and residual streams; default the passes a device
+    thread interleaves, npu.device.INTERLEAVE) let that many forwards be in flight at once
+    (`heatmap_steps(crop, slot)`): the device runs one box's dispatch while the host glue of
+    another runs. `flats` is slot 0's set. The head's float32 host scratch (the deconv
+    scatter and the squares of InstanceNorm, 302 MB at 0.4b) is taken by a forward for its
+    head alone, from a pool that grows only when heads coincide (host steps run in pieces,
+    glue.in_pieces, between which another forward's may run, so two heads never share one).
     """
 
     def __init__(
@@ -168,7 +170,7 @@ class Sapiens2Replay:
         bundle: Bundle,
         cfg: Config,
         host: dict[str, np.ndarray],
-        slots: int = 2,
+        slots: int = INTERLEAVE,
     ) -> None:
         self.device, self.config, self.backend = device, cfg, device.backend
         where = str(bundle.root)
@@ -206,8 +208,8 @@ class Sapiens2Replay:
         self.kernels: dict[str, Kernel] = {}
         self._free_slots = list(range(slots))
         self._x = [np.empty((cfg.tokens, cfg.D), np.float32) for _ in range(slots)]
-        # per slot: the head's [pixels, C] rows, then their squares (allocated at first use)
-        self._head: list[np.ndarray | None] = [None] * slots
+        # the heads' scratch not in use: [2, most] float32, [pixels, C] rows then their squares
+        self._head_free: list[np.ndarray] = []
         try:
             for _ in range(slots):
                 self.slots.append(self._allocate())
@@ -271,18 +273,29 @@ class Sapiens2Replay:
         bits = flats["c"].bits((rows - 1) * rec.c_stride + cols)
         return np.lib.stride_tricks.as_strided(bits, (rows, cols), (rec.c_stride * 2, 2))
 
-    def _head_rows(self, slot: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-        """The head's float32 scratch of a slot: its rows [rows, cols] and their squares (a
-        slot's own: the head's host steps run in pieces, between which another slot's may run)."""
-        cfg = self.config
-        if self._head[slot] is None:
+    @contextmanager
+    def _head_scratch(self) -> Iterator[np.ndarray]:
+        """A head's float32 scratch [2, most] for one forward's head: its rows [pixels, C],
+        then their squares (most: the largest head activation), given back at its end."""
+        if self._head_free:
+            head = self._head_free.pop()
+        else:
+            cfg = self.config
             h0, w0, most = cfg.gh, cfg.gw, 0
             for co in cfg.up:
                 h0, w0 = 2 * h0, 2 * w0
                 most = max(most, h0 * w0 * co)
             most = max([most, *(h0 * w0 * co for co in cfg.convs)])
-            self._head[slot] = np.empty((2, most), np.float32)
-        head, n = self._head[slot], rows * cols
+            head = np.empty((2, most), np.float32)
+        try:
+            yield head
+        finally:
+            self._head_free.append(head)
+
+    @staticmethod
+    def _head_rows(head: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+        """A head scratch's rows [rows, cols] and their squares' (float32)."""
+        n = rows * cols
         return head[0, :n].reshape(rows, cols), head[1, :n].reshape(rows, cols)
 
     # the forward, as steps: host glue, then the launches of one device step (yielded)
@@ -314,7 +327,8 @@ class Sapiens2Replay:
             with self.slot() as free:
                 return (yield from self.heatmap_steps(crop, free, out))
         x = yield from self._backbone(crop, slot)
-        return (yield from self._head_steps(x, slot, out))
+        with self._head_scratch() as head:
+            return (yield from self._head_steps(x, slot, head, out))
 
     def _backbone(self, crop: np.ndarray, slot: int) -> Steps:
         cfg, pool, dev = self.config, self.pool, self.device
@@ -371,7 +385,9 @@ class Sapiens2Replay:
 
         return stage
 
-    def _head_steps(self, x: np.ndarray, slot: int, out: np.ndarray | None) -> Steps:
+    def _head_steps(
+        self, x: np.ndarray, slot: int, head: np.ndarray, out: np.ndarray | None
+    ) -> Steps:
         cfg, pool = self.config, self.pool
         flats = self.slots[slot]
         a = flats["a"].host()
@@ -385,7 +401,7 @@ class Sapiens2Replay:
             yield [self._gemm(flats, f"d{j}", f"d{j}")]
             rows = min(rec.rows, (h0 + 1) * (w0 + 2))
             c = flats["c"].bits((rows - 1) * rec.n + rec.n)
-            y, sq = self._head_rows(slot, 4 * h0 * w0, co)
+            y, sq = self._head_rows(head, 4 * h0 * w0, co)
             bias = self.host.get(f"d{j}.bias")
             yield from glue.scatter_into(pool, c, h0, w0, rec.n, co, bias,
                                          y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
@@ -402,7 +418,7 @@ class Sapiens2Replay:
         for j, co in enumerate(cfg.convs):
             rec = self.gemms[f"c{j}"]
             yield [self._gemm(flats, f"c{j}", f"c{j}")]
-            y, sq = self._head_rows(slot, px, co)
+            y, sq = self._head_rows(head, px, co)
             yield from glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
             yield from glue.instance_norm_silu_to(
                 pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co)

@@ -309,30 +309,37 @@ def test_the_replay_computes_what_the_old_replay_did_bit_for_bit(bundles, tmp_pa
         dev.close()
 
 
-def test_two_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
+def test_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
     bundles, tmp_path, monkeypatch
 ):
-    # both crops started together (no staggering), host steps cut into pieces of a few
-    # values, so that one forward's head resumes between the other's head pieces: each must
-    # still get its own heatmaps bit for bit (no host scratch shared between the slots)
-    from npu.device import Interleaved
+    # as many crops as the replay has slots (npu.device.INTERLEAVE) started together (no
+    # staggering), host steps cut into pieces of a few values, so that each forward's head
+    # resumes between the others' head pieces: each must still get its own heatmaps bit for
+    # bit (no host scratch shared between forwards in flight: the heads' scratch pool grows
+    # to one per head at once, and is reused after)
+    from npu.device import INTERLEAVE, Interleaved
     from npu.sim import SimDevice
 
     dev = SimDevice(registry_dir=tmp_path / "hwctx")
     try:
         model = from_bundle(bundles["v2"], dev)
         cfg = model.config
-        crops = np.random.default_rng(7).normal(size=(2, 3, cfg.H, cfg.W)).astype(np.float32)
+        n = len(model.ops.slots)
+        assert n == INTERLEAVE >= 3
+        crops = np.random.default_rng(7).normal(size=(n, 3, cfg.H, cfg.W)).astype(np.float32)
         want = [model.heatmaps(c[None])[0] for c in crops]
+        assert len(model.ops._head_free) == 1  # one forward at a time: one head scratch
         monkeypatch.setattr(glue, "PIECE_ELEMS", 64)
-        got: dict[int, np.ndarray] = {}
-        active = Interleaved()
-        for i, crop in enumerate(crops):
-            active.add(model.ops.heatmap_steps(crop),
-                       lambda out, err, i=i: got.__setitem__(i, err or out))  # fmt: skip
-        while len(active):
-            active.step()
-        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        for _ in range(2):
+            got: dict[int, np.ndarray] = {}
+            active = Interleaved()
+            for i, crop in enumerate(crops):
+                active.add(model.ops.heatmap_steps(crop),
+                           lambda out, err, i=i: got.__setitem__(i, err or out))  # fmt: skip
+            while len(active):
+                active.step()
+            assert all(np.array_equal(got[i], want[i]) for i in range(n))
+            assert len(model.ops._head_free) == n
         assert not np.array_equal(want[0], want[1])
     finally:
         dev.close()
