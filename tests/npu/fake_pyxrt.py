@@ -7,9 +7,9 @@ Every call except state() lands in `calls` as a tuple while `record` is on (the 
 state() polls are counted in `state_calls`) and is counted by name in `counts` always. The
 log is bounded: a recording run past `max_calls` calls fails with RuntimeError, so a long
 run (a paced test, a bench, a subprocess through the shim, whose calls nobody reads) turns
-`record` off and keeps only the counts. Hardware contexts count against a machine-wide `limit` and free their slot
-when garbage-collected, as a released xrt::hw_context does; a full machine raises
-RuntimeError mentioning CREATE_HWCTX, as the amdxdna driver does.
+`record` off and keeps only the counts. Hardware contexts count against a machine-wide
+`limit` and free their slot when garbage-collected, as a released xrt::hw_context does; a
+full machine raises RuntimeError mentioning CREATE_HWCTX, as the amdxdna driver does.
 
 Timing, as the bindings behave (none of these calls releases the GIL):
 - `run.start()` returns at once; runs execute one after another on one emulated device, each

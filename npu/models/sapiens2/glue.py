@@ -84,11 +84,6 @@ def in_pieces(
         yield ()
 
 
-def to_bf16(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst = f32_to_bf16(src): float32 and uint16 [n, C], any strides."""
-    kernels.to_bf16(src.view(np.uint32), dst)
-
-
 def widen(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = bf16_to_f32(bits): uint16 and float32 [n, C], any strides; returns out."""
     kernels.widen(bits, out.view(np.uint32))
@@ -131,15 +126,13 @@ def stage_rows(
     stage: Callable[[np.ndarray, int, int, np.ndarray], np.ndarray],
 ) -> Pieces:
     """The attention's staged rows into dst: for each row chunk [r0, r1) of qkv (uint16
-    [T, w], the qkv GEMM's C), stage(its bf16 rows, r0, r1, out float32 [r1 - r0, 3D])
-    returns the staged float32 rows (model.stage_attention's), rounded into dst (uint16
-    [T, 3D])."""
-    width = dst.shape[1]
+    [T, w], the qkv GEMM's C), stage(its bf16 rows, r0, r1, dst's rows) writes the staged
+    rows (model.stage_attention's) rounded to bf16 into dst (uint16 [T, 3D])."""
 
     def rows(r0: int, r1: int) -> None:
-        to_bf16(stage(qkv[r0:r1], r0, r1, scratch("stage", (r1 - r0, width))), dst[r0:r1])
+        stage(qkv[r0:r1], r0, r1, dst[r0:r1])
 
-    yield from in_pieces(pool, len(qkv), width, 1, rows)
+    yield from in_pieces(pool, len(qkv), dst.shape[1], 1, rows)
 
 
 def pairs_view(a: np.ndarray, h0: int, w0: int, c: int) -> np.ndarray:
@@ -240,8 +233,8 @@ def instance_norm_silu_to(
     """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
     groups: y float32 [pixels, C]; sq (float32, y's shape) takes the squares for the
     variance. Both channel sums are one BLAS reduction over all pixels, as the reference's;
-    tanh is numpy's; the centred, scaled values are recomputed (the same bits) rather than
-    written back."""
+    tanh is numpy's; the centred, scaled values of a chunk are kept in its scratch for the
+    end of SiLU, so y is read once after the sums."""
     px, c = y.shape
     n = F32(px)
     ones = np.ones(px, F32)
@@ -259,12 +252,12 @@ def instance_norm_silu_to(
 
     def silu(r0: int, r1: int) -> None:
         yc = y[r0:r1]
-        t = scratch("silu", yc.shape)
-        kernels.halves(yc, mean, rstd, t)
+        z, t = scratch("silu.z", yc.shape), scratch("silu.t", yc.shape)
+        kernels.halves(yc, mean, rstd, z, t)
         np.tanh(t, out=t)
 
         def fill(lo: int, hi: int, dst: np.ndarray) -> None:
-            kernels.silu_bf16(t[lo:hi], yc[lo:hi], mean, rstd, dst)
+            kernels.silu_bf16(t[lo:hi], z[lo:hi], dst)
 
         write(r0, r1, fill)
 

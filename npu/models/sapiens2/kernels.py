@@ -30,14 +30,6 @@ def _bf16(b: np.uint32) -> np.uint16:
 
 
 @njit(nogil=True, cache=True)
-def to_bf16(bits: np.ndarray, out: np.ndarray) -> None:
-    """out = f32_to_bf16 of float32 values given as their uint32 bits; 2-D, any strides."""
-    for i in range(bits.shape[0]):
-        for j in range(bits.shape[1]):
-            out[i, j] = _bf16(bits[i, j])
-
-
-@njit(nogil=True, cache=True)
 def _block_sum(a: np.ndarray, s: int, n: int) -> np.float32:
     """numpy's pairwise_sum of a[s : s + n] for n <= 128 (its unrolled leaves)."""
     if n < 8:
@@ -277,6 +269,44 @@ def stage_bits(
 
 
 @njit(nogil=True, cache=True)
+def stage_bits_bf16(
+    qkv: np.ndarray,
+    heads: int,
+    kv: int,
+    hd: int,
+    prefix: int,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    eps: np.float32,
+    scale: np.float32,
+    qk_norm: bool,
+    out: np.ndarray,
+) -> None:
+    """stage_bits() rounded as f32_to_bf16 into out (uint16): each row is staged in float32
+    scratch, then rounded, with no float32 copy of the chunk."""
+    work = np.empty(hd, F32)
+    inv = np.empty(heads, F32)
+    stack = np.zeros((3, 64), np.int64)
+    sums = np.zeros(64, F32)
+    row = np.empty(qkv.shape[1], F32)
+    wide = row.view(np.uint32)
+    staged = np.empty(out.shape[1], F32)
+    staged_bits = staged.view(np.uint32)
+    for r in range(qkv.shape[0]):
+        src = qkv[r]
+        for j in range(qkv.shape[1]):
+            wide[j] = U32(src[j]) << U32(16)
+        t = max(r - prefix, 0)
+        _stage_row(row, r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
+                   scale, qk_norm, work, inv, stack, sums, staged)  # fmt: skip
+        dst = out[r]
+        for j in range(staged.shape[0]):
+            dst[j] = _bf16(staged_bits[j])
+
+
+@njit(nogil=True, cache=True)
 def centred_squares(y: np.ndarray, mean: np.ndarray, sq: np.ndarray) -> None:
     """sq = (y - mean)² per column: y, sq float32 [n, C] (y is left as it is)."""
     for i in range(y.shape[0]):
@@ -286,25 +316,26 @@ def centred_squares(y: np.ndarray, mean: np.ndarray, sq: np.ndarray) -> None:
 
 
 @njit(nogil=True, cache=True)
-def halves(y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, t: np.ndarray) -> None:
-    """t = ((y - mean) · rstd) · 0.5 per column: tanh's argument in SiLU."""
+def halves(y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, z: np.ndarray, t: np.ndarray) -> None:
+    """z = (y - mean) · rstd and t = z · 0.5 per column (tanh's argument in SiLU): y, z, t
+    float32 [n, C]; z is kept so that the end of SiLU need not read y again."""
     for i in range(y.shape[0]):
         for j in range(y.shape[1]):
-            t[i, j] = ((y[i, j] - mean[j]) * rstd[j]) * F32(0.5)
+            v = (y[i, j] - mean[j]) * rstd[j]
+            z[i, j] = v
+            t[i, j] = v * F32(0.5)
 
 
 @njit(nogil=True, cache=True)
-def silu_bf16(
-    tanh: np.ndarray, y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, out: np.ndarray
-) -> None:
-    """out = f32_to_bf16(((tanh + 1) · 0.5) · z), z = (y - mean) · rstd: InstanceNorm +
-    SiLU's end from tanh(z / 2), into uint16 out [n, C] (any strides)."""
-    row = np.empty(y.shape[1], F32)
+def silu_bf16(tanh: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
+    """out = f32_to_bf16(((tanh + 1) · 0.5) · z): InstanceNorm + SiLU's end from z and
+    tanh(z / 2) (halves'), into uint16 out [n, C] (any strides)."""
+    row = np.empty(z.shape[1], F32)
     bits = row.view(np.uint32)
-    for i in range(y.shape[0]):
-        for j in range(y.shape[1]):
-            row[j] = ((tanh[i, j] + F32(1.0)) * F32(0.5)) * ((y[i, j] - mean[j]) * rstd[j])
-        for j in range(y.shape[1]):
+    for i in range(z.shape[0]):
+        for j in range(z.shape[1]):
+            row[j] = ((tanh[i, j] + F32(1.0)) * F32(0.5)) * z[i, j]
+        for j in range(z.shape[1]):
             out[i, j] = _bf16(bits[j])
 
 

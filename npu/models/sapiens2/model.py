@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from npu import host_memory
 from npu.device import run_steps
 from npu.models.sapiens2 import kernels
 from npu.models.sapiens2.config import Config, ModelError
@@ -157,17 +158,21 @@ def stage_attention(
     cos, sin [T - prefix, hd]: half-split RoPE, x·cos + rotate_half(x)·sin). Query head h
     reads kv head h // (heads / kv) (HF `repeat_kv`). Written into `out` (float32 [T, 3D])
     when given; rows are independent, so a chunk of rows with its table rows stages as those
-    rows of the whole. One compiled pass (npu.models.sapiens2.kernels.stage)."""
+    rows of the whole; given uint16 bits, `out` may be uint16 too, for the rows rounded as
+    f32_to_bf16. One compiled pass (npu.models.sapiens2.kernels.stage)."""
     prefix = cfg.prefix if prefix is None else prefix
     out = np.empty((len(qkv), 3 * cfg.D), np.float32) if out is None else out
     f32 = np.float32
     qkv = np.asarray(qkv)
-    run = kernels.stage_bits if qkv.dtype == np.uint16 else kernels.stage
-    run(
-        qkv if qkv.dtype == np.uint16 else np.asarray(qkv, f32), cfg.heads, kv, cfg.hd,
-        prefix, np.asarray(q_norm, f32), np.asarray(k_norm, f32), cos, sin, f32(cfg.eps),
-        f32(LOG2E / math.sqrt(cfg.hd)), cfg.qk_norm, out,
-    )  # fmt: skip
+    bits = qkv.dtype == np.uint16
+    if out.dtype != f32 and not (bits and out.dtype == np.uint16):
+        raise ModelError(f"stage_attention: out {out.dtype} for qkv {qkv.dtype}")
+    common = (cfg.heads, kv, cfg.hd, prefix, np.asarray(q_norm, f32), np.asarray(k_norm, f32),
+              cos, sin, f32(cfg.eps), f32(LOG2E / math.sqrt(cfg.hd)), cfg.qk_norm, out)  # fmt: skip
+    if bits:
+        (kernels.stage_bits_bf16 if out.dtype == np.uint16 else kernels.stage_bits)(qkv, *common)
+    else:
+        kernels.stage(np.asarray(qkv, f32), *common)
     return out
 
 
@@ -288,7 +293,7 @@ class Sapiens2Pose:
             )
         steps = getattr(self.ops, "heatmap_steps", None)
         if steps is not None:
-            out = np.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw), np.float32)
+            out = host_memory.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw))
             for crop, hm in zip(crops, out, strict=True):
                 run_steps(steps(crop, out=hm))
             return out

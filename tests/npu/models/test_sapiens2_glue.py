@@ -334,8 +334,8 @@ def test_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
             got: dict[int, np.ndarray] = {}
             active = Interleaved()
             for i, crop in enumerate(crops):
-                active.add(model.ops.heatmap_steps(crop),
-                           lambda out, err, i=i: got.__setitem__(i, err or out))  # fmt: skip
+                done = lambda out, err, i=i, got=got: got.__setitem__(i, err or out)  # noqa: E731
+                active.add(model.ops.heatmap_steps(crop), done)
             while len(active):
                 active.step()
             assert all(np.array_equal(got[i], want[i]) for i in range(n))
