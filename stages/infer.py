@@ -122,18 +122,34 @@ class DeviceThread:
         """Queue fn(*args) behind the calls already queued; `what` names it in logs."""
         return self._put(what, fn, args, None)
 
-    def submit_steps(self, what: str, kind: str, fn: Callable[..., Steps], *args: Any) -> Future:
+    def submit_steps(
+        self,
+        what: str,
+        kind: str,
+        fn: Callable[..., Steps],
+        *args: Any,
+        ready: Future | None = None,
+    ) -> Future:
         """Queue the stepped call fn(*args) (a generator of device steps; its return value is
         the future's result) behind the calls already queued; `kind` (the model) tells
-        Interleaved how many steps such a call takes, to stagger the ones in flight."""
-        return self._put(what, fn, args, kind)
+        Interleaved how many steps such a call takes, to stagger the ones in flight. `ready`:
+        its input (the batch's host glue); while that is not done the stepped calls in
+        flight go on, rather than the thread blocking in fn on it."""
+        return self._put(what, fn, args, kind, ready)
 
-    def _put(self, what: str, fn: Callable[..., Any], args: tuple, kind: str | None) -> Future:
+    def _put(
+        self,
+        what: str,
+        fn: Callable[..., Any],
+        args: tuple,
+        kind: str | None,
+        ready: Future | None = None,
+    ) -> Future:
         fut: Future = Future()
         with self._lock:
             if self._stopped:
                 raise RuntimeError(f"{self.name}: {what} submitted after shutdown")
-            self._calls.put((fut, what, fn, args, kind))
+            self._calls.put((fut, what, fn, args, kind, ready))
         return fut
 
     def shutdown(self) -> None:
@@ -151,23 +167,33 @@ class DeviceThread:
         active = Interleaved()
         names: deque[tuple[str, float]] = deque()  # the stepped calls in flight, oldest first
         held = None  # the next call, waiting for the stepped calls in flight to end
+        waiting = None  # the next stepped call, its input not ready while others step
         stopping = False
         while True:
             while (
                 held is None and not stopping and len(active) < self.interleave
                 and active.admits(1 / self.interleave)
             ):  # fmt: skip
-                try:
-                    call = self._calls.get(block=not active)
-                except queue.Empty:
+                if waiting is None:
+                    try:
+                        call = self._calls.get(block=not active)
+                    except queue.Empty:
+                        break
+                    if call is None:
+                        stopping = True
+                    elif call[4] is None:
+                        held = call
+                    else:
+                        waiting = call
+                    del call  # an idle thread holds no batch
+                    continue
+                ready = waiting[5]
+                if active and ready is not None and not ready.done():
                     break
-                if call is None:
-                    stopping = True
-                elif call[4] is None:
-                    held = call
-                elif call[0].set_running_or_notify_cancel():
-                    self._start_steps(active, names, *call)
-                del call  # an idle thread holds no batch
+                call, waiting = waiting, None
+                if call[0].set_running_or_notify_cancel():
+                    self._start_steps(active, names, *call[:5])
+                del call
             if active:
                 self.running = names[0]
                 active.step()
@@ -175,7 +201,7 @@ class DeviceThread:
             elif held is not None:
                 self._call(*held[:4])
                 held = None
-            elif stopping:
+            elif stopping and waiting is None:
                 return
 
     def _start_steps(
@@ -726,7 +752,13 @@ class Infer(Stage):
                 glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
                 if rt.stepped:
                     ran = self._device_thread.submit_steps(
-                        _batch_name(batch), rt.name, _steps_prepared, rt, glue, self.device
+                        _batch_name(batch),
+                        rt.name,
+                        _steps_prepared,
+                        rt,
+                        glue,
+                        self.device,
+                        ready=glue,
                     )
                 else:
                     ran = self._device_thread.submit(

@@ -30,6 +30,21 @@ def _bf16(b: np.uint32) -> np.uint16:
 
 
 @njit(nogil=True, cache=True)
+def patches_bf16(bits: np.ndarray, p: int, gy0: int, gy1: int, out: np.ndarray) -> None:
+    """The patch GEMM's A rows of grid rows [gy0, gy1): out[gy - gy0, gx, c, py, px] =
+    f32_to_bf16(crop[c, gy·p + py, gx·p + px]); bits: the crop's float32 as uint32
+    [3, H, W], out uint16 [gy1 - gy0, W / p, 3, p, p]."""
+    for gy in range(gy0, gy1):
+        for c in range(bits.shape[0]):
+            for py in range(p):
+                src = bits[c, gy * p + py]
+                for gx in range(out.shape[1]):
+                    dst = out[gy - gy0, gx, c, py]
+                    for px in range(p):
+                        dst[px] = _bf16(src[gx * p + px])
+
+
+@njit(nogil=True, cache=True)
 def _block_sum(a: np.ndarray, s: int, n: int) -> np.float32:
     """numpy's pairwise_sum of a[s : s + n] for n <= 128 (its unrolled leaves)."""
     if n < 8:

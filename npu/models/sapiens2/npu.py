@@ -22,7 +22,6 @@ import numpy as np
 
 import npu.models.sapiens2.model as s2model
 from npu import host_memory
-from npu.bf16 import f32_to_bf16_into
 from npu.bundle import Bundle, BundleError
 from npu.device import (
     INTERLEAVE,
@@ -35,7 +34,7 @@ from npu.device import (
     kernel_spec,
     open_device,
 )
-from npu.models.sapiens2 import glue
+from npu.models.sapiens2 import glue, kernels
 from npu.models.sapiens2.config import Config, ModelError
 from npu.models.sapiens2.model import Sapiens2Pose
 from npu.ops import Flat, GemmRecord, MhaRecord, run_gemm, run_mha
@@ -338,10 +337,10 @@ class Sapiens2Replay:
         a = flats["a"]
         n_patch = cfg.gh * cfg.gw * 3 * p * p
         patches = a.host(n_patch).reshape(cfg.gh, cfg.gw, 3, p, p)
-        grid = crop.reshape(3, cfg.gh, p, cfg.gw, p).transpose(1, 3, 0, 2, 4)
+        bits = np.ascontiguousarray(crop, np.float32).view(np.uint32)
 
         def patch_rows(r0: int, r1: int) -> None:
-            f32_to_bf16_into(grid[r0:r1], patches[r0:r1])
+            kernels.patches_bf16(bits, p, r0, r1, patches[r0:r1])
 
         pool.run(cfg.gh, 1, patch_rows)
         a.written(n_patch)

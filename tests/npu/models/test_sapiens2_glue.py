@@ -182,6 +182,21 @@ def test_staged_rows_equal_the_old_staging_bit_for_bit(pool, kv, qk_norm):
     assert np.array_equal(f32_to_bf16(whole), want)
 
 
+def test_patch_rows_equal_the_old_patch_staging_bit_for_bit():
+    from npu.models.sapiens2 import kernels
+
+    p, gh, gw = 4, 5, 3
+    crop = (np.random.default_rng(5).normal(size=(3, gh * p, gw * p)) * 1e3).astype(np.float32)
+    crop.reshape(-1)[:4] = [np.nan, np.inf, -0.0, 3.0e38]
+    crop.view(np.uint32).reshape(-1)[4] = 0x7F800001  # a signalling NaN keeps its payload
+    grid = crop.reshape(3, gh, p, gw, p).transpose(1, 3, 0, 2, 4)
+    want = f32_to_bf16(np.ascontiguousarray(grid))
+    got = np.full((gh, gw, 3, p, p), 0xEEEE, np.uint16)
+    kernels.patches_bf16(crop.view(np.uint32), p, 0, 2, got[:2])
+    kernels.patches_bf16(crop.view(np.uint32), p, 2, gh, got[2:])
+    assert np.array_equal(got, want)
+
+
 def test_rms_into_the_a_rows_and_residual_adds_equal_the_old_glue(pool):
     rng = np.random.default_rng(1)
     x = (rng.normal(size=(3081, 1024)) * 4).astype(np.float32)
