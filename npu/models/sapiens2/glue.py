@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from npu.bf16 import f32_to_bf16_into
 from npu.models.sapiens2 import kernels
 from npu.rows import RowPool
 
@@ -126,11 +127,14 @@ def stage_rows(
     stage: Callable[[np.ndarray, int, int, np.ndarray], np.ndarray],
 ) -> Pieces:
     """The attention's staged rows into dst: for each row chunk [r0, r1) of qkv (uint16
-    [T, w], the qkv GEMM's C), stage(its bf16 rows, r0, r1, dst's rows) writes the staged
-    rows (model.stage_attention's) rounded to bf16 into dst (uint16 [T, 3D])."""
+    [T, w], the qkv GEMM's C), stage(its bf16 rows, r0, r1, dst's rows) stages them
+    (model.stage_attention's) rounded to bf16 into dst's rows (uint16 [T, 3D]) and returns
+    those, or returns float32 rows of its own, rounded into dst here."""
 
     def rows(r0: int, r1: int) -> None:
-        stage(qkv[r0:r1], r0, r1, dst[r0:r1])
+        staged = stage(qkv[r0:r1], r0, r1, dst[r0:r1])
+        if staged.dtype != np.uint16:
+            f32_to_bf16_into(staged, dst[r0:r1])
 
     yield from in_pieces(pool, len(qkv), dst.shape[1], 1, rows)
 
