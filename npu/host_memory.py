@@ -1,24 +1,22 @@
-"""Large host arrays on ordinary pages. numpy advises transparent huge pages for every array of
-4 MB or more (madvise MADV_HUGEPAGE; numpy's "Kernel huge pages" notes), and with the
-kernel's THP defrag setting `madvise` (the default) the first touch of such an array may stall
-in direct compaction for tens of milliseconds, on whichever thread writes it first. An
-anonymous mapping of Python's mmap module gets no such advice, so its pages fault in one at a
-time (docs/inference.md, "Sapiens2: host glue overlapped with the device").
+"""Large host arrays faulted in ahead of use. numpy advises transparent huge pages for every
+array of 4 MB or more (madvise MADV_HUGEPAGE; numpy's "Kernel huge pages" notes), and with
+the kernel's THP defrag setting `madvise` (the default) the first touch of such an array may
+stall in direct compaction for tens of milliseconds (measured: 100-180 ms for a 60 MB
+heatmap array on a busy 2-core VM), on whichever thread writes it first. Touching its pages
+once on a thread that can wait (the infer stage's prepare thread) keeps that off the thread
+that feeds the device (docs/inference.md, "Sapiens2: host glue overlapped with the device").
 """
 
 from __future__ import annotations
 
-import math
 import mmap
 
 import numpy as np
 
 
-def empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
-    """An uninitialised array like np.empty(shape, dtype), C order, on ordinary pages (zero
-    until written); its memory goes back to the system when the array is collected."""
-    dt = np.dtype(dtype)
-    nbytes = math.prod(shape) * dt.itemsize
-    if nbytes == 0:
-        return np.empty(shape, dt)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dt).reshape(shape)
+def faulted(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """np.empty(shape, dtype) with every page written once (so its values are unspecified,
+    as np.empty's): later writes take no page faults."""
+    out = np.empty(shape, dtype)
+    out.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE] = 0
+    return out

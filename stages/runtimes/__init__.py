@@ -104,6 +104,7 @@ class Prepared:
     inputs: np.ndarray
     failed: dict[int, Exception] = field(default_factory=dict)
     aux: list[Any] | None = None
+    outputs: np.ndarray | None = None
 
     @property
     def mask(self) -> tuple[bool, ...]:
@@ -301,7 +302,14 @@ class Runtime:
         filled += [pad] * (self.batch_size - len(jobs))
         aux += [None] * (self.batch_size - len(jobs))
         recorded = aux if any(a is not None for a in aux) else None
-        return Prepared(self.name, tuple(jobs), self.batch_size, np.stack(filled), failed, recorded)
+        return Prepared(self.name, tuple(jobs), self.batch_size, np.stack(filled), failed, recorded,
+                        self.output_rows())  # fmt: skip
+
+    def output_rows(self) -> np.ndarray | None:
+        """The outputs of a stepped pass over a full batch, allocated here on the prepare
+        thread and faulted in (npu.host_memory.faulted: a large fresh array's first touch can
+        stall for tens of ms), or None (the default): the pass allocates its own."""
+        return None
 
     def dummy_input(self) -> np.ndarray:
         """A valid input of one slot (warm-up passes, all-failed batches)."""
@@ -323,8 +331,9 @@ class Runtime:
         interleave with another pass's; False: whole passes only (forward)."""
         return False
 
-    def forward_steps(self, inputs: np.ndarray) -> Steps:
-        """The device pass as steps (npu.device.Steps) returning one output per slot."""
+    def forward_steps(self, inputs: np.ndarray, outputs: np.ndarray | None = None) -> Steps:
+        """The device pass as steps (npu.device.Steps) returning one output per slot,
+        written into `outputs` (output_rows') when given."""
         raise NotImplementedError
 
     def run(self, prepared: Prepared) -> Ran:
@@ -337,7 +346,8 @@ class Runtime:
         """run() as steps (device thread only); the device seconds are its launches' own
         (npu.device.busy_steps), not the wall time, which the interleaved pass shares."""
         self._check_size(prepared)
-        outs, device_s = yield from busy_steps(self.forward_steps(prepared.inputs))
+        steps = self.forward_steps(prepared.inputs, prepared.outputs)
+        outs, device_s = yield from busy_steps(steps)
         return self._ran(prepared, outs, device_s)
 
     def _check_size(self, prepared: Prepared) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu.device import Steps
+from npu.host_memory import faulted
 from npu.models.sapiens2.preprocess import crop_persons
 from stages.jobs import PoseInferred, PoseJob
 from stages.runtimes import JobInputError, PacedTimer, Runtime, SlotOutput
@@ -51,10 +52,20 @@ class Sapiens2Runtime(Runtime):
         paced as NPU2 (one modelled wait from the pass's start: PacedTimer)."""
         return hasattr(self.model.ops, "heatmap_steps") and not isinstance(self.timer, PacedTimer)
 
-    def forward_steps(self, inputs: np.ndarray) -> Steps:
+    def output_rows(self) -> np.ndarray | None:
+        """A stepped pass's heatmaps, faulted in on the prepare thread: float32
+        [batch, K, 4·gh, 4·gw] (60 MB a box at 0.4b; a fresh array's first touch stalled the
+        device thread 100-180 ms a box in huge-page compaction)."""
+        if not self.stepped:
+            return None
+        cfg = self.model.config
+        return faulted((self.batch_size, cfg.K, 4 * cfg.gh, 4 * cfg.gw))
+
+    def forward_steps(self, inputs: np.ndarray, outputs: np.ndarray | None = None) -> Steps:
         outs = []
-        for crop in np.ascontiguousarray(inputs, np.float32):
-            outs.append((yield from self.model.ops.heatmap_steps(crop)))
+        for i, crop in enumerate(np.ascontiguousarray(inputs, np.float32)):
+            out = None if outputs is None else outputs[i]
+            outs.append((yield from self.model.ops.heatmap_steps(crop, out=out)))
         return outs
 
     def finish(self, job: PoseJob, slot: SlotOutput) -> None:

@@ -23,7 +23,6 @@ from typing import Protocol
 
 import numpy as np
 
-from npu import host_memory
 from npu.device import run_steps
 from npu.models.sapiens2 import kernels
 from npu.models.sapiens2.config import Config, ModelError
@@ -293,7 +292,7 @@ class Sapiens2Pose:
             )
         steps = getattr(self.ops, "heatmap_steps", None)
         if steps is not None:
-            out = host_memory.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw))
+            out = np.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw), np.float32)
             for crop, hm in zip(crops, out, strict=True):
                 run_steps(steps(crop, out=hm))
             return out

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 import npu.models.sapiens2.model as s2model
-from npu import host_memory
 from npu.bundle import Bundle, BundleError
 from npu.device import (
     INTERLEAVE,
@@ -427,7 +426,7 @@ class Sapiens2Replay:
         rec = self.gemms["pred"]
         yield [self._gemm(flats, "pred", "pred")]
         c = flats["c"].bits((px - 1) * rec.c_stride + cfg.K)
-        out = host_memory.empty((cfg.K, h0, w0)) if out is None else out
+        out = np.empty((cfg.K, h0, w0), np.float32) if out is None else out
         yield from glue.heatmaps_into(pool, c, px, rec.c_stride, out.reshape(cfg.K, px))
         return out
 
