@@ -111,6 +111,26 @@ def add_rows(pool: RowPool, x: np.ndarray, bits: np.ndarray) -> None:
     pool.run(len(x), chunk_rows(d), rows)
 
 
+def add_put_rms(
+    pool: RowPool,
+    x: np.ndarray,
+    bits: np.ndarray,
+    bias: np.ndarray | None,
+    eps: float,
+    dst: np.ndarray,
+) -> None:
+    """add_rows (then x += bias, if any), then put_rms, in one pass over each chunk: x float32
+    [T, D] updated in place, bits uint16 [T, D] (any strides), bias float32 [D] or None,
+    dst uint16 [T, D] (a mapping)."""
+    d = x.shape[1]
+    b = np.empty(0, F32) if bias is None else np.asarray(bias, F32)
+
+    def rows(r0: int, r1: int) -> None:
+        kernels.add_rms_bf16(x[r0:r1], bits[r0:r1], b, F32(eps), dst[r0:r1])
+
+    pool.run(len(x), chunk_rows(d), rows)
+
+
 def read_rows(pool: RowPool, bits: np.ndarray, out: np.ndarray) -> Pieces:
     """out = bf16_to_f32(bits): bits uint16 [rows, C] (any strides), out float32 [rows, C]."""
 

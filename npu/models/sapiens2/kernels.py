@@ -397,6 +397,39 @@ def rms_bf16(x: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
 
 
 @njit(nogil=True, cache=True)
+def add_rms_bf16(
+    x: np.ndarray, bits: np.ndarray, bias: np.ndarray, eps: np.float32, out: np.ndarray
+) -> None:
+    """The residual add and the next norm in one pass over x: x += bf16_to_f32(bits), then
+    x += bias (per column, when bias has C values; else none), in place; then out =
+    f32_to_bf16(rms_norm(x)) of the updated rows, as rms_bf16. x float32 [n, C], bits and out
+    uint16 [n, C] (any strides)."""
+    c = x.shape[1]
+    biased = bias.shape[0] == c
+    sq = np.empty(c, F32)
+    row = np.empty(c, F32)
+    wide = row.view(np.uint32)
+    stack = np.zeros((3, 64), np.int64)
+    sums = np.zeros(64, F32)
+    for i in range(x.shape[0]):
+        for j in range(c):
+            wide[j] = U32(bits[i, j]) << U32(16)
+        for j in range(c):
+            x[i, j] += row[j]
+        if biased:
+            for j in range(c):
+                x[i, j] += bias[j]
+        for j in range(c):
+            sq[j] = x[i, j] * x[i, j]
+        ms = F32(np.float64(_pairwise(sq, c, stack, sums)) / np.float64(c))
+        inv = F32(1.0) / np.sqrt(ms + eps)
+        for j in range(c):
+            row[j] = x[i, j] * inv
+        for j in range(c):
+            out[i, j] = _bf16(wide[j])
+
+
+@njit(nogil=True, cache=True)
 def widen_transposed(c: np.ndarray, c_stride: int, p0: int, p1: int, out: np.ndarray) -> None:
     """out[k, p] = the float32 bits of bf16 c[p·c_stride + k], p in [p0, p1), k < K: the
     predictor's C (uint16, flat) into heatmaps (out uint32 [K, pixels], a float32 view), in

@@ -351,9 +351,11 @@ class Sapiens2Replay:
         a_rows = a.host(t * d).reshape(t, d)
         stage = flats["stage"]
         stage_rows = stage.host(t * 3 * d).reshape(t, 3 * d)
+        # each residual add and the norm after it are one pass (glue.add_put_rms); the last
+        # layer's add has no norm after it here (the head's final norm reads x)
+        glue.put_rms(pool, x, cfg.eps, a_rows)
         for i in range(cfg.layers):
             w = qkv_width(cfg, i)
-            glue.put_rms(pool, x, cfg.eps, a_rows)
             a.written(t * d)
             yield [self._gemm(flats, f"qkv{w}", f"{i}.qkv")]
             qkv = flats[f"qkv{w}"].bits(t * w).reshape(t, w)
@@ -361,14 +363,18 @@ class Sapiens2Replay:
             stage.written(t * 3 * d)
             attention = run_mha(dev, self.kernels["mha"], self.mha, stage, flats["ao"])
             yield [attention, self._gemm(flats, "o", f"{i}.o")]
-            glue.add_rows(pool, x, self._c_rows(flats, self.gemms["o"], t, d))
-            glue.put_rms(pool, x, cfg.eps, a_rows)
+            o_rows = self._c_rows(flats, self.gemms["o"], t, d)
+            glue.add_put_rms(pool, x, o_rows, None, cfg.eps, a_rows)
             a.written(t * d)
             yield [self._gemm(flats, "gu", f"{i}.gu"), self._gemm(flats, "down", f"{i}.down")]
-            glue.add_rows(pool, x, self._c_rows(flats, self.gemms["down"], t, d))
+            down_rows = self._c_rows(flats, self.gemms["down"], t, d)
             bias = self.host.get(f"{i}.down.bias")
-            if bias is not None:
-                x += bias
+            if i + 1 < cfg.layers:
+                glue.add_put_rms(pool, x, down_rows, bias, cfg.eps, a_rows)
+            else:
+                glue.add_rows(pool, x, down_rows)
+                if bias is not None:
+                    x += bias
         return x
 
     def _stager(self, i: int) -> Callable[[np.ndarray, int, int, np.ndarray], np.ndarray]:

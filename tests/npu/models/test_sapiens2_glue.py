@@ -211,6 +211,23 @@ def test_rms_into_the_a_rows_and_residual_adds_equal_the_old_glue(pool):
     assert np.array_equal(x, want)
 
 
+@pytest.mark.parametrize("biased", [False, True])
+def test_a_residual_add_and_the_norm_after_it_in_one_pass_equal_the_old_glue(pool, biased):
+    rng = np.random.default_rng(6)
+    x = (rng.normal(size=(3081, 1024)) * 4).astype(np.float32)
+    c = np.full((3081, 1100), 0xEEEE, np.uint16)
+    c[:, :1024] = _bf16_rows(rng, (3081, 1024))
+    view = c[:, :1024]  # C read at a c_stride wider than D
+    bias = rng.normal(size=1024).astype(np.float32) if biased else None
+    want_x = x + bf16_to_f32(view)
+    if bias is not None:
+        want_x += bias
+    got = np.full(x.shape, 0xEEEE, np.uint16)
+    glue.add_put_rms(pool, x, view, bias, 1e-6, got)
+    assert np.array_equal(x, want_x)
+    assert np.array_equal(got, f32_to_bf16(rms_norm(want_x, 1e-6)))
+
+
 def _head_case(rng, h0, w0, c_in, c_out, bias):
     """A deconv's C as the device leaves it (uint16 at row stride N; the old glue added a
     host bias to all N columns, so N = 4·C_out then, else wider) and the scattered rows."""
