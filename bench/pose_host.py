@@ -212,9 +212,9 @@ def main() -> None:
         loaded = (status_kb("VmRSS") - rss0) / 1024
         parts = Parts()
         for part, fns in {
-            "a staging: RMSNorm -> bf16 into `a` (2 a layer)": ["put_rms"],
+            "residual adds + RMSNorm -> bf16 into `a` (2 a layer, one pass)": [
+                "put_rms", "add_put_rms", "add_rows"],
             "attention staging: qkv -> q/k norm, RoPE, repeats -> `stage`": ["stage_rows"],
-            "residual adds: C -> x (2 a layer)": ["add_rows"],
             "head GEMM staging: final norm -> pairs, scatter, C reads": [
                 "rms_rows_to", "scatter_into", "read_rows", "heatmaps_into", "zero_pair_pads"],
             "InstanceNorm + SiLU -> the next A": ["instance_norm_silu_to"],
