@@ -123,10 +123,11 @@ def test_a_paced_stand_in_takes_the_released_models_npu2_time(
     wall = time.perf_counter() - t0
     modelled = dev.sim.paced_s - before
     # the pass is the released model's (its contexts already resident from the label pass
-    # for CLIP; loaded for the others: a few ms more), in wall time as in device seconds
+    # for CLIP; loaded for the others: a few ms more), in wall time as in device seconds:
+    # the device seconds the runtime reports span the paced sleep, inside the call's wall
     assert NPU2.pass_s(work.passes["forward"]) <= modelled < seconds * 1.05 + 0.06
     assert modelled == pytest.approx(seconds, rel=0.05, abs=0.05)
-    assert modelled <= wall and device_s == pytest.approx(wall, abs=0.01)
+    assert modelled <= device_s <= wall
     dev.close()
 
 
