@@ -418,7 +418,9 @@ class _ZmqSource(_Source):
     time (the reader re-stamps one too far from its own clock); its deadline is that time
     plus this camera's staleness_ms."""
 
-    RCVHWM = 4
+    # Frames libzmq may hold for this reader: one, so a reader that falls behind makes the
+    # sender drop at its source (zmq_push's peer_slow) instead of frames ageing in queues.
+    RCVHWM = 1
     POLL_MS = 50
 
     def __init__(
@@ -470,7 +472,8 @@ class _ZmqSource(_Source):
                     self.close()
                     return None
                 continue
-            parts = self.sock.recv_multipart()
+            # copy=False: a raw image is a view of the message's memory (stages.frame_wire).
+            parts = self.sock.recv_multipart(copy=False)
             try:
                 remote = decode_frame(parts, self.max_pixels)
             except FrameWireError as exc:

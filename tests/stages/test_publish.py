@@ -153,7 +153,8 @@ def test_frames_pushed_by_one_pipeline_arrive_at_a_zmq_camera_of_another(write_c
     assert len(got) > 20
     assert all(f.camera == "remote" and f.image.shape == (48, 64, 3) for f in got)
     pushed = sender.metrics.items_out["zmq_push", "card"]
-    lost = sender.metrics.dropped("zmq_push", "card", "queue_full")
+    # dropped at the inbox (queue_full) or at the source because the receiver was behind
+    lost = sender.metrics.dropped("zmq_push", "card")
     assert pushed >= len(got) and pushed + lost == sender.metrics.items_in["zmq_push", "card"]
     # each frame keeps the sender's seq: in order, and a gap is a drop counted on one side
     seqs = [f.seq for f in got]
