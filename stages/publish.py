@@ -48,8 +48,10 @@ from stages.subscriptions import SubscriptionGuard, SubscriptionLimits
 
 log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
-POLLOUT = int(zmq.POLLOUT)
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 SUBSCRIPTION_DRAIN_S = 0.1
+SUBSCRIPTION_CHECK_S = 0.001
 
 
 class PublishError(NpucamError):
@@ -155,7 +157,13 @@ class Publish(Stage):
         self.metrics.add_gauges(self.name, subscriptions.gauges)
         self.bound.set()
         log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
-        send = plain.send_multipart
+        def send(parts: list, flags: int) -> None:
+            # send_multipart(parts, NOBLOCK) with int flags: pyzmq's combines enum flags for
+            # every part. Only the first part can raise zmq.Again (libzmq takes the rest).
+            for part in parts[:-1]:
+                plain.send(part, SNDMORE_NOBLOCK)
+            plain.send(parts[-1], NOBLOCK)
+
         self._meta = self._meta_message()
         self._warn_if_no_previews()
         interval = self.context.config.metrics.stats_interval_s
@@ -165,6 +173,7 @@ class Publish(Stage):
         try:
             await self._await_subscribers(sock, inbox)
             tasks.append(asyncio.create_task(self._drain_subscriptions()))
+            check_at = 0.0
             async for item in inbox:
                 start = time.perf_counter()
                 try:
@@ -182,8 +191,12 @@ class Publish(Stage):
                     self.item_failed(item)
                 else:
                     self.metrics.did(self.name, camera_of(item), time.perf_counter() - start)
-                # A send lets libzmq take in subscriptions; the limits are checked right away.
-                self._read_subscriptions()
+                # A send lets libzmq take in subscriptions; they are read (and the limits
+                # checked) within SUBSCRIPTION_CHECK_S of it: ZMQ_EVENTS costs a syscall.
+                if start >= check_at:
+                    check_at = start + SUBSCRIPTION_CHECK_S
+                    if plain.getsockopt(zmq.EVENTS) & POLLIN:
+                        self._read_subscriptions()
         finally:
             for task in tasks:
                 task.cancel()

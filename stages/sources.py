@@ -418,9 +418,12 @@ class _ZmqSource(_Source):
     time (the reader re-stamps one too far from its own clock); its deadline is that time
     plus this camera's staleness_ms."""
 
-    # Frames libzmq may hold for this reader: one, so a reader that falls behind makes the
-    # sender drop at its source (zmq_push's peer_slow) instead of frames ageing in queues.
+    # What may wait for this reader: one frame in libzmq and SO_RCVBUF bytes in the kernel
+    # (which doubles it; left to autotuning it grows to net.ipv4.tcp_rmem's maximum, 32 MiB
+    # on some hosts), so a reader that falls behind makes the sender drop at its source
+    # (zmq_push's peer_slow) instead of frames ageing in buffers (docs/benchmarks.md).
     RCVHWM = 1
+    RCVBUF = 1 << 20
     POLL_MS = 50
 
     def __init__(
@@ -449,6 +452,7 @@ class _ZmqSource(_Source):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
+        self.sock.setsockopt(zmq.RCVBUF, self.RCVBUF)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
