@@ -157,7 +157,8 @@ class Publish(Stage):
         self.metrics.add_gauges(self.name, subscriptions.gauges)
         self.bound.set()
         log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
-        def send(parts: list, flags: int) -> None:
+
+        def send(parts: list) -> None:
             # send_multipart(parts, NOBLOCK) with int flags: pyzmq's combines enum flags for
             # every part. Only the first part can raise zmq.Again (libzmq takes the rest).
             for part in parts[:-1]:
@@ -178,13 +179,13 @@ class Publish(Stage):
                 start = time.perf_counter()
                 try:
                     if isinstance(item, Result):
-                        send(wire.encode_result(item, now_ns()), NOBLOCK)
+                        send(wire.encode_result(item, now_ns()))
                     elif isinstance(item, preview.PreviewFrame):
                         if self.tap is not None and self.tap.wanted(item.camera):
-                            send(await self._preview_message(item), NOBLOCK)
+                            send(await self._preview_message(item))
                     else:
                         for parts in await self._frame_messages(item):
-                            send(parts, NOBLOCK)
+                            send(parts)
                 except zmq.Again:
                     self.metrics.drop(self.name, camera_of(item), "queue_full")
                 except Exception:
