@@ -9,7 +9,7 @@ camera-like thread at 1.25x the bare pair's frame rate (so the link, not the cam
 it, and the sender's flow control has frames to drop), received by a CameraReader on a
 `zmq:` url. The ratio is npucam / bare received frames/s (target >= 0.8). Lag is receive
 time - capture time (same host clock). CPU is each process's user+system time over its
-active window in cores; RSS its peak (ru_maxrss). JPEG rows run npucam's pair with
+active window in cores; RSS its peak (VmHWM). JPEG rows run npucam's pair with
 format = "jpeg" at a camera's 30 fps and at 200 fps offered, with the encode and decode cost
 of one frame measured in this process. The image is bikes.mp4's first frame resized to the
 row's size plus Gaussian noise (sigma 3), so JPEG has natural-ish detail to code.
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -62,9 +63,18 @@ class Usage:
         wall = time.perf_counter() - self.t0
         return {
             "cpu_cores": (_cpu() - self.cpu0) / wall if wall > 0 else 0.0,
-            "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_peak_mb": _peak_rss_mb(),
             "wall_s": wall,
         }
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS: VmHWM, which (unlike ru_maxrss) starts again at exec, so a
+    child does not report its parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _cpu() -> float:
@@ -318,9 +328,8 @@ def orchestrate(args) -> None:
             f"({cost['bytes'] / (SIZES[size][0] * SIZES[size][1] * 3):.3f} of raw)"
         )
     for size, rs in ratios.items():
-        rs = sorted(rs)
         print(
-            f"ratio npucam / bare frames/s, {size} raw: median {rs[len(rs) // 2]:.2f} "
+            f"ratio npucam / bare frames/s, {size} raw: median {statistics.median(rs):.2f} "
             f"(runs {', '.join(f'{x:.2f}' for x in rs)}; target >= 0.8)"
         )
 
