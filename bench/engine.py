@@ -6,7 +6,8 @@ subscriber in another process, and time the sender side only. The bare loop buil
 header dict, json.dumps it and send_multipart()s [topic, header, boxes, scores]; the engine
 path puts Detections results into a BoundedQueue (drop_oldest, the live default) from a
 producer task while the real Publish stage takes them (stale check, metrics, wire encoding,
-NOBLOCK send). Targets (issue 2): engine <= 2x the bare loop per message; >= 2,000 msg/s.
+NOBLOCK send). Targets: engine <= 1.3x the bare loop per message, the median of the per-run
+ratios (issue 19; issue 2 asked <= 2x); >= 2,000 msg/s.
 
     .venv/bin/python bench/engine.py [--messages 20000] [--repeat 5]
 """
@@ -160,13 +161,14 @@ def main() -> None:
     bare, engine = min(bare_t) / n, min(engine_t) / n
     paired = sorted(e / b for e, b in zip(engine_t, bare_t, strict=True))
     print(f"\nmessages per run: {n}, {args.repeat} runs (bare then engine in each run)")
+    print("per-run ratios engine / bare:", ", ".join(f"{x:.2f}" for x in paired))
     print("| path | best us / message | messages / s |")
     print("|---|---|---|")
     print(f"| bare pyzmq loop | {bare * 1e6:.2f} | {1 / bare:,.0f} |")
     print(f"| queue hop + publish stage | {engine * 1e6:.2f} | {1 / engine:,.0f} |")
     print(
         f"ratio engine / bare: best-of {engine / bare:.2f}, median of per-run ratios "
-        f"{paired[len(paired) // 2]:.2f} (target <= 2.0); engine throughput "
+        f"{paired[len(paired) // 2]:.2f} (target <= 1.3); engine throughput "
         f"{1 / engine:,.0f} msg/s (target >= 2,000)"
     )
 

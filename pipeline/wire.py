@@ -66,6 +66,8 @@ def _byteorder(dtype: np.dtype) -> str:
     return "little" if order == "<" else "big"
 
 
+# json.dumps with separators builds a JSONEncoder per call; one, made once, writes the same.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 # dtype -> (name, byteorder); numpy's dtype.name is slow enough to matter per message.
 _DTYPE_INFO: dict[np.dtype, tuple[str, str]] = {}
 
@@ -93,21 +95,35 @@ def encode(
     arrays: named numpy arrays in wire order; each is sent C-contiguous, in native byte order.
     encodings: part name -> encoding ("jpeg") for parts that hold an encoded image.
     """
-    encodings = encodings or {}
-    contiguous = [(name, np.ascontiguousarray(a)) for name, a in arrays]
     full = {"v": SCHEMA_VERSION, **header}
     for key in TIMESTAMP_FIELDS:
         if key in header:
             full[f"{key}_str"] = str(header[key])
-    full["parts"] = [part_descriptor(n, a, encodings.get(n)) for n, a in contiguous]
-    parts: list = [topic.encode(), json.dumps(full, separators=(",", ":")).encode()]
-    parts.extend(a.data if a.nbytes else b"" for _, a in contiguous)
-    return parts
+    return _finish(topic, full, arrays, encodings)
+
+
+def _finish(
+    topic: str,
+    full: dict,
+    arrays: Sequence[tuple[str, np.ndarray]],
+    encodings: dict[str, str] | None,
+) -> list:
+    """[topic, header JSON, *parts] from the header so far (`parts` is added here)."""
+    descs, buffers = [], []
+    for name, a in arrays:
+        if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        descs.append(part_descriptor(name, a, encodings.get(name) if encodings else None))
+        buffers.append(a.data if a.nbytes else b"")
+    full["parts"] = descs
+    return [topic.encode(), _dumps(full).encode(), *buffers]
 
 
 def encode_result(result: Result, publish_ts_ns: int) -> list:
-    """The wire form of one result, on topic `<kind>/<camera>`."""
-    header = {
+    """The wire form of one result, on topic `<kind>/<camera>` (what encode() writes, with
+    the header built once)."""
+    full = {
+        "v": SCHEMA_VERSION,
         "kind": result.kind,
         "camera": result.camera,
         "seq": result.seq,
@@ -118,7 +134,9 @@ def encode_result(result: Result, publish_ts_ns: int) -> list:
         "synthetic": result.synthetic,
         **result.header_fields(),
     }
-    return encode(result.topic, header, result.arrays())
+    full["capture_ts_str"] = str(result.capture_ts_ns)
+    full["publish_ts_str"] = str(publish_ts_ns)
+    return _finish(result.topic, full, result.arrays(), None)
 
 
 def decode(parts: Sequence[bytes]) -> Message:

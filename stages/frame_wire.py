@@ -30,7 +30,7 @@ A frame travels as one ZeroMQ multipart message of exactly two parts:
 
 Sockets: the sender PUSHes from a socket with a bounded SNDHWM (stages.publish's zmq_push
 binds by default); a `zmq:tcp://HOST:PORT` camera (stages.sources) connects a PULL socket
-with RCVHWM 4 and MAXMSGSIZE = its max_pixels x 3 + 64 KiB, so a slow receiver makes the
+with RCVHWM 1 and MAXMSGSIZE = its max_pixels x 3 + 64 KiB, so a slow receiver makes the
 sender's PUSH hit its high-water mark instead of queueing old frames. There is no topic
 part: PUSH/PULL is point to point, and every frame on one endpoint belongs to the camera
 that PULLs it (seq and capture_ts_ns are kept there, stages/sources.py). With `[security]` both
@@ -46,9 +46,11 @@ the receiver allocate more than max_pixels * 3 bytes for its image.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import cv2
 import numpy as np
+import zmq
 
 from pipeline.bounded_json import JsonLimitError, JsonLimits, loads
 from pipeline.config import DEFAULT_MAX_PIXELS
@@ -66,8 +68,13 @@ class FrameWireError(NpucamError):
     """A frame message that does not follow the wire format, or a frame that cannot be sent."""
 
 
-def encode_frame(frame: Frame, fmt: str = "jpeg", quality: int = 90) -> list[bytes]:
-    """[header JSON, payload] for frame; image uint8 [H, W, 3] BGR; fmt "jpeg" or "raw"."""
+def encode_frame(frame: Frame, fmt: str = "jpeg", quality: int = 90) -> list[bytes | memoryview]:
+    """[header JSON, payload] for frame; image uint8 [H, W, 3] BGR; fmt "jpeg" or "raw".
+
+    A raw payload is a flat uint8 memoryview of the image itself when it is C-contiguous (no
+    copy: send it with copy=False, and leave the image unchanged until libzmq is done with
+    it), of a contiguous copy otherwise; a JPEG payload is bytes.
+    """
     image = frame.image
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3:
         raise FrameWireError(
@@ -81,7 +88,7 @@ def encode_frame(frame: Frame, fmt: str = "jpeg", quality: int = 90) -> list[byt
             f"[H, W, 3] with 1 <= H, W <= {MAX_SIDE}"
         )
     if fmt == "raw":
-        payload = np.ascontiguousarray(image).tobytes()
+        payload = memoryview(np.ascontiguousarray(image).reshape(-1))
     elif fmt == "jpeg":
         if not 1 <= quality <= 100:
             raise FrameWireError(f"jpeg quality must be in 1..100, got {quality}")
@@ -113,15 +120,24 @@ def _fit(text: str) -> str:
     return text
 
 
-def decode_frame(parts: list[bytes], max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:
+def decode_frame(parts: Sequence, max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:
     """The Frame a [header, payload] message carries; FrameWireError for any malformed input,
-    or for a frame of more than max_pixels."""
+    or for a frame of more than max_pixels.
+
+    parts: bytes-like objects (bytes, bytearray, memoryview, or zmq.Frame as
+    recv_multipart(copy=False) gives them). A raw image is a view of a writable payload (a
+    zmq.Frame's memory: no copy; the array keeps the message alive) and a copy of a read-only
+    one, so the image is always writable.
+    """
     if not isinstance(parts, (list, tuple)) or len(parts) != 2:
         n = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
         raise FrameWireError(f"frame message must have 2 parts (header, payload), got {n}")
-    if not all(isinstance(p, (bytes, bytearray, memoryview)) for p in parts):
+    if not all(isinstance(p, (bytes, bytearray, memoryview, zmq.Frame)) for p in parts):
         raise FrameWireError("frame message parts must be bytes")
-    raw_header, payload = bytes(parts[0]), bytes(parts[1])
+    try:
+        raw_header, payload = bytes(parts[0]), memoryview(parts[1]).cast("B")
+    except TypeError:  # a memoryview that is not contiguous
+        raise FrameWireError("frame message payload must be contiguous bytes") from None
     try:
         header = loads(raw_header, HEADER_LIMITS)
     except JsonLimitError as exc:
@@ -170,7 +186,9 @@ def decode_frame(parts: list[bytes], max_pixels: int = DEFAULT_MAX_PIXELS) -> Fr
                 f"camera {camera!r} seq {seq}: raw payload has {len(payload)} bytes, "
                 f"shape {shape} needs {h * w * 3}"
             )
-        image = np.frombuffer(payload, np.uint8).reshape(h, w, 3).copy()
+        image = np.frombuffer(payload, np.uint8).reshape(h, w, 3)
+        if not image.flags.writeable:
+            image = image.copy()
     else:
         image = _decode_jpeg(payload, h, w, f"camera {camera!r} seq {seq}")
     return Frame(camera, seq, capture_ts_ns, deadline_ns, image, source)
@@ -187,7 +205,7 @@ def _field(header: dict, key: str, kind: type):
     return value
 
 
-def _decode_jpeg(payload: bytes, h: int, w: int, what: str) -> np.ndarray:
+def _decode_jpeg(payload: memoryview, h: int, w: int, what: str) -> np.ndarray:
     # The size is read from the SOF segment first so a hostile JPEG cannot make the decoder
     # allocate a huge image the header did not announce.
     size = jpeg_size(payload)

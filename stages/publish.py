@@ -3,8 +3,9 @@ PUSHed to a remote process (the `zmq` frame sink that a `zmq:` camera PULLs from
 
 Publish never blocks the pipeline: every send is NOBLOCK on a socket with a bounded SNDHWM,
 so a slow subscriber costs messages, never latency. PUB drops past the high-water mark
-silently (ZeroMQ gives no signal; zeromq/libzmq#4394); a PUSH send that would block raises
-zmq.Again and is counted as a `queue_full` drop of that camera.
+silently (ZeroMQ gives no signal; zeromq/libzmq#4394); a PUSH peer that cannot take a frame
+is seen before the frame is encoded, and the frame is counted as a `peer_slow` drop of that
+camera.
 
 XPUB, unlike PUB, hands every subscribe/unsubscribe to the application, and libzmq holds
 them in an unbounded queue until read: publish reads them while it waits for subscribers and
@@ -47,7 +48,10 @@ from stages.subscriptions import SubscriptionGuard, SubscriptionLimits
 
 log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 SUBSCRIPTION_DRAIN_S = 0.1
+SUBSCRIPTION_CHECK_S = 0.001
 
 
 class PublishError(NpucamError):
@@ -153,7 +157,14 @@ class Publish(Stage):
         self.metrics.add_gauges(self.name, subscriptions.gauges)
         self.bound.set()
         log.info("publish %s: bound %s%s", self.name, self.endpoint, " (CURVE)" if curve else "")
-        send = plain.send_multipart
+
+        def send(parts: list) -> None:
+            # send_multipart(parts, NOBLOCK) with int flags: pyzmq's combines enum flags for
+            # every part. Only the first part can raise zmq.Again (libzmq takes the rest).
+            for part in parts[:-1]:
+                plain.send(part, SNDMORE_NOBLOCK)
+            plain.send(parts[-1], NOBLOCK)
+
         self._meta = self._meta_message()
         self._warn_if_no_previews()
         interval = self.context.config.metrics.stats_interval_s
@@ -163,25 +174,30 @@ class Publish(Stage):
         try:
             await self._await_subscribers(sock, inbox)
             tasks.append(asyncio.create_task(self._drain_subscriptions()))
+            check_at = 0.0
             async for item in inbox:
                 start = time.perf_counter()
                 try:
                     if isinstance(item, Result):
-                        send(wire.encode_result(item, now_ns()), NOBLOCK)
+                        send(wire.encode_result(item, now_ns()))
                     elif isinstance(item, preview.PreviewFrame):
                         if self.tap is not None and self.tap.wanted(item.camera):
-                            send(await self._preview_message(item), NOBLOCK)
+                            send(await self._preview_message(item))
                     else:
                         for parts in await self._frame_messages(item):
-                            send(parts, NOBLOCK)
+                            send(parts)
                 except zmq.Again:
                     self.metrics.drop(self.name, camera_of(item), "queue_full")
                 except Exception:
                     self.item_failed(item)
                 else:
                     self.metrics.did(self.name, camera_of(item), time.perf_counter() - start)
-                # A send lets libzmq take in subscriptions; the limits are checked right away.
-                self._read_subscriptions()
+                # A send lets libzmq take in subscriptions; they are read (and the limits
+                # checked) within SUBSCRIPTION_CHECK_S of it: ZMQ_EVENTS costs a syscall.
+                if start >= check_at:
+                    check_at = start + SUBSCRIPTION_CHECK_S
+                    if plain.getsockopt(zmq.EVENTS) & POLLIN:
+                        self._read_subscriptions()
         finally:
             for task in tasks:
                 task.cancel()
@@ -332,7 +348,11 @@ class FramePushOptions(StageOptions):
     bind: str | None = None
     format: Literal["jpeg", "raw"] = "jpeg"
     quality: int = Field(90, ge=1, le=100)
-    sndhwm: int = Field(8, ge=1)
+    # Frames libzmq may hold for the peer before the sender drops at the source (peer_slow).
+    sndhwm: int = Field(2, ge=1)
+    # The kernel's send buffer (SO_SNDBUF), bytes; 0 keeps the OS default (autotuned, what
+    # raw frames need for throughput; a smaller one holds fewer small JPEG frames).
+    sndbuf: int = Field(0, ge=0)
     linger_ms: int = Field(500, ge=0)
     security: SecuritySection | None = None  # this socket's overrides of [security]
 
@@ -344,7 +364,18 @@ class FramePushOptions(StageOptions):
 
 
 class FramePush(Stage):
-    """Frames -> ZeroMQ PUSH (stages.frame_wire format), for a `zmq:` camera elsewhere."""
+    """Frames -> ZeroMQ PUSH (stages.frame_wire format), for a `zmq:` camera elsewhere.
+
+    Flow control drops at the source: before a frame is encoded, the socket is asked whether
+    the peer can take a message (ZMQ_EVENTS POLLOUT: fewer than sndhwm frames waiting in
+    libzmq); when it cannot (not connected, or not keeping up) the frame is dropped, counted
+    `peer_slow`, without being encoded. With sndhwm 2 here and RCVHWM 1 at the `zmq:` camera,
+    what waits between the processes is those frames plus what the kernels' TCP buffers hold
+    (docs/benchmarks.md, frame_transport), so a slow receiver costs frames, not lag. Raw
+    frames leave from the image's own memory (copy=False): pyzmq holds a reference to the
+    buffer until libzmq has written it (no MessageTracker: npucam never writes into a
+    captured image, every source allocates a new one per frame).
+    """
 
     kind = "zmq_push"
     accepts = (Frame,)
@@ -368,6 +399,8 @@ class FramePush(Stage):
         sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
+        if self.options.sndbuf:
+            sock.setsockopt(zmq.SNDBUF, self.options.sndbuf)
         try:
             if self.options.bind:
                 guard.bind(sock, self.options.bind)
@@ -389,21 +422,27 @@ class FramePush(Stage):
             self.options.format,
             ", CURVE" if curve else "",
         )
+        # NOBLOCK sends never wait: a plain (synchronous) view of the socket, no Future each.
+        plain = zmq.Socket.shadow(sock.underlying)
+        fmt, quality = self.options.format, self.options.quality
         try:
             async for frame in inbox:
                 start = time.perf_counter()
+                if not plain.getsockopt(zmq.EVENTS) & POLLOUT:
+                    self.metrics.drop(self.name, frame.camera, "peer_slow")
+                    continue
                 try:
-                    parts = await asyncio.to_thread(
-                        encode_frame, frame, self.options.format, self.options.quality
-                    )
-                    await sock.send_multipart(parts, flags=zmq.NOBLOCK)
-                    self.metrics.count_out(self.name, frame.camera)
+                    if fmt == "raw":
+                        parts = encode_frame(frame, fmt)
+                    else:
+                        parts = await asyncio.to_thread(encode_frame, frame, fmt, quality)
+                    plain.send_multipart(parts, NOBLOCK, copy=False)
                 except zmq.Again:
-                    self.metrics.drop(self.name, frame.camera, "queue_full")
+                    self.metrics.drop(self.name, frame.camera, "peer_slow")
                 except Exception:
                     self.item_failed(frame)
-                finally:
-                    self.metrics.observe_work(self.name, time.perf_counter() - start)
+                else:
+                    self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
         finally:
             sock.close(self.options.linger_ms)
             await asyncio.to_thread(_term, ctx, guard)

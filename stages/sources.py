@@ -418,7 +418,12 @@ class _ZmqSource(_Source):
     time (the reader re-stamps one too far from its own clock); its deadline is that time
     plus this camera's staleness_ms."""
 
-    RCVHWM = 4
+    # What may wait for this reader: one frame in libzmq and SO_RCVBUF bytes in the kernel
+    # (which doubles it; left to autotuning it grows to net.ipv4.tcp_rmem's maximum, 32 MiB
+    # on some hosts), so a reader that falls behind makes the sender drop at its source
+    # (zmq_push's peer_slow) instead of frames ageing in buffers (docs/benchmarks.md).
+    RCVHWM = 1
+    RCVBUF = 1 << 20
     POLL_MS = 50
 
     def __init__(
@@ -447,6 +452,7 @@ class _ZmqSource(_Source):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
+        self.sock.setsockopt(zmq.RCVBUF, self.RCVBUF)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
@@ -470,7 +476,8 @@ class _ZmqSource(_Source):
                     self.close()
                     return None
                 continue
-            parts = self.sock.recv_multipart()
+            # copy=False: a raw image is a view of the message's memory (stages.frame_wire).
+            parts = self.sock.recv_multipart(copy=False)
             try:
                 remote = decode_frame(parts, self.max_pixels)
             except FrameWireError as exc:

@@ -34,6 +34,7 @@ from zmq.utils.monitor import recv_monitor_message
 log = logging.getLogger(__name__)
 
 NOBLOCK = int(zmq.NOBLOCK)
+POLLIN = int(zmq.POLLIN)
 # Frame bytes beside a subscription's topic: a ZMTP 3.1 SUBSCRIBE command's name (10), CURVE's
 # MESSAGE box (33), and room for the handshake's INITIATE / READY with their metadata.
 HANDSHAKE_ROOM = 1024
@@ -107,7 +108,7 @@ class SubscriptionGuard:
         self._forget_closed()
         read = subscribed = 0
         sock = self._sock
-        while read < MAX_DRAIN and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while read < MAX_DRAIN and sock.getsockopt(zmq.EVENTS) & POLLIN:
             try:
                 frame = sock.recv(NOBLOCK, copy=False)
             except zmq.Again:
@@ -142,7 +143,9 @@ class SubscriptionGuard:
         return read, subscribed
 
     def _forget_closed(self) -> None:
-        while True:
+        # EVENTS first: a recv that finds nothing raises zmq.Again, several microseconds a
+        # call, and this runs after every publish send.
+        while self._monitor.getsockopt(zmq.EVENTS) & POLLIN:
             try:
                 event = recv_monitor_message(self._monitor, NOBLOCK)
             except zmq.Again:

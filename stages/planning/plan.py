@@ -358,24 +358,21 @@ def _dark_face_points(config: Any) -> bool:
 
 def _push_cpu(config: Any, probes: list[CameraProbe]) -> float:
     """Core-seconds a second the zmq_push stages spend encoding frames (JPEG at their quality,
-    measured on each camera's sampled frame)."""
+    measured on each camera's sampled frame; raw frames are sent from their own memory, no
+    encoding)."""
     import cv2
 
     i = _stage_index(config, "zmq_push")
-    if i is None:
+    if i is None or config.stages[i].options.get("format", "jpeg") != "jpeg":
         return 0.0
     quality = int(config.stages[i].options.get("quality", 90))
-    fmt = config.stages[i].options.get("format", "jpeg")
     total = 0.0
     for p in probes:
         if not p.frames:
             continue
         t0 = time.perf_counter()
         for _ in range(5):
-            if fmt == "jpeg":
-                cv2.imencode(".jpg", p.frames[0], [cv2.IMWRITE_JPEG_QUALITY, quality])
-            else:
-                p.frames[0].tobytes()
+            cv2.imencode(".jpg", p.frames[0], [cv2.IMWRITE_JPEG_QUALITY, quality])
         total += p.fps * (time.perf_counter() - t0) / 5
     return total
 

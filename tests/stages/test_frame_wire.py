@@ -214,7 +214,7 @@ def test_any_field_value_or_payload_raises_only_frame_wire_error(key, value, enc
     parts = encode_frame(Frame("cam", 1, 10, 20, image), encoding)
     _decode_or_wire_error(_with(parts, **{key: value}))
     _decode_or_wire_error([parts[0], junk])
-    _decode_or_wire_error([parts[0], parts[1][: len(junk)] + junk])
+    _decode_or_wire_error([parts[0], bytes(parts[1][: len(junk)]) + junk])
 
 
 @settings(max_examples=200, deadline=None)
