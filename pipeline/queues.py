@@ -82,6 +82,7 @@ class BoundedQueue:
         self.stage = stage
         self.size = size
         self.policy = Policy(policy)
+        self._latest, self._block = self.policy is Policy.LATEST, self.policy is Policy.BLOCK
         self.metrics = metrics
         self.drop_stale = drop_stale
         self._loop = asyncio.get_running_loop()
@@ -127,7 +128,7 @@ class BoundedQueue:
 
     async def put(self, item: Any) -> bool:
         """Add an item by the queue's policy; False if the queue is closed (item not taken)."""
-        if self.policy is Policy.BLOCK:
+        if self._block:
             while not self._closed and len(self._items) >= self.size:
                 fut = self._loop.create_future()
                 self._putters.append(fut)
@@ -144,15 +145,16 @@ class BoundedQueue:
         queue_full)."""
         if self._closed:
             return False
-        if self.policy is Policy.LATEST:
+        if self._latest:
             return self._put_latest(item)
         if len(self._items) >= self.size:
-            if self.policy is Policy.BLOCK:
+            if self._block:
                 self.metrics.drop(self.stage, camera_of(item), "queue_full")
                 return False
             self._drop_oldest_of_busiest_camera()
         self._items.append((item, time.perf_counter()))
-        _wake_one(self._getters)
+        if self._getters:
+            _wake_one(self._getters)
         return True
 
     def _put_latest(self, item: Any) -> bool:
@@ -238,21 +240,26 @@ class BoundedQueue:
 
     async def get(self) -> Any:
         """The next item that is not past its deadline; QueueClosed once closed and empty."""
-        while True:
-            while not self._items:
-                if self._closed:
-                    raise QueueClosed(f"inbox of stage {self.stage!r} is closed")
-                fut = self._loop.create_future()
-                self._getters.append(fut)
-                try:
-                    await fut
-                except asyncio.CancelledError:
-                    self._forget_waiter(fut, self._getters, room=bool(self._items))
-                    raise
+        while (item := self._take()) is _NOTHING:
+            if self._closed:
+                raise QueueClosed(f"inbox of stage {self.stage!r} is closed")
+            fut = self._loop.create_future()
+            self._getters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                self._forget_waiter(fut, self._getters, room=bool(self._items))
+                raise
+        return item
+
+    def _take(self) -> Any:
+        """The next waiting item that is not past its deadline, or _NOTHING (none waits)."""
+        while self._items:
             item, put_at = self._items.popleft()
-            _wake_one(self._putters)
+            if self._putters:
+                _wake_one(self._putters)
             cam = camera_of(item)
-            if self.policy is Policy.LATEST:
+            if self._latest:
                 self._served[cam] = self._gets
                 self._gets += 1
             self.metrics.took(self.stage, cam, time.perf_counter() - put_at)
@@ -260,15 +267,23 @@ class BoundedQueue:
                 self.metrics.drop(self.stage, cam, "stale")
                 continue
             return item
+        return _NOTHING
 
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> Any:
-        try:
-            return await self.get()
-        except QueueClosed:
-            raise StopAsyncIteration from None
+        # A waiting item is taken here: no get() coroutine per item (the consumer's hot path).
+        item = self._take()
+        if item is _NOTHING:
+            try:
+                item = await self.get()
+            except QueueClosed:
+                raise StopAsyncIteration from None
+        return item
+
+
+_NOTHING = object()  # _take(): no item is waiting
 
 
 def _wake_one(waiters: deque[asyncio.Future]) -> None:

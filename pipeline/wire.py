@@ -16,6 +16,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import c_make_encoder, encode_basestring_ascii
 
 import numpy as np
 
@@ -66,18 +67,34 @@ def _byteorder(dtype: np.dtype) -> str:
     return "little" if order == "<" else "big"
 
 
-# json.dumps with separators builds a JSONEncoder per call; one, made once, writes the same.
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
+# json.dumps(obj, separators=(",", ":")), without its per-call cost: JSONEncoder.encode builds
+# the C encoder (and a circular-reference table) on every call; this one is built once. The
+# bytes are the same; only a self-containing header fails differently (RecursionError).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+if c_make_encoder is not None:
+    _chunks = c_make_encoder(
+        None, _ENCODER.default, encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+
+    def _dumps(obj: object) -> str:
+        return "".join(_chunks(obj, 0))
+
+else:  # no C accelerator (not CPython): the pure-Python encoder
+    _dumps = _ENCODER.encode
 # dtype -> (name, byteorder); numpy's dtype.name is slow enough to matter per message.
 _DTYPE_INFO: dict[np.dtype, tuple[str, str]] = {}
 
 
 def part_descriptor(name: str, array: np.ndarray, encoding: str | None = None) -> dict:
     """The header entry that describes one binary part."""
-    info = _DTYPE_INFO.get(array.dtype)
+    return _descriptor(name, array.dtype, array.shape, encoding)
+
+
+def _descriptor(name: str, dtype: np.dtype, shape: tuple, encoding: str | None) -> dict:
+    info = _DTYPE_INFO.get(dtype)
     if info is None:
-        info = _DTYPE_INFO[array.dtype] = (array.dtype.name, _byteorder(array.dtype))
-    desc = {"name": name, "dtype": info[0], "shape": list(array.shape), "byteorder": info[1]}
+        info = _DTYPE_INFO[dtype] = (dtype.name, _byteorder(dtype))
+    desc = {"name": name, "dtype": info[0], "shape": list(shape), "byteorder": info[1]}
     if encoding is not None:
         desc["encoding"] = encoding
     return desc
@@ -108,20 +125,95 @@ def _finish(
     arrays: Sequence[tuple[str, np.ndarray]],
     encodings: dict[str, str] | None,
 ) -> list:
-    """[topic, header JSON, *parts] from the header so far (`parts` is added here)."""
-    descs, buffers = [], []
+    """[topic, header JSON, *parts] from the header so far (`parts` is added here, last)."""
+    keys, buffers = [], []
     for name, a in arrays:
         if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)
-        descs.append(part_descriptor(name, a, encodings.get(name) if encodings else None))
+        keys.append((name, a.dtype, a.shape, encodings.get(name) if encodings else None))
         buffers.append(a.data if a.nbytes else b"")
-    full["parts"] = descs
-    return [topic.encode(), _dumps(full).encode(), *buffers]
+    if "parts" in full:  # a caller's own `parts` key keeps its place in the object
+        full["parts"] = [_descriptor(*key) for key in keys]
+        return [topic.encode(), _dumps(full).encode(), *buffers]
+    head = _dumps(full)
+    sep = "," if len(head) > 2 else ""
+    return [topic.encode(), f"{head[:-1]}{sep}{_parts_json(tuple(keys))}}}".encode(), *buffers]
+
+
+# (name, dtype, shape, encoding) per part -> its `"parts":[...]` JSON; results of one kind
+# repeat a handful of shapes, so encoding the descriptors once per shape is most of their cost.
+_PARTS_JSON: dict[tuple, str] = {}
+_PARTS_JSON_LIMIT = 4096  # shapes a peer cannot choose, but many boxes counts: bounded anyway
+
+
+def _parts_json(keys: tuple) -> str:
+    text = _PARTS_JSON.get(keys)
+    if text is None:
+        descs = [_descriptor(*key) for key in keys]
+        text = '"parts":' + _dumps(descs)
+        if len(_PARTS_JSON) >= _PARTS_JSON_LIMIT:
+            _PARTS_JSON.clear()
+        _PARTS_JSON[keys] = text
+    return text
+
+
+# Keys encode_result writes itself; header_fields() naming one takes the general path, where
+# the dict merge decides its place and value.
+_RESULT_KEYS = frozenset((*COMMON_FIELDS, *(f"{k}_str" for k in TIMESTAMP_FIELDS), "parts"))
 
 
 def encode_result(result: Result, publish_ts_ns: int) -> list:
-    """The wire form of one result, on topic `<kind>/<camera>` (what encode() writes, with
-    the header built once)."""
+    """The wire form of one result, on topic `<kind>/<camera>`: byte for byte what encode()
+    writes, with the common fields formatted directly (ints and strings as the JSON encoder
+    writes them) and only the kind's own fields through the encoder."""
+    fields = result.header_fields()
+    seq, capture_ts = result.seq, result.capture_ts_ns
+    if (
+        type(seq) is not int  # noqa: E721 - bools and int subclasses go through the encoder
+        or type(capture_ts) is not int  # noqa: E721
+        or type(publish_ts_ns) is not int  # noqa: E721
+        or not _RESULT_KEYS.isdisjoint(fields)
+    ):
+        return _encode_result_dict(result, fields, publish_ts_ns)
+    names = (result.kind, result.camera, result.backend, result.model, result.synthetic)
+    head = _HEADS.get(names)
+    if head is None:
+        head = _head(names)
+        if head is None:
+            return _encode_result_dict(result, fields, publish_ts_ns)
+    own = _dumps(fields)[1:-1] + "," if fields else ""
+    header = (
+        f'{head[0]}{seq},"capture_ts":{capture_ts},"publish_ts":{publish_ts_ns},{head[1]}'
+        f'{own}"capture_ts_str":"{capture_ts}","publish_ts_str":"{publish_ts_ns}",'
+    )
+    keys, buffers = [], []
+    for name, a in result.arrays():
+        if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        keys.append((name, a.dtype, a.shape, None))
+        buffers.append(a.data if a.nbytes else b"")
+    header += _parts_json(tuple(keys)) + "}"
+    return [result.topic.encode(), header.encode(), *buffers]
+
+
+# (kind, camera, backend, model, synthetic) -> the JSON before seq and between publish_ts and
+# the kind's fields; bounded like _PARTS_JSON.
+_HEADS: dict[tuple, tuple[str, str]] = {}
+
+
+def _head(names: tuple) -> tuple[str, str] | None:
+    kind, camera, backend, model, synthetic = names
+    if not all(type(s) is str for s in names[:4]) or type(synthetic) is not bool:  # noqa: E721
+        return None
+    before = _dumps({"v": SCHEMA_VERSION, "kind": kind, "camera": camera})[:-1] + ',"seq":'
+    after = _dumps({"backend": backend, "model": model, "synthetic": synthetic})[1:-1] + ","
+    if len(_HEADS) >= _PARTS_JSON_LIMIT:
+        _HEADS.clear()
+    _HEADS[names] = (before, after)
+    return before, after
+
+
+def _encode_result_dict(result: Result, fields: dict, publish_ts_ns: int) -> list:
     full = {
         "v": SCHEMA_VERSION,
         "kind": result.kind,
@@ -132,7 +224,7 @@ def encode_result(result: Result, publish_ts_ns: int) -> list:
         "backend": result.backend,
         "model": result.model,
         "synthetic": result.synthetic,
-        **result.header_fields(),
+        **fields,
     }
     full["capture_ts_str"] = str(result.capture_ts_ns)
     full["publish_ts_str"] = str(publish_ts_ns)

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
 POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+raw_send = zmq.backend.Socket.send
 SUBSCRIPTION_DRAIN_S = 0.1
 SUBSCRIPTION_CHECK_S = 0.001
 
@@ -161,9 +162,11 @@ class Publish(Stage):
         def send(parts: list) -> None:
             # send_multipart(parts, NOBLOCK) with int flags: pyzmq's combines enum flags for
             # every part. Only the first part can raise zmq.Again (libzmq takes the rest).
+            # The backend's send is the one zmq.Socket.send ends in, without its Python
+            # wrapper (which only adds RADIO/SERVER routing arguments).
             for part in parts[:-1]:
-                plain.send(part, SNDMORE_NOBLOCK)
-            plain.send(parts[-1], NOBLOCK)
+                raw_send(plain, part, SNDMORE_NOBLOCK)
+            raw_send(plain, parts[-1], NOBLOCK)
 
         self._meta = self._meta_message()
         self._warn_if_no_previews()

@@ -124,3 +124,101 @@ def test_ns_timestamps_also_travel_as_exact_decimal_strings():
     as_double = json.loads(wire.encode_result(result, publish)[1], parse_int=float)
     assert int(as_double["capture_ts"]) != capture  # what JSON.parse would see
     assert int(as_double["capture_ts_str"]) == capture
+
+
+def _reference_wire(result: Result, publish_ts: int) -> list[bytes]:
+    """docs/protocol.md written out with json.dumps: the bytes encode_result must produce."""
+    header = {
+        "v": 1,
+        "kind": result.kind,
+        "camera": result.camera,
+        "seq": result.seq,
+        "capture_ts": result.capture_ts_ns,
+        "publish_ts": publish_ts,
+        "backend": result.backend,
+        "model": result.model,
+        "synthetic": result.synthetic,
+        **result.header_fields(),
+    }
+    header["capture_ts_str"] = str(result.capture_ts_ns)
+    header["publish_ts_str"] = str(publish_ts)
+    arrays = [(name, np.ascontiguousarray(a)) for name, a in result.arrays()]
+    header["parts"] = [
+        {
+            "name": name,
+            "dtype": a.dtype.name,
+            "shape": list(a.shape),
+            "byteorder": "none" if a.dtype.itemsize == 1 else "little",
+        }
+        for name, a in arrays
+    ]
+    body = json.dumps(header, separators=(",", ":")).encode()
+    return [result.topic.encode(), body, *(a.tobytes() for _, a in arrays)]
+
+
+def _results() -> list[Result]:
+    from pipeline.messages import ClipResult, FaceResult, PoseResult
+
+    boxes = np.arange(24, dtype=np.float32).reshape(6, 4)[::2]  # not contiguous
+    return [
+        det(),
+        Detections.without_detector(Frame("c", 0, 5, 6, np.zeros((4, 4, 3), np.uint8))),
+        Detections(
+            camera="kamera-é☃",
+            seq=2**70,
+            capture_ts_ns=1_796_117_511_479_224_351,
+            deadline_ns=0,
+            boxes=boxes,
+            scores=np.array([0.5, np.nan, 1e-7], np.float32),
+            labels=("ünï", "b", 'q"\\'),
+            synthetic=True,
+            model="m\n",
+            extra={"note": 1.5, "nested": {"a": [None, True, float("inf")]}},
+        ),
+        PoseResult(camera="p", seq=3, capture_ts_ns=9, deadline_ns=9, since_previous_ms=2.25),
+        FaceResult(camera="f", seq=4, capture_ts_ns=9, deadline_ns=9, identity="ann"),
+        ClipResult(
+            camera="k",
+            seq=5,
+            capture_ts_ns=9,
+            deadline_ns=9,
+            labels=("a", "b"),
+            probabilities=np.array([0.25, 0.75], np.float32),
+        ),
+        Result(kind="x", camera="r", seq=6, capture_ts_ns=9, deadline_ns=9),
+        # header fields that name common keys: the dict merge decides place and value
+        Result(
+            kind="x",
+            camera="r",
+            seq=7,
+            capture_ts_ns=9,
+            deadline_ns=9,
+            extra={"camera": "other", "parts": 1, "capture_ts_str": "no", "z": 0},
+        ),
+        Result(kind="x", camera="r", seq=True, capture_ts_ns=9, deadline_ns=9),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_results())))
+def test_encode_result_writes_the_bytes_of_the_protocol_reference(index):
+    result = _results()[index]
+    for _ in range(2):  # the second time from the cached header and part fragments
+        got = [bytes(p) for p in wire.encode_result(result, 1_796_117_511_479_229_999)]
+        assert got == _reference_wire(result, 1_796_117_511_479_229_999)
+
+
+def test_cached_part_fragments_follow_the_shape_of_each_message():
+    d = det()
+    for n in (2, 0, 5, 2):
+        d.boxes = np.ones((n, 4), np.float32)
+        d.scores = np.ones(n, np.float32)
+        d.labels = ("x",) * n
+        assert [bytes(p) for p in wire.encode_result(d, 3)] == _reference_wire(d, 3)
+
+
+def test_encode_keeps_a_callers_parts_key_in_its_place():
+    header = {"kind": "k", "parts": None, "camera": "c"}
+    _, body, raw = wire.encode("t", header, [("a", np.arange(3, dtype=np.int32))])
+    assert list(json.loads(body)) == ["v", "kind", "parts", "camera"]
+    assert json.loads(body)["parts"][0]["shape"] == [3]
+    assert bytes(raw) == np.arange(3, dtype=np.int32).tobytes()
