@@ -169,11 +169,13 @@ class PacedTimer(DeviceTimer):
 
     def __init__(self, device: Any, pacer: Npu2Pacer, work: ModelWork) -> None:
         self.device, self.pacer, self.work = device, pacer, work
+        self.last_charge_s = 0.0  # the modelled seconds of the last pass measured
 
     def measure(
         self, fn: Callable[[], Any], pass_name: str = "forward", count: int = 1
     ) -> tuple[Any, float]:
         charge = self.pacer.charge(self.work, pass_name, count)
+        self.last_charge_s = charge.total_s
         t0 = time.perf_counter()
         with self.device.paced(charge.total_s):
             out = fn()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import zmq
@@ -155,9 +156,17 @@ def run_attack(write_config, free_port, attackers: list[list[str]], what: str) -
     assert code == 0, err
     assert percentile(under, 0.95) <= percentile(base, 0.95) + 50
     assert max(under) < 300
+    # the healthy subscriber loses nothing at the socket: a seq it misses is one the pipeline
+    # dropped and counted (a loaded host can make publish's inbox drop `stale`), never one
+    # its PUB socket discarded unseen
+    counted = Counter()
+    for stage in healthy.stats[-1]["stages"].values():
+        for cam, reasons in stage.get("drops", {}).items():
+            counted[cam] += sum(reasons.values())
     for cam in ("a", "b"):
         seqs = [seq for topic, seq, _, r in healthy.seen if topic == f"det/{cam}"]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"det/{cam} lost messages"
+        missing = seqs[-1] - seqs[0] + 1 - len(seqs)
+        assert missing <= counted[cam], f"det/{cam} lost {missing} messages, {counted[cam]} counted"
     assert exit_s < 5
     return {"grew_mb": grew, "gauges": gauges, "out": out}
 
