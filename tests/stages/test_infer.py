@@ -23,6 +23,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from busy_intervals import union_s
 
 from npu.device import DeviceError
 from npu.models import ModelLoadError
@@ -411,17 +412,6 @@ def warm(stage: Infer) -> bool:
     sched = stage.scheduler
     running = Counter(b.model for b in sched.in_flight)
     return all(m.batches - running[name] >= 2 for name, m in sched.stats.models.items())
-
-
-def union_s(intervals: list[tuple[float, float]], start: float = 0.0, end: float = 1e300) -> float:
-    """Seconds within [start, end] covered by at least one of the intervals."""
-    total, reach = 0.0, start
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, end)
-        if b > a:
-            total += b - a
-            reach = b
-    return total
 
 
 def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "npu" / "models"))
+from busy_intervals import union_s  # noqa: E402
 from sapiens2_recording import fake_pyxrt, real_config, write_random_bundle  # noqa: E402
 
 import npu.xrt  # noqa: E402
@@ -62,16 +63,6 @@ def box_device_s(cfg, times: dict[str, float]) -> float:
     head = ["patch"] + [f"d{j}" for j in range(len(cfg.up))]
     head += [f"c{j}" for j in range(len(cfg.convs))] + ["pred"]
     return total + sum(times[f"/{k}.xclbin"] for k in head)
-
-
-def union_s(intervals, start: float, end: float) -> float:
-    total, reach = 0.0, start
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, end)
-        if b > a:
-            total += b - a
-            reach = b
-    return total
 
 
 FRAME = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
