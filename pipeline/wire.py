@@ -119,6 +119,19 @@ def encode(
     return _finish(topic, full, arrays, encodings)
 
 
+def _parts(
+    arrays: Sequence[tuple[str, np.ndarray]], encodings: dict[str, str] | None
+) -> tuple[tuple, list]:
+    """Each part's (name, dtype, shape, encoding) key and its buffer, sent C-contiguous."""
+    keys, buffers = [], []
+    for name, a in arrays:
+        if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        keys.append((name, a.dtype, a.shape, encodings.get(name) if encodings else None))
+        buffers.append(a.data if a.nbytes else b"")
+    return tuple(keys), buffers
+
+
 def _finish(
     topic: str,
     full: dict,
@@ -126,18 +139,13 @@ def _finish(
     encodings: dict[str, str] | None,
 ) -> list:
     """[topic, header JSON, *parts] from the header so far (`parts` is added here, last)."""
-    keys, buffers = [], []
-    for name, a in arrays:
-        if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a)
-        keys.append((name, a.dtype, a.shape, encodings.get(name) if encodings else None))
-        buffers.append(a.data if a.nbytes else b"")
+    keys, buffers = _parts(arrays, encodings)
     if "parts" in full:  # a caller's own `parts` key keeps its place in the object
         full["parts"] = [_descriptor(*key) for key in keys]
         return [topic.encode(), _dumps(full).encode(), *buffers]
     head = _dumps(full)
     sep = "," if len(head) > 2 else ""
-    return [topic.encode(), f"{head[:-1]}{sep}{_parts_json(tuple(keys))}}}".encode(), *buffers]
+    return [topic.encode(), f"{head[:-1]}{sep}{_parts_json(keys)}}}".encode(), *buffers]
 
 
 # (name, dtype, shape, encoding) per part -> its `"parts":[...]` JSON; results of one kind
@@ -186,13 +194,8 @@ def encode_result(result: Result, publish_ts_ns: int) -> list:
         f'{head[0]}{seq},"capture_ts":{capture_ts},"publish_ts":{publish_ts_ns},{head[1]}'
         f'{own}"capture_ts_str":"{capture_ts}","publish_ts_str":"{publish_ts_ns}",'
     )
-    keys, buffers = [], []
-    for name, a in result.arrays():
-        if not isinstance(a, np.ndarray) or a.ndim == 0 or not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a)
-        keys.append((name, a.dtype, a.shape, None))
-        buffers.append(a.data if a.nbytes else b"")
-    header += _parts_json(tuple(keys)) + "}"
+    keys, buffers = _parts(result.arrays(), None)
+    header += _parts_json(keys) + "}"
     return [result.topic.encode(), header.encode(), *buffers]
 
 
