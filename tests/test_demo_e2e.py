@@ -147,12 +147,20 @@ inbox = { size = 2, policy = "block" }
         text=True,
     )
     try:
-        time.sleep(1.5)
+        # The capture stage logs its camera once the run (and its signal handlers) is up: on a
+        # loaded host the imports alone can outlast a fixed sleep, and SIGTERM before the handler
+        # kills the process with -15.
+        started = []
+        for line in proc.stderr:
+            started.append(line)
+            if "capture: a (" in line:
+                break
+        time.sleep(1.0)  # let the first frame reach Hangs and wedge its worker
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         code = proc.wait(timeout=8)
         elapsed = time.monotonic() - t0
-        err = proc.stderr.read()
+        err = "".join(started) + proc.stderr.read()
     finally:
         proc.kill()
     assert code == 0, err
