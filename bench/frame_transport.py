@@ -35,6 +35,9 @@ import zmq
 SIZES = {"1080p": (1920, 1080), "720p": (1280, 720)}
 PORT = 25_700
 IDLE_S = 1.5  # a receiver ends this long after its last frame
+# The `zmq:` camera's receive_buffer_bytes for raw frames (docs/configuration.md): 1 MiB, the
+# default for JPEG, holds less than one raw 720p frame, and the link then waits on the reader.
+RAW_RECEIVE_BUFFER = 8 << 20
 
 
 def test_image(width: int, height: int) -> np.ndarray:
@@ -145,7 +148,7 @@ def npucam_send(args) -> dict:
     from pipeline.messages import Frame, now_ns
     from pipeline.metrics import Metrics
     from pipeline.queues import BoundedQueue
-    from stages.publish import FramePush, FramePushOptions
+    from stages.frame_push import FramePush, FramePushOptions
 
     w, h = SIZES[args.size]
     image = test_image(w, h) if args.fmt == "jpeg" else None
@@ -207,7 +210,13 @@ def npucam_recv(args) -> dict:
         times.append(time.perf_counter())
         lags.append((now - frame.capture_ts_ns) / 1e6)
 
-    spec = CameraSpec("remote", f"zmq:{args.endpoint}", staleness_ms=10_000, stall_timeout_s=30)
+    spec = CameraSpec(
+        "remote",
+        f"zmq:{args.endpoint}",
+        staleness_ms=10_000,
+        stall_timeout_s=30,
+        receive_buffer_bytes=RAW_RECEIVE_BUFFER if args.fmt == "raw" else 1 << 20,
+    )
     reader = CameraReader(spec, emit)
     reader.start()
     print("ready", flush=True)
@@ -242,7 +251,7 @@ ROLES = {"bare-send": bare_send, "bare-recv": bare_recv, "npucam-send": npucam_s
 
 def run_pair(path: str, size: str, fmt: str, fps: float, seconds: float, port: int) -> dict:
     """One sender and one receiver process of `path` ("bare" or "npucam"): both reports."""
-    from stages.publish import FramePushOptions
+    from stages.frame_push import FramePushOptions
     from stages.sources import _ZmqSource
 
     common = [

@@ -75,6 +75,8 @@ class CameraConfig(_Strict):
     security: SecuritySection | None = None  # zmq: cameras: overrides of [security]
     max_clock_skew_ms: float = Field(10_000.0, gt=0)  # zmq: cameras: trust of the sender's clock
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1, le=16384 * 16384)  # zmq: frames
+    # zmq: cameras: the kernel's receive buffer (SO_RCVBUF) for the frames' TCP stream
+    receive_buffer_bytes: int = Field(1 << 20, ge=1 << 16, le=1 << 28)
 
 
 class StageConfig(BaseModel):

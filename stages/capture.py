@@ -63,6 +63,7 @@ def camera_spec(camera: CameraConfig, config: Config, curve: Curve | None = None
         curve=curve,
         max_clock_skew_ms=camera.max_clock_skew_ms,
         max_pixels=camera.max_pixels,
+        receive_buffer_bytes=camera.receive_buffer_bytes,
     )
 
 

@@ -1,11 +1,9 @@
-"""The publish stages: results out on a ZeroMQ PUB socket (docs/protocol.md), and frames
-PUSHed to a remote process (the `zmq` frame sink that a `zmq:` camera PULLs from).
+"""The publish stage: results out on a ZeroMQ PUB socket (docs/protocol.md). Frames PUSHed
+to a remote process are stages/frame_push.py.
 
 Publish never blocks the pipeline: every send is NOBLOCK on a socket with a bounded SNDHWM,
 so a slow subscriber costs messages, never latency. PUB drops past the high-water mark
-silently (ZeroMQ gives no signal; zeromq/libzmq#4394); a PUSH peer that cannot take a frame
-is seen before the frame is encoded, and the frame is counted as a `peer_slow` drop of that
-camera.
+silently (ZeroMQ gives no signal; zeromq/libzmq#4394).
 
 XPUB, unlike PUB, hands every subscribe/unsubscribe to the application, and libzmq holds
 them in an unbounded queue until read: publish reads them while it waits for subscribers and
@@ -29,12 +27,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Literal
 
 import cv2
 import zmq
 import zmq.asyncio
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from pipeline import security, wire
 from pipeline.config import Config, SecuritySection
@@ -43,7 +40,6 @@ from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, Result, now_ns
 from pipeline.queues import BoundedQueue, camera_of
 from stages import meta, preview
-from stages.frame_wire import encode_frame
 from stages.subscriptions import SubscriptionGuard, SubscriptionLimits
 
 log = logging.getLogger(__name__)
@@ -210,7 +206,7 @@ class Publish(Stage):
             subscriptions.close()
             monitor.close(0)
             sock.close(self.options.linger_ms)
-            await asyncio.to_thread(_term, ctx, guard)
+            await asyncio.to_thread(term_context, ctx, guard)
 
     async def _await_subscribers(self, sock, inbox: BoundedQueue) -> None:
         wanted = self.options.wait_for_subscribers
@@ -346,112 +342,7 @@ class Publish(Stage):
             log.debug("publish %s: stats message dropped at the high-water mark", self.name)
 
 
-class FramePushOptions(StageOptions):
-    connect: str | None = None
-    bind: str | None = None
-    format: Literal["jpeg", "raw"] = "jpeg"
-    quality: int = Field(90, ge=1, le=100)
-    # Frames libzmq may hold for the peer before the sender drops at the source (peer_slow).
-    sndhwm: int = Field(2, ge=1)
-    # The kernel's send buffer (SO_SNDBUF), bytes; 0 keeps the OS default (autotuned, what
-    # raw frames need for throughput; a smaller one holds fewer small JPEG frames).
-    sndbuf: int = Field(0, ge=0)
-    linger_ms: int = Field(500, ge=0)
-    security: SecuritySection | None = None  # this socket's overrides of [security]
-
-    @model_validator(mode="after")
-    def _one_endpoint(self):
-        if (self.connect is None) == (self.bind is None):
-            raise ValueError("give exactly one of `connect` or `bind` (a ZeroMQ endpoint)")
-        return self
-
-
-class FramePush(Stage):
-    """Frames -> ZeroMQ PUSH (stages.frame_wire format), for a `zmq:` camera elsewhere.
-
-    Flow control drops at the source: before a frame is encoded, the socket is asked whether
-    the peer can take a message (ZMQ_EVENTS POLLOUT: fewer than sndhwm frames waiting in
-    libzmq); when it cannot (not connected, or not keeping up) the frame is dropped, counted
-    `peer_slow`, without being encoded. With sndhwm 2 here and RCVHWM 1 at the `zmq:` camera,
-    what waits between the processes is those frames plus what the kernels' TCP buffers hold
-    (docs/benchmarks.md, frame_transport), so a slow receiver costs frames, not lag. Raw
-    frames leave from the image's own memory (copy=False): pyzmq holds a reference to the
-    buffer until libzmq has written it (no MessageTracker: npucam never writes into a
-    captured image, every source allocates a new one per frame).
-    """
-
-    kind = "zmq_push"
-    accepts = (Frame,)
-    Options = FramePushOptions
-
-    def __init__(self, name, options, context) -> None:
-        super().__init__(name, options, context)
-        self.endpoint: str | None = None
-        self.bound = asyncio.Event()
-        self.guard: security.SocketSecurity | None = None
-
-    @classmethod
-    def check(cls, config: Config, index: int) -> list[str]:
-        binds = config.stages[index].options.get("bind") is not None
-        return security.check_stage(cls, config, index, bind=binds)
-
-    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
-        curve = security.stage_curve(self, bind=self.options.bind is not None)
-        ctx = zmq.asyncio.Context()
-        self.guard = guard = security.SocketSecurity(ctx, curve, f"zmq_push {self.name}")
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
-        sock.setsockopt(zmq.LINGER, self.options.linger_ms)
-        if self.options.sndbuf:
-            sock.setsockopt(zmq.SNDBUF, self.options.sndbuf)
-        try:
-            if self.options.bind:
-                guard.bind(sock, self.options.bind)
-            else:
-                guard.connect(sock, self.options.connect)
-        except zmq.ZMQError as exc:
-            sock.close(0)
-            guard.close()
-            ctx.term()
-            where = self.options.bind or self.options.connect
-            raise PublishError(f"zmq_push {self.name}: cannot use {where}: {exc}") from None
-        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode() or self.options.connect
-        self.bound.set()
-        log.info(
-            "zmq_push %s: %s %s (%s%s)",
-            self.name,
-            "bound" if self.options.bind else "connected to",
-            self.endpoint,
-            self.options.format,
-            ", CURVE" if curve else "",
-        )
-        # NOBLOCK sends never wait: a plain (synchronous) view of the socket, no Future each.
-        plain = zmq.Socket.shadow(sock.underlying)
-        fmt, quality = self.options.format, self.options.quality
-        try:
-            async for frame in inbox:
-                start = time.perf_counter()
-                if not plain.getsockopt(zmq.EVENTS) & POLLOUT:
-                    self.metrics.drop(self.name, frame.camera, "peer_slow")
-                    continue
-                try:
-                    if fmt == "raw":
-                        parts = encode_frame(frame, fmt)
-                    else:
-                        parts = await asyncio.to_thread(encode_frame, frame, fmt, quality)
-                    plain.send_multipart(parts, NOBLOCK, copy=False)
-                except zmq.Again:
-                    self.metrics.drop(self.name, frame.camera, "peer_slow")
-                except Exception:
-                    self.item_failed(frame)
-                else:
-                    self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
-        finally:
-            sock.close(self.options.linger_ms)
-            await asyncio.to_thread(_term, ctx, guard)
-
-
-def _term(ctx: zmq.Context, guard: security.SocketSecurity) -> None:
+def term_context(ctx: zmq.Context, guard: security.SocketSecurity) -> None:
     """Stop the ZAP authenticator (its sockets would keep the context open), then term ctx,
     which waits up to the data socket's linger_ms for queued messages. Peers already
     connected have finished their handshake, so the flush does not need the authenticator."""

@@ -105,6 +105,10 @@ class CameraSpec:
     max_pixels: zmq sources: a frame of more pixels is refused (counted bad_messages) from its
         header, before its JPEG is decoded; the socket drops a peer whose message could not
         be such a frame (MAXMSGSIZE).
+    receive_buffer_bytes: zmq sources: SO_RCVBUF of the TCP stream (the kernel doubles it).
+        What it holds waits for this reader, so it is also the lag a reader that falls behind
+        sees: 1 MiB (the default) suits JPEG frames; raw frames need room for a few frames to
+        keep the link busy (docs/benchmarks.md, frame_transport: 8 MiB for 720p and 1080p).
     """
 
     name: str
@@ -121,6 +125,7 @@ class CameraSpec:
     curve: Curve | None = None
     max_clock_skew_ms: float = 10_000.0
     max_pixels: int = DEFAULT_MAX_PIXELS
+    receive_buffer_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -152,6 +157,9 @@ class CameraSpec:
             raise self._error(f"end must be 'stop' or 'reconnect', got {self.end!r}")
         if type(self.max_pixels) is not int or self.max_pixels < 1:
             raise self._error(f"max_pixels must be a positive integer, got {self.max_pixels!r}")
+        if type(self.receive_buffer_bytes) is not int or self.receive_buffer_bytes < 1:
+            got = self.receive_buffer_bytes
+            raise self._error(f"receive_buffer_bytes must be a positive integer, got {got!r}")
         self._parsed = _parse_url(self)
 
     @property
@@ -419,11 +427,11 @@ class _ZmqSource(_Source):
     plus this camera's staleness_ms."""
 
     # What may wait for this reader: one frame in libzmq and SO_RCVBUF bytes in the kernel
-    # (which doubles it; left to autotuning it grows to net.ipv4.tcp_rmem's maximum, 32 MiB
-    # on some hosts), so a reader that falls behind makes the sender drop at its source
-    # (zmq_push's peer_slow) instead of frames ageing in buffers (docs/benchmarks.md).
+    # (the camera's receive_buffer_bytes, which the kernel doubles; left to autotuning it
+    # grows to net.ipv4.tcp_rmem's maximum, 32 MiB on some hosts), so a reader that falls
+    # behind makes the sender drop at its source (zmq_push's peer_slow) instead of frames
+    # ageing in buffers (docs/benchmarks.md).
     RCVHWM = 1
-    RCVBUF = 1 << 20
     POLL_MS = 50
 
     def __init__(
@@ -434,9 +442,11 @@ class _ZmqSource(_Source):
         camera: str,
         stall_timeout_s: float,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        receive_buffer_bytes: int = 1 << 20,
     ):
         self.endpoint = endpoint
         self.max_pixels = max_pixels
+        self.receive_buffer_bytes = receive_buffer_bytes
         # The largest part a frame of max_pixels needs (its raw payload) and room for a JPEG's
         # tables on tiny frames: ZeroMQ drops a peer that sends more instead of allocating it.
         self.max_message_bytes = max_pixels * 3 + 65536
@@ -452,7 +462,7 @@ class _ZmqSource(_Source):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.RCVHWM, self.RCVHWM)
-        self.sock.setsockopt(zmq.RCVBUF, self.RCVBUF)
+        self.sock.setsockopt(zmq.RCVBUF, self.receive_buffer_bytes)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
@@ -569,7 +579,13 @@ def make_source(spec: CameraSpec, stop: threading.Event) -> _Source:
         return _CaptureSource(target, redact(target), params)
     if kind == "zmq":
         return _ZmqSource(
-            target, stop, spec.curve, spec.name, spec.stall_timeout_s, spec.max_pixels
+            target,
+            stop,
+            spec.curve,
+            spec.name,
+            spec.stall_timeout_s,
+            spec.max_pixels,
+            spec.receive_buffer_bytes,
         )
     return _SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
 

@@ -1,0 +1,215 @@
+"""The `zmq_push` stage: frames PUSHed (stages.frame_wire format) to a `zmq:` camera in another
+process, with flow control that drops at the source and keeps the link busy. Measured against
+a bare pyzmq PUSH/PULL by bench/frame_transport.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Literal
+
+import zmq
+import zmq.asyncio
+from pydantic import Field, model_validator
+
+from pipeline import security
+from pipeline.config import Config, SecuritySection
+from pipeline.graph import Outbox, Stage, StageOptions
+from pipeline.messages import Frame, now_ns
+from pipeline.queues import BoundedQueue, QueueClosed
+from stages.frame_wire import encode_frame
+from stages.publish import PublishError, term_context
+
+log = logging.getLogger(__name__)
+NOBLOCK = int(zmq.NOBLOCK)
+POLLOUT = int(zmq.POLLOUT)
+JPEG_SNDBUF = 64 << 10  # the default SO_SNDBUF of a JPEG link (FramePushOptions.sndbuf)
+
+
+class FramePushOptions(StageOptions):
+    connect: str | None = None
+    bind: str | None = None
+    format: Literal["jpeg", "raw"] = "jpeg"
+    quality: int = Field(90, ge=1, le=100)
+    # Frames libzmq may hold for the peer before the sender drops at the source (peer_slow).
+    sndhwm: int = Field(2, ge=1)
+    # The kernel's send buffer (SO_SNDBUF, doubled by Linux), bytes; 0 keeps the OS default
+    # (autotuned, what raw frames need for throughput). What it holds ages when the receiver
+    # is behind, so unset it is 0 for raw frames and JPEG_SNDBUF for JPEG (docs/benchmarks.md,
+    # frame_transport: 1080p JPEG offered at 200 fps waits 39 ms p50 instead of 178 ms).
+    sndbuf: int | None = Field(None, ge=0)
+    linger_ms: int = Field(500, ge=0)
+    security: SecuritySection | None = None  # this socket's overrides of [security]
+
+    @model_validator(mode="after")
+    def _one_endpoint(self):
+        if (self.connect is None) == (self.bind is None):
+            raise ValueError("give exactly one of `connect` or `bind` (a ZeroMQ endpoint)")
+        return self
+
+
+class FramePush(Stage):
+    """Frames -> ZeroMQ PUSH, for a `zmq:` camera elsewhere.
+
+    Flow control drops at the source. Before a frame is encoded the socket is asked whether
+    the peer can take a message (ZMQ_EVENTS POLLOUT: fewer than sndhwm frames waiting in
+    libzmq). While it cannot (not connected, or not keeping up), the newest frame of each
+    camera waits in this stage and the one it replaces is dropped, counted `peer_slow`,
+    without being encoded; the waiting frames go out, oldest camera first, the moment the peer
+    can take one, so the link never idles while a frame is there to send. With sndhwm 2 here
+    and RCVHWM 1 at the `zmq:` camera, what waits between the processes is those frames plus
+    what the kernels' TCP buffers hold (docs/benchmarks.md, frame_transport), so a slow
+    receiver costs frames, not lag. Raw frames leave from the image's own memory
+    (copy=False): pyzmq holds a reference to the buffer until libzmq has written it (no
+    MessageTracker: npucam never writes into a captured image, every source allocates a new
+    one per frame).
+    """
+
+    kind = "zmq_push"
+    accepts = (Frame,)
+    Options = FramePushOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        self.endpoint: str | None = None
+        self.bound = asyncio.Event()
+        self.guard: security.SocketSecurity | None = None
+
+    @classmethod
+    def check(cls, config: Config, index: int) -> list[str]:
+        binds = config.stages[index].options.get("bind") is not None
+        return security.check_stage(cls, config, index, bind=binds)
+
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        curve = security.stage_curve(self, bind=self.options.bind is not None)
+        ctx = zmq.asyncio.Context()
+        self.guard = guard = security.SocketSecurity(ctx, curve, f"zmq_push {self.name}")
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
+        sock.setsockopt(zmq.LINGER, self.options.linger_ms)
+        sndbuf = self.options.sndbuf
+        if sndbuf is None:
+            sndbuf = JPEG_SNDBUF if self.options.format == "jpeg" else 0
+        if sndbuf:
+            sock.setsockopt(zmq.SNDBUF, sndbuf)
+        try:
+            if self.options.bind:
+                guard.bind(sock, self.options.bind)
+            else:
+                guard.connect(sock, self.options.connect)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            guard.close()
+            ctx.term()
+            where = self.options.bind or self.options.connect
+            raise PublishError(f"zmq_push {self.name}: cannot use {where}: {exc}") from None
+        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode() or self.options.connect
+        self.bound.set()
+        log.info(
+            "zmq_push %s: %s %s (%s%s)",
+            self.name,
+            "bound" if self.options.bind else "connected to",
+            self.endpoint,
+            self.options.format,
+            ", CURVE" if curve else "",
+        )
+        # NOBLOCK sends never wait: a plain (synchronous) view of the socket, no Future each.
+        plain = zmq.Socket.shadow(sock.underlying)
+        fmt, quality = self.options.format, self.options.quality
+        try:
+            async with contextlib.aclosing(self._sendable(inbox, sock, plain)) as frames:
+                async for frame, start in frames:
+                    try:
+                        if fmt == "raw":
+                            parts = encode_frame(frame, fmt)
+                        else:
+                            parts = await asyncio.to_thread(encode_frame, frame, fmt, quality)
+                        plain.send_multipart(parts, NOBLOCK, copy=False)
+                    except zmq.Again:
+                        self.metrics.drop(self.name, frame.camera, "peer_slow")
+                    except Exception:
+                        self.item_failed(frame)
+                    else:
+                        self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
+        finally:
+            sock.close(self.options.linger_ms)
+            await asyncio.to_thread(term_context, ctx, guard)
+
+    async def _sendable(
+        self, inbox: BoundedQueue, sock: zmq.asyncio.Socket, plain: zmq.Socket
+    ) -> AsyncIterator[tuple[Frame, float]]:
+        """(frame, perf_counter when it became sendable) for each frame the peer can take now;
+        while it cannot, the newest frame per camera waits (class docstring). When the inbox
+        ends, what still waits gets linger_ms for the peer, then is dropped."""
+        held: dict[str, Frame] = {}  # insertion order: the camera that waits longest first
+        getter: asyncio.Future | None = None
+        writable: asyncio.Future | None = None
+        ended = False
+        try:
+            while True:
+                if not held:
+                    if ended:
+                        return
+                    if getter is None:
+                        frame = await anext(inbox, None)
+                    else:  # the get started while frames waited
+                        taking, getter = getter, None
+                        try:
+                            frame = await taking
+                        except QueueClosed:
+                            frame = None
+                    if frame is None:
+                        return
+                    if plain.getsockopt(zmq.EVENTS) & POLLOUT:
+                        yield frame, time.perf_counter()
+                        continue
+                    held[frame.camera] = frame
+                if plain.getsockopt(zmq.EVENTS) & POLLOUT:
+                    frame = held.pop(next(iter(held)))
+                    if inbox.drop_stale and now_ns() > frame.deadline_ns:
+                        self.metrics.drop(self.name, frame.camera, "stale")  # waited too long
+                    else:
+                        yield frame, time.perf_counter()
+                    continue
+                if writable is None:
+                    timeout = self.options.linger_ms if ended else None
+                    writable = asyncio.ensure_future(sock.poll(timeout, POLLOUT))
+                waits = {writable}
+                if not ended:
+                    getter = getter or asyncio.ensure_future(inbox.get())
+                    waits.add(getter)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if writable.done():
+                    timed_out = ended and not writable.result()
+                    writable = None
+                    if timed_out:
+                        break
+                if getter is not None and getter.done():
+                    done, getter = getter, None
+                    try:
+                        frame = done.result()
+                    except QueueClosed:
+                        ended = True  # what waits now gets linger_ms, not forever
+                        if writable is not None:
+                            writable.cancel()
+                            writable = None
+                        continue
+                    if (old := held.get(frame.camera)) is not None:
+                        self.metrics.drop(self.name, old.camera, "peer_slow")
+                    held[frame.camera] = frame
+        finally:
+            # the inbox ended and the peer took nothing in linger_ms, or the stage was
+            # cancelled: what waits here, or was just taken from the inbox, is dropped
+            lost = list(held.values())
+            taken = getter is not None and getter.done() and not getter.cancelled()
+            if taken and getter.exception() is None:
+                lost.append(getter.result())
+            for fut in (getter, writable):
+                if fut is not None:
+                    fut.cancel()
+            for frame in lost:
+                self.metrics.drop(self.name, frame.camera, "peer_slow")
