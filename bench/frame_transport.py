@@ -7,9 +7,10 @@ sending one pre-built payload with copy=False as fast as send() returns, the rec
 copy=False frames into np.frombuffer arrays), then npucam's pair: a FramePush stage fed by a
 camera-like thread at 1.25x the bare pair's frame rate (so the link, not the camera, limits
 it, and the sender's flow control has frames to drop), received by a CameraReader on a
-`zmq:` url (receive_buffer_bytes RAW_RECEIVE_BUFFER for raw frames). The ratio is npucam / bare received frames/s (target >= 0.8). Lag is receive
-time - capture time (same host clock). CPU is each process's user+system time over its
-active window in cores; RSS its peak (VmHWM). JPEG rows run npucam's pair with
+`zmq:` url (receive_buffer_bytes RAW_RECEIVE_BUFFER for raw frames). The ratio is npucam /
+bare received frames/s (target >= 0.8). Lag is receive time - capture time (same host
+clock). CPU is each process's user+system time over its active window in cores; RSS its
+peak (VmHWM). JPEG rows run npucam's pair with
 format = "jpeg" at a camera's 30 fps and at 200 fps offered, with the encode and decode cost
 of one frame measured in this process. The image is bikes.mp4's first frame resized to the
 row's size plus Gaussian noise (sigma 3), so JPEG has natural-ish detail to code.

@@ -18,8 +18,12 @@ MAX_THREADS = 16  # taconite's threads() cap
 
 
 def host_threads(environ: dict[str, str] | None = None) -> int:
-    """Threads for host glue: `NPUCAM_HOST_THREADS` if it is an int >= 1, else the CPUs this
-    process may run on, capped at 16."""
+    """Threads for host glue: `NPUCAM_HOST_THREADS` if it is an int >= 1, else half the CPUs
+    this process may run on (at least 1, at most 16). taconite takes every core; npucam's
+    NPU stage shares the host with capture, detection and publish, and its glue is
+    memory-bound: on 2 cores a second thread cut 0.4b's glue wall by ~30% but cost ~20% more
+    CPU per box, while one thread's wall is still well under the box's device time
+    (docs/benchmarks.md, pose_host)."""
     env = os.environ if environ is None else environ
     raw = env.get(THREADS_ENV, "")
     if raw.isdigit() and int(raw) >= 1:
@@ -28,7 +32,7 @@ def host_threads(environ: dict[str, str] | None = None) -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_THREADS))
+    return max(1, min(cpus // 2, MAX_THREADS))
 
 
 class RowPool:

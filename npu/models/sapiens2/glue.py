@@ -257,8 +257,8 @@ def instance_norm_silu_to(
     """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
     groups: y float32 [pixels, C]; sq (float32, y's shape) takes the squares for the
     variance. Both channel sums are one BLAS reduction over all pixels, as the reference's;
-    tanh is numpy's; the centred, scaled values of a chunk are kept in its scratch for the
-    end of SiLU, so y is read once after the sums."""
+    tanh is numpy's; the end of SiLU computes the centred, scaled values again from y
+    (cheaper than keeping them in scratch)."""
     px, c = y.shape
     n = F32(px)
     ones = np.ones(px, F32)
@@ -276,12 +276,12 @@ def instance_norm_silu_to(
 
     def silu(r0: int, r1: int) -> None:
         yc = y[r0:r1]
-        z, t = scratch("silu.z", yc.shape), scratch("silu.t", yc.shape)
-        kernels.halves(yc, mean, rstd, z, t)
+        t = scratch("silu.t", yc.shape)
+        kernels.halves(yc, mean, rstd, t)
         np.tanh(t, out=t)
 
         def fill(lo: int, hi: int, dst: np.ndarray) -> None:
-            kernels.silu_bf16(t[lo:hi], z[lo:hi], dst)
+            kernels.silu_bf16(t[lo:hi], yc[lo:hi], mean, rstd, dst)
 
         write(r0, r1, fill)
 

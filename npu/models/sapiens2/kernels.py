@@ -199,7 +199,42 @@ def _stage_row(
     """One token: row float32 [(heads + 2 kv)·hd] -> o float32 [3·heads·hd]."""
     d = heads * hd
     rep = heads // kv
-    qo, ko, vo = o[:d], o[d : 2 * d], o[2 * d : 3 * d]
+    _stage_qk(row, rotate, cos, sin, heads, kv, hd, q_norm, k_norm, eps, scale, qk_norm,
+              work, inv, stack, sums, o)  # fmt: skip
+    vo = o[2 * d : 3 * d]
+    v = row[d + kv * hd : d + 2 * kv * hd]
+    for h in range(kv):
+        vh = v[h * hd : (h + 1) * hd]
+        for k2 in range(rep):
+            vd = vo[(h * rep + k2) * hd : (h * rep + k2 + 1) * hd]
+            for j in range(hd):
+                vd[j] = vh[j]
+
+
+@njit(nogil=True, cache=True)
+def _stage_qk(
+    row: np.ndarray,
+    rotate: bool,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    heads: int,
+    kv: int,
+    hd: int,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    eps: np.float32,
+    scale: np.float32,
+    qk_norm: bool,
+    work: np.ndarray,
+    inv: np.ndarray,
+    stack: np.ndarray,
+    sums: np.ndarray,
+    o: np.ndarray,
+) -> None:
+    """_stage_row's q and k: row float32 [(heads + kv)·hd] at least -> o[:2·heads·hd]."""
+    d = heads * hd
+    rep = heads // kv
+    qo, ko = o[:d], o[d : 2 * d]
     _norm_heads(row[:d], heads, hd, q_norm, eps, qk_norm, work, inv, stack, sums, qo, hd)
     k = row[d : d + kv * hd]
     _norm_heads(k, kv, hd, k_norm, eps, qk_norm, work, inv, stack, sums, ko, rep * hd)
@@ -209,18 +244,12 @@ def _stage_row(
     else:
         for j in range(d):
             qo[j] *= scale
-    v = row[d + kv * hd : d + 2 * kv * hd]
     for h in range(kv):
         first = ko[h * rep * hd : h * rep * hd + hd]
-        vh = v[h * hd : (h + 1) * hd]
-        for k2 in range(rep):
-            b = (h * rep + k2) * hd
-            kd, vd = ko[b : b + hd], vo[b : b + hd]
-            if k2:
-                for j in range(hd):
-                    kd[j] = first[j]
+        for k2 in range(1, rep):
+            kd = ko[(h * rep + k2) * hd : (h * rep + k2 + 1) * hd]
             for j in range(hd):
-                vd[j] = vh[j]
+                kd[j] = first[j]
 
 
 @njit(nogil=True, cache=True)
@@ -299,26 +328,39 @@ def stage_bits_bf16(
     qk_norm: bool,
     out: np.ndarray,
 ) -> None:
-    """stage_bits() rounded as f32_to_bf16 into out (uint16): each row is staged in float32
-    scratch, then rounded, with no float32 copy of the chunk."""
+    """stage_bits() rounded as f32_to_bf16 into out (uint16): each row's q and k are staged
+    in float32 scratch, then rounded, with no float32 copy of the chunk. v is only copied
+    (and repeated), so its bits go across as they are: the float32 of a bf16 rounds back to
+    itself, and a NaN to itself made quiet, as f32_to_bf16 does."""
     work = np.empty(hd, F32)
     inv = np.empty(heads, F32)
     stack = np.zeros((3, 64), np.int64)
     sums = np.zeros(64, F32)
-    row = np.empty(qkv.shape[1], F32)
+    d = heads * hd
+    qk = d + kv * hd  # q and k of a row of qkv; v follows
+    rep = heads // kv
+    row = np.empty(qk, F32)
     wide = row.view(np.uint32)
-    staged = np.empty(out.shape[1], F32)
+    staged = np.empty(2 * d, F32)
     staged_bits = staged.view(np.uint32)
     for r in range(qkv.shape[0]):
         src = qkv[r]
-        for j in range(qkv.shape[1]):
+        for j in range(qk):
             wide[j] = U32(src[j]) << U32(16)
         t = max(r - prefix, 0)
-        _stage_row(row, r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
-                   scale, qk_norm, work, inv, stack, sums, staged)  # fmt: skip
+        _stage_qk(row, r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
+                  scale, qk_norm, work, inv, stack, sums, staged)  # fmt: skip
         dst = out[r]
-        for j in range(staged.shape[0]):
+        for j in range(2 * d):
             dst[j] = _bf16(staged_bits[j])
+        for h in range(kv):
+            vh = src[qk + h * hd : qk + (h + 1) * hd]
+            for k2 in range(rep):
+                vd = dst[2 * d + (h * rep + k2) * hd : 2 * d + (h * rep + k2 + 1) * hd]
+                for j in range(hd):
+                    b = vh[j]
+                    # a NaN (exponent all ones, mantissa not 0) made quiet; else itself
+                    vd[j] = b | np.uint16(0x0040) if (b & np.uint16(0x7FFF)) > 0x7F80 else b
 
 
 @njit(nogil=True, cache=True)
@@ -331,26 +373,29 @@ def centred_squares(y: np.ndarray, mean: np.ndarray, sq: np.ndarray) -> None:
 
 
 @njit(nogil=True, cache=True)
-def halves(y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, z: np.ndarray, t: np.ndarray) -> None:
-    """z = (y - mean) · rstd and t = z · 0.5 per column (tanh's argument in SiLU): y, z, t
-    float32 [n, C]; z is kept so that the end of SiLU need not read y again."""
+def halves(y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, t: np.ndarray) -> None:
+    """t = ((y - mean) · rstd) · 0.5 per column, tanh's argument in SiLU: y, t float32
+    [n, C]."""
     for i in range(y.shape[0]):
         for j in range(y.shape[1]):
-            v = (y[i, j] - mean[j]) * rstd[j]
-            z[i, j] = v
-            t[i, j] = v * F32(0.5)
+            t[i, j] = ((y[i, j] - mean[j]) * rstd[j]) * F32(0.5)
 
 
 @njit(nogil=True, cache=True)
-def silu_bf16(tanh: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
-    """out = f32_to_bf16(((tanh + 1) · 0.5) · z): InstanceNorm + SiLU's end from z and
-    tanh(z / 2) (halves'), into uint16 out [n, C] (any strides)."""
-    row = np.empty(z.shape[1], F32)
+def silu_bf16(
+    tanh: np.ndarray, y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, out: np.ndarray
+) -> None:
+    """out = f32_to_bf16(((tanh + 1) · 0.5) · z), z = (y - mean) · rstd computed again as
+    halves() did (the same operations, so the same bits: reading y again costs less than
+    writing and reading z): InstanceNorm + SiLU's end from y and tanh(z / 2), into uint16
+    out [n, C] (any strides)."""
+    row = np.empty(y.shape[1], F32)
     bits = row.view(np.uint32)
-    for i in range(z.shape[0]):
-        for j in range(z.shape[1]):
-            row[j] = ((tanh[i, j] + F32(1.0)) * F32(0.5)) * z[i, j]
-        for j in range(z.shape[1]):
+    for i in range(y.shape[0]):
+        for j in range(y.shape[1]):
+            z = (y[i, j] - mean[j]) * rstd[j]
+            row[j] = ((tanh[i, j] + F32(1.0)) * F32(0.5)) * z
+        for j in range(y.shape[1]):
             out[i, j] = _bf16(bits[j])
 
 
