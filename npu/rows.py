@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from npu import thread_priority
+
 THREADS_ENV = "NPUCAM_HOST_THREADS"
 MAX_THREADS = 16  # taconite's threads() cap
 
@@ -46,7 +48,11 @@ class RowPool:
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         self._pool = (
-            ThreadPoolExecutor(self.threads - 1, thread_name_prefix="npucam-rows")
+            ThreadPoolExecutor(
+                self.threads - 1,
+                thread_name_prefix="npucam-rows",
+                initializer=thread_priority.lower_this_thread,
+            )
             if self.threads > 1
             else None
         )

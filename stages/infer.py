@@ -50,7 +50,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, create_model
 
-from npu import models
+from npu import models, thread_priority
 from npu.device import (
     INTERLEAVE,
     DeviceFailed,
@@ -164,6 +164,7 @@ class DeviceThread:
         return not self._thread.is_alive()
 
     def _serve(self) -> None:
+        thread_priority.lower_this_thread()
         active = Interleaved()
         names: deque[tuple[str, float]] = deque()  # the stepped calls in flight, oldest first
         held = None  # the next call, waiting for the stepped calls in flight to end
@@ -573,7 +574,11 @@ class Infer(Stage):
 
     async def run(self, inbox: Any, out: Any) -> None:
         self._device_thread = DeviceThread(f"{self.name}-device")
-        self._prep_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-prepare")
+        self._prep_pool = ThreadPoolExecutor(
+            1,
+            thread_name_prefix=f"{self.name}-prepare",
+            initializer=thread_priority.lower_this_thread,
+        )
         feeder: asyncio.Task | None = None
         failure: BaseException | None = None
         self._inbox_blocks = getattr(inbox, "policy", None) is Policy.BLOCK

@@ -11,7 +11,7 @@ work than the device can do). A file switches the jobs off and on in alternating
 the det numbers with the models idle and with them busy come from one run and share the
 host's load drift (its 2 cores serve other work too). Proven, from the det messages a
 subscriber gets (lag = publish_ts - capture_ts): over the busy phases the det rate is >= 90%
-of the idle phases' and the p95 lag within 1/0.9 of theirs plus LAG_SLACK_MS, with the
+of the idle phases' and the p95 lag within 1/0.9 of theirs, with the
 emulated device busy (and idle in the idle phases). A wait that holds the GIL (`run.wait()`,
 npucam's before issue 14) fails: 0.54-0.91x the rate, 1.6-3.9x the p95 lag (docs/inference.md,
 "Device waits").
@@ -44,9 +44,6 @@ DISPATCH_S = {"/mha.xclbin": 0.033, "adaface-": 0.005, "clip-": 0.006}
 DEFAULT_S = 0.001  # Sapiens2's GEMMs
 # Sapiens2 gets 3x the device time of each other model with work, as in configs/demo.toml
 EXTRA = {"sapiens2": "share = 3.0", "clip": 'labels = ["a person", "a bicycle", "a car"]'}
-# the shared 2-core host's scheduling noise: one phase's p95 swings by 20-200 ms under other
-# sessions' load; a GIL-holding wait adds far more (docs/inference.md, "Device waits")
-LAG_SLACK_MS = 25.0
 SETTLE_S = 0.7  # after a switch: the queued jobs expire and the pass in progress ends
 
 
@@ -227,7 +224,10 @@ def run(tmp_path, write_config, cycles: int, phase_s: float) -> None:
     )
     assert device(True) >= 0.4 and device(False) < 0.05  # busy, then idle
     assert busy["rate"] >= 0.9 * idle["rate"], (idle, busy)
-    assert busy["p95_ms"] <= idle["p95_ms"] / 0.9 + LAG_SLACK_MS, (idle, busy)
+    # the issue's bound as it is: on an otherwise idle 2-core host busy / idle p95 was 1.04x
+    # and 1.07x with the NPU stage's threads lowered (npu/thread_priority.py), 1.13-1.22x
+    # without; other sessions' load on the same cores swings one phase's p95 by 20-200 ms
+    assert busy["p95_ms"] <= idle["p95_ms"] / 0.9, (idle, busy)
 
 
 def timeline_started(tmp_path: Path) -> bool:
