@@ -177,36 +177,16 @@ def _rope(
 
 
 @njit(nogil=True, cache=True)
-def _stage_row(
-    row: np.ndarray,
-    rotate: bool,
-    cos: np.ndarray,
-    sin: np.ndarray,
-    heads: int,
-    kv: int,
-    hd: int,
-    q_norm: np.ndarray,
-    k_norm: np.ndarray,
-    eps: np.float32,
-    scale: np.float32,
-    qk_norm: bool,
-    work: np.ndarray,
-    inv: np.ndarray,
-    stack: np.ndarray,
-    sums: np.ndarray,
-    o: np.ndarray,
-) -> None:
-    """One token: row float32 [(heads + 2 kv)·hd] -> o float32 [3·heads·hd]."""
+def _copy_v(row: np.ndarray, heads: int, kv: int, hd: int, o: np.ndarray) -> None:
+    """A token's v heads, each repeated heads / kv times: row float32 [(heads + 2 kv)·hd] ->
+    o[2·heads·hd : 3·heads·hd]."""
     d = heads * hd
     rep = heads // kv
-    _stage_qk(row, rotate, cos, sin, heads, kv, hd, q_norm, k_norm, eps, scale, qk_norm,
-              work, inv, stack, sums, o)  # fmt: skip
-    vo = o[2 * d : 3 * d]
     v = row[d + kv * hd : d + 2 * kv * hd]
     for h in range(kv):
         vh = v[h * hd : (h + 1) * hd]
         for k2 in range(rep):
-            vd = vo[(h * rep + k2) * hd : (h * rep + k2 + 1) * hd]
+            vd = o[2 * d + (h * rep + k2) * hd : 2 * d + (h * rep + k2 + 1) * hd]
             for j in range(hd):
                 vd[j] = vh[j]
 
@@ -231,7 +211,8 @@ def _stage_qk(
     sums: np.ndarray,
     o: np.ndarray,
 ) -> None:
-    """_stage_row's q and k: row float32 [(heads + kv)·hd] at least -> o[:2·heads·hd]."""
+    """One token's q and k: row float32 [(heads + kv)·hd] at least -> o[:2·heads·hd] (q/k
+    norm, RoPE from `rotate` on, q's scale, k's repeats)."""
     d = heads * hd
     rep = heads // kv
     qo, ko = o[:d], o[d : 2 * d]
@@ -276,8 +257,9 @@ def stage(
     sums = np.zeros(64, F32)
     for r in range(qkv.shape[0]):
         t = max(r - prefix, 0)
-        _stage_row(qkv[r], r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
-                   scale, qk_norm, work, inv, stack, sums, out[r])  # fmt: skip
+        _stage_qk(qkv[r], r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
+                  scale, qk_norm, work, inv, stack, sums, out[r])  # fmt: skip
+        _copy_v(qkv[r], heads, kv, hd, out[r])
 
 
 @njit(nogil=True, cache=True)
@@ -308,8 +290,9 @@ def stage_bits(
         for j in range(qkv.shape[1]):
             wide[j] = U32(src[j]) << U32(16)
         t = max(r - prefix, 0)
-        _stage_row(row, r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
-                   scale, qk_norm, work, inv, stack, sums, out[r])  # fmt: skip
+        _stage_qk(row, r >= prefix, cos[t], sin[t], heads, kv, hd, q_norm, k_norm, eps,
+                  scale, qk_norm, work, inv, stack, sums, out[r])  # fmt: skip
+        _copy_v(row, heads, kv, hd, out[r])
 
 
 @njit(nogil=True, cache=True)
