@@ -62,8 +62,9 @@ def test_wait_holds_the_gil_for_the_device_time_and_state_does_not_block():
     t0 = time.perf_counter()
     assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
     assert time.perf_counter() - t0 >= 0.45
-    r.start()
-    assert stall_of_other_thread(r.wait) > 0.3  # one C call that keeps the GIL
+    # started inside the measured call: started before it, a loaded host could let the whole
+    # device time pass while the spinning thread starts, and wait() would return at once
+    assert stall_of_other_thread(lambda: (r.start(), r.wait())) > 0.3  # keeps the GIL
     r.start()
     t0 = time.perf_counter()
     states = {int(r.state()) for _ in range(1000)}

@@ -11,10 +11,10 @@ work than the device can do). A file switches the jobs off and on in alternating
 the det numbers with the models idle and with them busy come from one run and share the
 host's load drift (its 2 cores serve other work too). Proven, from the det messages a
 subscriber gets (lag = publish_ts - capture_ts): over the busy phases the det rate is >= 90%
-of the idle phases' and the p95 lag within 1/0.9 of theirs, with the
-emulated device busy (and idle in the idle phases). A wait that holds the GIL (`run.wait()`,
-npucam's before issue 14) fails: 0.54-0.91x the rate, 1.6-3.9x the p95 lag (docs/inference.md,
-"Device waits").
+of the idle phases' and the p95 lag within 1/0.9 of theirs (the minute-long slow test; the
+default 15 s run allows 25 ms over it), with the emulated device busy (and idle in the idle
+phases). A wait that holds the GIL (`run.wait()`, npucam's before issue 14) fails: 0.54-0.91x
+the rate, 1.6-3.9x the p95 lag (docs/inference.md, "Device waits").
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def det_numbers(dets: list[dict], windows: list[tuple[int, int]]) -> dict:
     return {"rate": len(lags) / seconds, "p95_ms": percentile(lags, 0.95), "n": len(lags)}
 
 
-def run(tmp_path, write_config, cycles: int, phase_s: float) -> None:
+def run(tmp_path, write_config, cycles: int, phase_s: float, lag_slack_ms: float) -> None:
     cache = tmp_path / "synthetic"
     models = {m: synthetic.bundle_path(m, cache) for m in ("sapiens2", "adaface", "clip")}
     node, active, timeline = tmp_path / "accel0", tmp_path / "active", tmp_path / "timeline"
@@ -224,10 +224,7 @@ def run(tmp_path, write_config, cycles: int, phase_s: float) -> None:
     )
     assert device(True) >= 0.4 and device(False) < 0.05  # busy, then idle
     assert busy["rate"] >= 0.9 * idle["rate"], (idle, busy)
-    # the issue's bound as it is: on an otherwise idle 2-core host busy / idle p95 was 1.04x
-    # and 1.07x with the NPU stage's threads lowered (npu/thread_priority.py), 1.13-1.22x
-    # without; other sessions' load on the same cores swings one phase's p95 by 20-200 ms
-    assert busy["p95_ms"] <= idle["p95_ms"] / 0.9, (idle, busy)
+    assert busy["p95_ms"] <= idle["p95_ms"] / 0.9 + lag_slack_ms, (idle, busy)
 
 
 def timeline_started(tmp_path: Path) -> bool:
@@ -236,9 +233,14 @@ def timeline_started(tmp_path: Path) -> bool:
 
 
 def test_det_keeps_its_rate_and_lag_while_the_npu_is_busy(tmp_path, write_config):
-    run(tmp_path, write_config, cycles=5, phase_s=1.5)
+    # 15 s in 1.5 s phases of ~40 messages: one late message moves a phase's p95, so the
+    # default run allows 25 ms over the issue's bound (a GIL-holding wait adds far more)
+    run(tmp_path, write_config, cycles=5, phase_s=1.5, lag_slack_ms=25.0)
 
 
 @pytest.mark.slow
 def test_det_keeps_its_rate_and_lag_while_the_npu_is_busy_for_a_minute(tmp_path, write_config):
-    run(tmp_path, write_config, cycles=12, phase_s=2.5)
+    # the issue's bound as it is: on an otherwise idle 2-core host busy / idle p95 was 1.04x
+    # and 1.07x with the NPU stage's threads lowered (npu/thread_priority.py), 1.13-1.22x
+    # without; other sessions' load on the same cores swings one phase's p95 by 20-200 ms
+    run(tmp_path, write_config, cycles=12, phase_s=2.5, lag_slack_ms=0.0)
