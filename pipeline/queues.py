@@ -252,6 +252,11 @@ class BoundedQueue:
                 raise
         return item
 
+    def get_nowait(self) -> Any | None:
+        """The next waiting item that is not past its deadline, or None when none waits."""
+        item = self._take()
+        return None if item is _NOTHING else item
+
     def _take(self) -> Any:
         """The next waiting item that is not past its deadline, or _NOTHING (none waits)."""
         while self._items:

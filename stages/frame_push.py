@@ -20,13 +20,14 @@ from pipeline import security
 from pipeline.config import Config, SecuritySection
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame, now_ns
-from pipeline.queues import BoundedQueue, QueueClosed
+from pipeline.queues import BoundedQueue
 from stages.frame_wire import encode_frame
 from stages.publish import PublishError, term_context
 
 log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
 POLLOUT = int(zmq.POLLOUT)
+HOLD_POLL_MS = 50  # while frames wait for the peer: how often the inbox is looked at
 JPEG_SNDBUF = 64 << 10  # the default SO_SNDBUF of a JPEG link (FramePushOptions.sndbuf)
 
 
@@ -143,31 +144,26 @@ class FramePush(Stage):
         self, inbox: BoundedQueue, sock: zmq.asyncio.Socket, plain: zmq.Socket
     ) -> AsyncIterator[tuple[Frame, float]]:
         """(frame, perf_counter when it became sendable) for each frame the peer can take now;
-        while it cannot, the newest frame per camera waits (class docstring). When the inbox
-        ends, what still waits gets linger_ms for the peer, then is dropped."""
+        while it cannot, the newest frame per camera waits (class docstring). Frames that
+        arrive meanwhile stay in the inbox until the peer can take one or HOLD_POLL_MS pass,
+        then the newest of each camera replaces what waited, so a waiting stage costs no loop
+        wake-up per frame. When the inbox ends, what still waits gets linger_ms for the peer,
+        then is dropped."""
         held: dict[str, Frame] = {}  # insertion order: the camera that waits longest first
-        getter: asyncio.Future | None = None
-        writable: asyncio.Future | None = None
-        ended = False
         try:
             while True:
                 if not held:
-                    if ended:
-                        return
-                    if getter is None:
-                        frame = await anext(inbox, None)
-                    else:  # the get started while frames waited
-                        taking, getter = getter, None
-                        try:
-                            frame = await taking
-                        except QueueClosed:
-                            frame = None
+                    frame = await anext(inbox, None)
                     if frame is None:
                         return
                     if plain.getsockopt(zmq.EVENTS) & POLLOUT:
                         yield frame, time.perf_counter()
                         continue
                     held[frame.camera] = frame
+                while (newer := inbox.get_nowait()) is not None:
+                    if (old := held.get(newer.camera)) is not None:
+                        self.metrics.drop(self.name, old.camera, "peer_slow")
+                    held[newer.camera] = newer
                 if plain.getsockopt(zmq.EVENTS) & POLLOUT:
                     frame = held.pop(next(iter(held)))
                     if inbox.drop_stale and now_ns() > frame.deadline_ns:
@@ -175,41 +171,11 @@ class FramePush(Stage):
                     else:
                         yield frame, time.perf_counter()
                     continue
-                if writable is None:
-                    timeout = self.options.linger_ms if ended else None
-                    writable = asyncio.ensure_future(sock.poll(timeout, POLLOUT))
-                waits = {writable}
-                if not ended:
-                    getter = getter or asyncio.ensure_future(inbox.get())
-                    waits.add(getter)
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if writable.done():
-                    timed_out = ended and not writable.result()
-                    writable = None
-                    if timed_out:
-                        break
-                if getter is not None and getter.done():
-                    done, getter = getter, None
-                    try:
-                        frame = done.result()
-                    except QueueClosed:
-                        ended = True  # what waits now gets linger_ms, not forever
-                        if writable is not None:
-                            writable.cancel()
-                            writable = None
-                        continue
-                    if (old := held.get(frame.camera)) is not None:
-                        self.metrics.drop(self.name, old.camera, "peer_slow")
-                    held[frame.camera] = frame
+                if inbox.closed:  # nothing more comes: the peer has linger_ms to take these
+                    if not await sock.poll(self.options.linger_ms, POLLOUT):
+                        return
+                    continue
+                await sock.poll(HOLD_POLL_MS, POLLOUT)
         finally:
-            # the inbox ended and the peer took nothing in linger_ms, or the stage was
-            # cancelled: what waits here, or was just taken from the inbox, is dropped
-            lost = list(held.values())
-            taken = getter is not None and getter.done() and not getter.cancelled()
-            if taken and getter.exception() is None:
-                lost.append(getter.result())
-            for fut in (getter, writable):
-                if fut is not None:
-                    fut.cancel()
-            for frame in lost:
+            for frame in held.values():  # the peer took none in linger_ms, or cancelled
                 self.metrics.drop(self.name, frame.camera, "peer_slow")

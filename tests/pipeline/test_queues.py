@@ -142,6 +142,20 @@ def test_stale_items_are_dropped_at_get_and_counted():
     assert m.items_in["s", "a"] == 2  # both were taken in; one was dropped as stale
 
 
+def test_get_nowait_takes_what_waits_skipping_stale_items_and_never_waits():
+    async def main():
+        m = Metrics()
+        q = BoundedQueue("s", 4, "drop_oldest", m)
+        empty = q.get_nowait()
+        q.put_nowait(Item("a", 0, deadline_ns=now_ns() - 1))
+        q.put_nowait(Item("a", 1))
+        return m, empty, q.get_nowait(), q.get_nowait()
+
+    m, empty, first, after = asyncio.run(main())
+    assert empty is None and first.seq == 1 and after is None
+    assert m.dropped("s", "a", "stale") == 1
+
+
 def test_close_lets_getters_drain_then_raises_closed():
     async def main():
         q = BoundedQueue("s", 4, "drop_oldest", Metrics())
