@@ -199,6 +199,7 @@ def npucam_send(args) -> dict:
 
 
 def npucam_recv(args) -> dict:
+    from pipeline.config import DEFAULT_RECEIVE_BUFFER_BYTES
     from pipeline.messages import now_ns
     from stages.sources import CameraReader, CameraSpec
 
@@ -211,12 +212,13 @@ def npucam_recv(args) -> dict:
         times.append(time.perf_counter())
         lags.append((now - frame.capture_ts_ns) / 1e6)
 
+    buffer = RAW_RECEIVE_BUFFER if args.fmt == "raw" else DEFAULT_RECEIVE_BUFFER_BYTES
     spec = CameraSpec(
         "remote",
         f"zmq:{args.endpoint}",
         staleness_ms=10_000,
         stall_timeout_s=30,
-        receive_buffer_bytes=RAW_RECEIVE_BUFFER if args.fmt == "raw" else 1 << 20,
+        receive_buffer_bytes=buffer,
     )
     reader = CameraReader(spec, emit)
     reader.start()

@@ -57,6 +57,8 @@ class SecuritySection(_Strict):
 # The largest frame a `zmq:` camera accepts by default (4K UHD): a peer's frame header and JPEG
 # cannot make the receiver decode anything bigger (stages/frame_wire.py).
 DEFAULT_MAX_PIXELS = 3840 * 2160
+# zmq: cameras' SO_RCVBUF (CameraConfig.receive_buffer_bytes): room for JPEG frames, not for lag
+DEFAULT_RECEIVE_BUFFER_BYTES = 1 << 20
 
 
 class CameraConfig(_Strict):
@@ -76,7 +78,7 @@ class CameraConfig(_Strict):
     max_clock_skew_ms: float = Field(10_000.0, gt=0)  # zmq: cameras: trust of the sender's clock
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1, le=16384 * 16384)  # zmq: frames
     # zmq: cameras: the kernel's receive buffer (SO_RCVBUF) for the frames' TCP stream
-    receive_buffer_bytes: int = Field(1 << 20, ge=1 << 16, le=1 << 28)
+    receive_buffer_bytes: int = Field(DEFAULT_RECEIVE_BUFFER_BYTES, ge=1 << 16, le=1 << 28)
 
 
 class StageConfig(BaseModel):

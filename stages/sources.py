@@ -60,7 +60,7 @@ import numpy as np
 import zmq
 
 from pipeline import assets
-from pipeline.config import DEFAULT_MAX_PIXELS
+from pipeline.config import DEFAULT_MAX_PIXELS, DEFAULT_RECEIVE_BUFFER_BYTES
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
 from pipeline.security import Curve, SocketSecurity
@@ -125,7 +125,7 @@ class CameraSpec:
     curve: Curve | None = None
     max_clock_skew_ms: float = 10_000.0
     max_pixels: int = DEFAULT_MAX_PIXELS
-    receive_buffer_bytes: int = 1 << 20
+    receive_buffer_bytes: int = DEFAULT_RECEIVE_BUFFER_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -442,7 +442,7 @@ class _ZmqSource(_Source):
         camera: str,
         stall_timeout_s: float,
         max_pixels: int = DEFAULT_MAX_PIXELS,
-        receive_buffer_bytes: int = 1 << 20,
+        receive_buffer_bytes: int = DEFAULT_RECEIVE_BUFFER_BYTES,
     ):
         self.endpoint = endpoint
         self.max_pixels = max_pixels
