@@ -28,10 +28,10 @@ A frame travels as one ZeroMQ multipart message of exactly two parts:
      exactly H x W pixels. Decoders that return RGB give the frame's channels reversed; a
      greyscale JPEG is accepted and expanded to 3 equal channels.
 
-Sockets: the sender PUSHes from a socket with a bounded SNDHWM (stages.publish's zmq_push
-binds by default); a `zmq:tcp://HOST:PORT` camera (stages.sources) connects a PULL socket
-with RCVHWM 1 and MAXMSGSIZE = its max_pixels x 3 + 64 KiB, so a slow receiver makes the
-sender's PUSH hit its high-water mark instead of queueing old frames. There is no topic
+Sockets: the sender PUSHes from a socket with a bounded SNDHWM (the zmq_push stage,
+stages/frame_push.py); a `zmq:tcp://HOST:PORT` camera (stages.sources) connects a PULL
+socket with RCVHWM 1 and MAXMSGSIZE = its max_pixels x 3 + 64 KiB, so a slow receiver makes
+the sender's PUSH hit its high-water mark instead of queueing old frames. There is no topic
 part: PUSH/PULL is point to point, and every frame on one endpoint belongs to the camera
 that PULLs it (seq and capture_ts_ns are kept there, stages/sources.py). With `[security]` both
 ends run CURVE (pipeline.security); the message format is the same.

@@ -44,7 +44,7 @@ from stages.subscriptions import SubscriptionGuard, SubscriptionLimits
 
 log = logging.getLogger(__name__)
 NOBLOCK = int(zmq.NOBLOCK)
-POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+POLLIN = int(zmq.POLLIN)
 SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 raw_send = zmq.backend.Socket.send
 SUBSCRIPTION_DRAIN_S = 0.1

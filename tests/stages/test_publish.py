@@ -114,20 +114,7 @@ def test_preview_topic_carries_a_decodable_jpeg(write_config):
 
 def test_frames_pushed_by_one_pipeline_arrive_at_a_zmq_camera_of_another(write_config, free_port):
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    capture = write_config(
-        f"""
-        [[cameras]]
-        name = "card"
-        url = "synthetic:?width=64&height=48&fps=50"
-        [[stages]]
-        kind = "capture"
-        [[stages]]
-        kind = "zmq_push"
-        bind = "{endpoint}"
-        format = "raw"
-        """,
-        name="capture.toml",
-    )
+    capture = _push_config(write_config, endpoint, 64, 48, 50)
     infer = write_config(
         f"""
         [[cameras]]
