@@ -325,6 +325,9 @@ class InferOptions(StageOptions):
     sim: SimOptions = SimOptions()
     context_slots: int | None = Field(None, ge=1)  # modelled LRU; default TACONITE_CTX_CACHE/16
     prepare_ahead_ms: float = Field(200.0, ge=0)  # hand out the next batch this early
+    # how far (device-ms / share) a model may run ahead of the others; None: half the
+    # cheapest pass (stages.scheduler)
+    model_window_ms: float | None = Field(None, ge=0)
     synthetic_cache: str | None = Field(None, min_length=1)  # default <asset cache>/synthetic
 
     @classmethod
@@ -596,6 +599,11 @@ class Infer(Stage):
                 context_slots=self.options.context_slots or ctx_cache_cap(),
                 max_in_flight=interleave + 1,
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
+                model_window_s=(
+                    None
+                    if self.options.model_window_ms is None
+                    else self.options.model_window_ms / 1000
+                ),
             )
             self.metrics.add_gauges(self.name, self.device_gauges)
             self.metrics.add_info(self.name, self.device_info())

@@ -350,9 +350,9 @@ class BatchScheduler:
 
     Fairness, cost, residency (docs/scheduler.md): cameras and models are each charged the
     estimated device-seconds of their work (camera: per real slot / weight; model: per pass
-    / share); a batch is eligible only if its camera and its model are within
-    `fairness_window_s` of the least-served; among eligible batches a model with resident
-    contexts goes first unless that makes another batch miss a deadline it could meet.
+    / share); a batch is eligible only if its camera is within `fairness_window_s` and its
+    model within `model_window_s` of the least-served; among eligible batches a model with
+    resident contexts goes first unless that makes another batch miss a deadline it could meet.
     """
 
     def __init__(
@@ -364,6 +364,7 @@ class BatchScheduler:
         context_load_s: float = CONTEXT_LOAD_S,
         cost_alpha: float = 0.2,
         fairness_window_s: float | None = None,
+        model_window_s: float | None = None,
         camera_weights: dict[str, float] | None = None,
         prefer_resident: bool = True,
         max_in_flight: int = 2,
@@ -389,6 +390,7 @@ class BatchScheduler:
             raise SchedulerError(f"scheduler: max_in_flight must be >= 1, got {max_in_flight}")
         for name, value in (
             ("fairness_window_s", fairness_window_s),
+            ("model_window_s", model_window_s),
             ("prepare_ahead_s", prepare_ahead_s),
             ("margin_devs", margin_devs),
             ("context_load_s", context_load_s),
@@ -406,6 +408,14 @@ class BatchScheduler:
             max(p.cost_s for p in self.profiles.values())
             if fairness_window_s is None
             else fairness_window_s
+        )
+        # Half the cheapest pass (per share): models take turns by share within a pass, so
+        # a minute's rates follow the shares; residency only orders the near-ties. A wider
+        # window saves context loads but runs models in streaks of that many device-seconds.
+        self.model_window_s = (
+            min(p.cost_s / p.share for p in self.profiles.values()) / 2
+            if model_window_s is None
+            else model_window_s
         )
         self.camera_weights = dict(camera_weights or {})
         self.prefer_resident = prefer_resident
@@ -793,11 +803,10 @@ class BatchScheduler:
         # Fairness first, in two windows of device-seconds: cameras, then models. Within
         # them the order is free, so a resident model runs until its model (or camera) is
         # a window ahead of the others: no model starves behind a resident one.
-        window = self.fairness_window_s
         floor = min(c.lead_served for c in candidates)
-        eligible = [c for c in candidates if c.lead_served <= floor + window]
+        eligible = [c for c in candidates if c.lead_served <= floor + self.fairness_window_s]
         floor = min(c.model_served for c in eligible)
-        eligible = [c for c in eligible if c.model_served <= floor + window]
+        eligible = [c for c in eligible if c.model_served <= floor + self.model_window_s]
         if not self.prefer_resident:
             return min(
                 eligible,

@@ -298,6 +298,7 @@ def simulate_npu(
         clock=clock,
         context_slots=infer.context_slots or ctx_cache_cap(),
         prepare_ahead_s=infer.prepare_ahead_ms / 1000,
+        model_window_s=None if infer.model_window_ms is None else infer.model_window_ms / 1000,
     )
     pacer = Npu2Pacer()
     extra = [0.0]  # modelled context loads and switches in the window

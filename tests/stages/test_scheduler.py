@@ -23,6 +23,7 @@ S = 1_000_000_000
 MS = 1_000_000
 
 COST = {"clip": 1.3, "adaface": 0.3, "sapiens2": 2.4}
+WIDE = 2.4  # a model window of a pose pass: residency may keep a model a few passes ahead
 
 
 def profiles(
@@ -534,10 +535,14 @@ def _mixed_busy_load(sched, clock):
 
 
 def test_resident_preference_cuts_context_loads_without_missing_deadlines():
+    # a model window of a few passes leaves residency room to choose (the default, half a
+    # pass, leaves it the near-ties: the next test)
     runs = {}
     for prefer in (False, True):
         clock = SimClock()
-        sched = BatchScheduler(profiles(max_wait_ms=200.0), clock=clock, prefer_resident=prefer)
+        sched = BatchScheduler(
+            profiles(max_wait_ms=200.0), clock=clock, prefer_resident=prefer, model_window_s=WIDE
+        )
         report, n = _mixed_busy_load(sched, clock)
         assert sched.stats.drops.total() == 0, (prefer, sched.stats.drops)
         assert len(report.results) == n
@@ -545,9 +550,56 @@ def test_resident_preference_cuts_context_loads_without_missing_deadlines():
     assert runs[True] <= 0.8 * runs[False], runs
 
 
+def _device_split(window: float | None) -> tuple[float, dict[str, tuple[float, float]]]:
+    """Every model always has work (pose share 3): per model, the lowest and highest
+    fraction of the device's time it got over any 45 s (a minute's run after start-up)."""
+    clock = SimClock()
+    shared = [
+        ModelProfile(p.name, p.batch_size, p.max_wait_ms, p.contexts, p.cost_s,
+                     share=3.0 if p.name == "sapiens2" else 1.0)
+        for p in profiles()
+    ]  # fmt: skip
+    sched = BatchScheduler(shared, clock=clock, model_window_s=window)
+    rng = random.Random(3)
+    events = []
+    for model, rate in (("sapiens2", 1.0), ("adaface", 2.0), ("clip", 1.0)):
+        t = 0.0
+        while t < 200:
+            t += rng.expovariate(rate)
+            tns, cam = round(t * S), rng.choice(["cam0", "cam1"])
+            events.append(
+                (tns, lambda m=model, c=cam, tns=tns: sched.submit(job(m, c, 0, tns + 30 * S)))
+            )
+    report = simulate(sched, clock, events, device_s, until_ns=200 * S)
+    split: dict[str, list[float]] = {}
+    for start in range(20, 200 - 45 + 1, 5):
+        a, b = start * S, (start + 45) * S
+        busy = dict.fromkeys(COST, 0.0)
+        for s0, s1, batch in report.batches:
+            busy[batch.model] += max(0, min(s1, b) - max(s0, a)) / S
+        for m, v in busy.items():
+            split.setdefault(m, []).append(v / sum(busy.values()))
+    return sched.model_window_s, {m: (min(v), max(v)) for m, v in split.items()}
+
+
+def test_models_share_the_device_by_share_over_every_minute():
+    """The default model window (half the cheapest pass per share) keeps each model's part
+    of every 45 s within 15% of its share (3:1:1); a window of a pose pass (2.4 s) runs
+    models in streaks that leave it (what made plan and run disagree, docs/scheduler.md)."""
+    want = {"sapiens2": 0.6, "adaface": 0.2, "clip": 0.2}
+    window, split = _device_split(None)
+    assert window == pytest.approx(0.15)  # adaface: 0.3 s a pass, share 1
+    for m, (low, high) in split.items():
+        assert want[m] * 0.85 <= low <= high <= want[m] * 1.15, (m, low, high)
+    _, streaky = _device_split(WIDE)
+    assert any(
+        low < want[m] * 0.85 or high > want[m] * 1.15 for m, (low, high) in streaky.items()
+    ), streaky
+
+
 def test_residency_yields_when_staying_would_break_a_deadline():
     clock = SimClock()
-    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1)
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1, model_window_s=WIDE)
     sched.submit(job("adaface", "cam0", "warm", 60 * S))
     first = sched.next_batch()  # adaface's 16 contexts now resident
     clock.t = first.est_finish_ns
@@ -564,7 +616,7 @@ def test_residency_yields_when_staying_would_break_a_deadline():
 
 def test_residency_stays_when_the_other_deadline_is_loose():
     clock = SimClock()
-    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1)
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1, model_window_s=WIDE)
     sched.submit(job("adaface", "cam0", "warm", 60 * S))
     first = sched.next_batch()
     clock.t = first.est_finish_ns
@@ -747,7 +799,7 @@ def test_model_share_weights_the_device_time_split():
 
 def test_residency_stays_when_one_of_two_deadlines_is_lost_either_way():
     clock = SimClock()
-    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1)
+    sched = BatchScheduler(profiles(), clock=clock, max_in_flight=1, model_window_s=WIDE)
     sched.submit(job("adaface", "cam0", "warm", 60 * S))
     first = sched.next_batch()
     clock.t = first.est_finish_ns
