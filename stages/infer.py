@@ -605,6 +605,9 @@ class Infer(Stage):
                     else self.options.model_window_ms / 1000
                 ),
             )
+            for model, rt in self.runtimes.items():  # a paced pass charges a modelled load
+                if rt.timer.context_load_s is not None:
+                    self.scheduler.observe_context_cost(model, rt.timer.context_load_s)
             self.metrics.add_gauges(self.name, self.device_gauges)
             self.metrics.add_info(self.name, self.device_info())
             for model, rt in self.runtimes.items():
@@ -852,7 +855,9 @@ class Infer(Stage):
             self._failed(batch, exc, 0.0)
             return
         for model, share in contexts.items():  # measured context load costs, per model
-            if model in self.scheduler.profiles and share.load_cost_s is not None:
+            rt_of = self.runtimes.get(model)
+            modelled = rt_of is not None and rt_of.timer.context_load_s is not None
+            if model in self.scheduler.profiles and not modelled and share.load_cost_s is not None:
                 self.scheduler.observe_context_cost(model, share.load_cost_s)
         try:
             returned = self.scheduler.complete(

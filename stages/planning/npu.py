@@ -301,6 +301,9 @@ def simulate_npu(
         model_window_s=None if infer.model_window_ms is None else infer.model_window_ms / 1000,
     )
     pacer = Npu2Pacer()
+    for m, c in costs.items():  # as the stage tells it for a paced model (stages/infer.py)
+        if c.work is not None:
+            sched.observe_context_cost(m, pacer.costs.ctx_load_s)
     extra = [0.0]  # modelled context loads and switches in the window
 
     def device_s(batch: Batch) -> float:

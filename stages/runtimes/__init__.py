@@ -138,7 +138,11 @@ class DeviceTimer:
     the numpy forward. The simulator's modelled time alone is in SimDevice.sim.
 
     pass_name / count: which of the model's passes fn runs, and how many (PacedTimer
-    charges them; CLIP's label encoding runs ceil(labels / 8) "texts" passes)."""
+    charges them; CLIP's label encoding runs ceil(labels / 8) "texts" passes).
+    context_load_s: what one context load costs the passes it times, when that is modelled
+    rather than measured by the device (None: the device's measured cost)."""
+
+    context_load_s: float | None = None
 
     def measure(
         self, fn: Callable[[], Any], pass_name: str = "forward", count: int = 1
@@ -170,6 +174,8 @@ class PacedTimer(DeviceTimer):
     def __init__(self, device: Any, pacer: Npu2Pacer, work: ModelWork) -> None:
         self.device, self.pacer, self.work = device, pacer, work
         self.last_charge_s = 0.0  # the modelled seconds of the last pass measured
+        # its passes are charged the modelled NPU2 load, not the stand-in's own creations
+        self.context_load_s = pacer.costs.ctx_load_s
 
     def measure(
         self, fn: Callable[[], Any], pass_name: str = "forward", count: int = 1

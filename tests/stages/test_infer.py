@@ -28,6 +28,7 @@ from busy_intervals import union_s
 from npu.device import DeviceError
 from npu.models import ModelLoadError
 from npu.sim import ContextRegistry
+from npu.sim_cost import NPU2
 from pipeline.config import parse_config
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
@@ -896,6 +897,11 @@ def test_a_paced_stage_says_its_pacing_in_its_log_stats_and_snapshot(tmp_path, c
     snap = stage.metrics.snapshot()["stages"]
     assert snap["infer"]["info"] == {"backend": "sim", "pacing": "npu2"}
     assert snap["infer/adaface"]["info"]["pacing"] == "npu2 as adaface-ir101"
+    # the scheduler budgets context loads at what a paced pass is charged for one (the
+    # modelled NPU2 load), not at the stand-in's own context creations on the simulator
+    contexts = stage.scheduler.context_view()["adaface"]
+    assert contexts.measured and contexts.load_s == NPU2.ctx_load_s
+    assert stage.device.context_view()["adaface"].load_cost_s != NPU2.ctx_load_s
 
 
 def test_check_names_an_unknown_pace_as_variant(tmp_path):
