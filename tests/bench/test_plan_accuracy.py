@@ -39,3 +39,15 @@ def test_the_comparison_applies_15_percent_to_rates_and_15_points_to_fractions()
     far = {"npu": 0.84, "results": {"sapiens2": 0.48, "clip": 0.1}, "detect_drop": 0.14}
     assert all(verdicts(pred, near).values())  # 14 points, 13%, 0 = 0, 14 points
     assert not any(verdicts(pred, far).values())  # 16 points, 17%, 0 vs 0.1, 16 points
+
+
+def test_every_pipeline_config_is_run_and_a_rig_calibration_is_copied_beside_them(tmp_path):
+    bench = _bench()
+    (tmp_path / "configs").mkdir()
+    configs = bench.copy_configs(tmp_path, None, [1])
+    repo = Path(__file__).resolve().parents[2] / "configs"
+    assert "multicam-3d" in configs and "pose-1cam" in configs
+    assert "multicam-3d-calib" not in configs  # a calibration, not a config
+    assert (tmp_path / "configs" / "multicam-3d-calib.toml").read_text() == (
+        repo / "multicam-3d-calib.toml"
+    ).read_text()
