@@ -636,9 +636,9 @@ def test_no_model_starves_behind_a_resident_one():
     events.append((1 * S, lambda: sched.submit(job("sapiens2", "cam0", "box", 30 * S))))
     report = simulate(sched, clock, events, device_s, until_ns=30 * S)
     box = [p for p, j, _ in report.results if j.model == "sapiens2"]
-    # faces are always ready and resident; the box runs once adaface is a fairness window
+    # faces are always ready and resident; the box runs once adaface is a model window
     # of device time ahead (plus the face running and the box itself)
-    assert box and box[0] <= 1 * S + round((sched.fairness_window_s + 0.5 + 2.5) * S)
+    assert box and box[0] <= 1 * S + round((sched.model_window_s + 0.5 + 2.5) * S)
 
 
 # -- cost estimates, overlap, metrics -------------------------------------------------------
