@@ -330,6 +330,11 @@ class InferOptions(StageOptions):
     model_window_ms: float | None = Field(None, ge=0)
     synthetic_cache: str | None = Field(None, min_length=1)  # default <asset cache>/synthetic
 
+    @property
+    def model_window_s(self) -> float | None:
+        """model_window_ms in seconds, as BatchScheduler takes it (None: its default)."""
+        return None if self.model_window_ms is None else self.model_window_ms / 1000
+
     @classmethod
     def model_validate(cls, obj: Any, **kw: Any) -> InferOptions:
         if cls is InferOptions:
@@ -599,11 +604,7 @@ class Infer(Stage):
                 context_slots=self.options.context_slots or ctx_cache_cap(),
                 max_in_flight=interleave + 1,
                 prepare_ahead_s=self.options.prepare_ahead_ms / 1000,
-                model_window_s=(
-                    None
-                    if self.options.model_window_ms is None
-                    else self.options.model_window_ms / 1000
-                ),
+                model_window_s=self.options.model_window_s,
             )
             for model, rt in self.runtimes.items():  # a paced pass charges a modelled load
                 if rt.timer.context_load_s is not None:
@@ -855,9 +856,9 @@ class Infer(Stage):
             self._failed(batch, exc, 0.0)
             return
         for model, share in contexts.items():  # measured context load costs, per model
-            rt_of = self.runtimes.get(model)
-            modelled = rt_of is not None and rt_of.timer.context_load_s is not None
-            if model in self.scheduler.profiles and not modelled and share.load_cost_s is not None:
+            if model not in self.scheduler.profiles or share.load_cost_s is None:
+                continue
+            if self.runtimes[model].timer.context_load_s is None:  # else modelled, given at start
                 self.scheduler.observe_context_cost(model, share.load_cost_s)
         try:
             returned = self.scheduler.complete(

@@ -298,7 +298,7 @@ def simulate_npu(
         clock=clock,
         context_slots=infer.context_slots or ctx_cache_cap(),
         prepare_ahead_s=infer.prepare_ahead_ms / 1000,
-        model_window_s=None if infer.model_window_ms is None else infer.model_window_ms / 1000,
+        model_window_s=infer.model_window_s,
     )
     pacer = Npu2Pacer()
     for m, c in costs.items():  # as the stage tells it for a paced model (stages/infer.py)
