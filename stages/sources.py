@@ -623,6 +623,9 @@ class CameraReader:
         self._frame_size: tuple[int, int] | None = None
         self._last_error: str | None = None
         self._seq = 0
+        # A paced source's next read (monotonic s), kept across a looping file's reopen so
+        # the first frame of the next pass takes the slot after the last one.
+        self._due = 0.0
         self.opened = False  # the source opened at least once
 
     def start(self) -> None:
@@ -753,15 +756,17 @@ class CameraReader:
         rate = spec.fps or self._source.native_fps
         paced = spec.realtime and not spec.live and rate is not None
         period = 1.0 / rate if paced else 0.0
-        due = time.monotonic()
+        due = max(time.monotonic(), self._due)
         flowed = False
         failed_reads = 0
         while not self._stop.is_set():
-            if paced:
+            # A read that delivers nothing (the end of a file, before the next pass) leaves
+            # its slot to the next read: a looping file does not pause at its end.
+            if paced and not failed_reads:
                 delay = due - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     break
-                due = max(due + period, time.monotonic() - period)
+                due = self._due = max(due + period, time.monotonic() - period)
             started = self._reading_since = time.monotonic()
             try:
                 item = self._source.read(self._seq)
@@ -787,6 +792,8 @@ class CameraReader:
                     self._state = "stale"
                     self._fail(f"{self._source.description}: no frame for {waited:.1f} s (stalled)")
                     return flowed, "stalled"
+                if paced and not failed_reads:
+                    due = self._due = due - period  # the slot this read waited for: unused
                 failed_reads += 1
                 if failed_reads < MAX_FAILED_READS:
                     continue
