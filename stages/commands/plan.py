@@ -232,8 +232,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--probe-timeout",
         type=float,
-        default=3.0,
-        help="seconds to wait for a live camera's frames (3)",
+        default=10.0,
+        help="seconds a live camera is read for its rate and scene, all at once (10)",
     )
     p.add_argument(
         "--horizon",

@@ -34,9 +34,9 @@ SPREAD_S = 45.0  # the window of a minute's run after its start-up (bench/plan_a
 # A real camera never delivers an exact grid, and the plan must not either: with exact times
 # an interval that is a whole number of frame periods (clip_interval_s 2 s at 25 fps) is met
 # exactly at a tie and passes every time, where a run's frame is as often a moment early and
-# waits one frame more (CLIP on bikes.mp4: 0.45 submissions/s planned on a grid, 0.39-0.40
-# run and planned with this jitter). Measured on the demo's paced file cameras: frame gaps'
-# standard deviation 1.5-1.7 ms, so 1.2 ms a frame (docs/benchmarks.md, plan accuracy).
+# waits one frame more (the demo's CLIP jobs on bikes.mp4: 0.45 a second planned on a grid,
+# 0.42 with this jitter, 0.39 in a run). Measured on the demo's paced file cameras: frame
+# gaps' standard deviation 1.5-1.7 ms, so 1.2 ms a frame (docs/benchmarks.md, plan accuracy).
 CAPTURE_JITTER_S = 0.0012
 
 

@@ -141,7 +141,7 @@ def make_plan(
     overrides: dict[str, float] | None = None,
     variants: dict[str, str] | None = None,
     frames: int = 250,
-    probe_timeout_s: float = 3.0,
+    probe_timeout_s: float = 10.0,
     horizon_s: float = 150.0,
     measure: bool = True,
 ) -> Plan:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,58 +53,60 @@ def probe_cameras(
     from stages.capture import camera_curve, camera_spec
 
     read: dict[str, tuple[list[np.ndarray], float, float | None]] = {}
-    out = []
-    for cam in config.cameras:
-        try:
-            curve = camera_curve(cam, config)
-        except NpucamError as exc:  # missing CURVE keys: the camera is not probed
-            curve, note = None, f"not probed ({exc})"
-        else:
-            note = ""
-        spec = camera_spec(cam, config, curve)
-        staleness = cam.staleness_ms / 1000
-        if note:
-            rate = cam.fps or default_fps
-            source = "configured" if cam.fps else "assumed (--fps)"
-            out.append(CameraProbe(cam.name, spec.kind, rate, source, staleness, note=note))
-            continue
-        if spec.kind == "file" or spec.kind == "images":
-            key = str(spec.path)
-            if key not in read:
-                read[key] = _read_file(spec, max_frames)
-            frames, decode_s, native = read[key]
-            rate = spec.fps or native
-            if not frames:
+    out: list[CameraProbe | Future[CameraProbe]] = []
+    with ThreadPoolExecutor(max(1, len(config.cameras)), thread_name_prefix="plan-probe") as live:
+        for cam in config.cameras:
+            try:
+                curve = camera_curve(cam, config)
+            except NpucamError as exc:  # missing CURVE keys: the camera is not probed
+                curve, note = None, f"not probed ({exc})"
+            else:
+                note = ""
+            spec = camera_spec(cam, config, curve)
+            staleness = cam.staleness_ms / 1000
+            if note:
+                rate = cam.fps or default_fps
+                source = "configured" if cam.fps else "assumed (--fps)"
+                out.append(CameraProbe(cam.name, spec.kind, rate, source, staleness, note=note))
+                continue
+            if spec.kind == "file" or spec.kind == "images":
+                key = str(spec.path)
+                if key not in read:
+                    read[key] = _read_file(spec, max_frames)
+                frames, decode_s, native = read[key]
+                rate = spec.fps or native
+                if not frames:
+                    out.append(
+                        CameraProbe(
+                            cam.name, spec.kind, cam.fps or default_fps,
+                            "configured" if cam.fps else "assumed (--fps)", staleness,
+                            note=f"{spec.path}: no frame could be read",
+                        )
+                    )  # fmt: skip
+                    continue
+                if not spec.realtime or rate is None:
+                    # unpaced: as fast as it decodes (emit's back-pressure can only slow it)
+                    rate, source = 1.0 / max(decode_s, 1e-4), "unpaced (decode rate)"
+                else:
+                    source = "configured" if spec.fps else "probed"
+                h, w = frames[0].shape[:2]
+                probe = CameraProbe(
+                    cam.name, spec.kind, rate, source, staleness, decode_s, (w, h), frames
+                )
+                out.append(probe)
+            elif spec.kind == "synthetic":
+                t = spec._parsed[1]
+                size = (int(t["width"]), int(t["height"]))
+                rate = (spec.fps or float(t["fps"])) if spec.realtime else 1000.0
                 out.append(
                     CameraProbe(
-                        cam.name, spec.kind, cam.fps or default_fps,
-                        "configured" if cam.fps else "assumed (--fps)", staleness,
-                        note=f"{spec.path}: no frame could be read",
+                        cam.name, "synthetic", rate, "configured", staleness, 0.0, size,
+                        [_test_card(*size)] * 4,
                     )
                 )  # fmt: skip
-                continue
-            if not spec.realtime or rate is None:
-                # unpaced: as fast as it decodes (emit's back-pressure can only slow it)
-                rate, source = 1.0 / max(decode_s, 1e-4), "unpaced (decode rate)"
-            else:
-                source = "configured" if spec.fps else "probed"
-            h, w = frames[0].shape[:2]
-            out.append(
-                CameraProbe(cam.name, spec.kind, rate, source, staleness, decode_s, (w, h), frames)
-            )
-        elif spec.kind == "synthetic":
-            t = spec._parsed[1]
-            size = (int(t["width"]), int(t["height"]))
-            rate = (spec.fps or float(t["fps"])) if spec.realtime else 1000.0
-            out.append(
-                CameraProbe(
-                    cam.name, "synthetic", rate, "configured", staleness, 0.0, size,
-                    [_test_card(*size)] * 4,
-                )
-            )  # fmt: skip
-        else:
-            out.append(_probe_live(cam, spec, default_fps, timeout_s, max_frames))
-    return out
+            else:  # live cameras are read at once, each for up to timeout_s
+                out.append(live.submit(_probe_live, cam, spec, default_fps, timeout_s, max_frames))
+    return [p.result() if isinstance(p, Future) else p for p in out]
 
 
 def _read_file(spec: Any, max_frames: int) -> tuple[list[np.ndarray], float, float | None]:
