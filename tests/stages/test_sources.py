@@ -392,8 +392,9 @@ def test_image_folder_in_sorted_order_skipping_undecodable_files(tmp_path, start
 def test_image_folder_is_paced_by_fps_and_loops_without_a_pause(tmp_path, start_reader):
     # At the end of a pass the reader reads until MAX_FAILED_READS reads came back empty;
     # those take no slot of the pace, and the next pass's first frame takes the slot after
-    # the last one: 10 frames over three loop points span 9 periods. (Paced empty reads cost
-    # 5 periods a loop point, 9 + 15 in all; a next pass starting at once, ~6.)
+    # the last one: 10 frames over three loop points span 9 periods. (When each empty read
+    # took a slot, a loop point cost 4 more: 21 periods, 1.05 s; a next pass starting at
+    # once would give ~6.)
     for i in range(3):
         cv2.imwrite(str(tmp_path / f"{i}.png"), np.full((8, 8, 3), 60 * i, np.uint8))
     fps = 20
