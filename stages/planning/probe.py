@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,64 +49,63 @@ def probe_cameras(
     config: Config, default_fps: float, max_frames: int, timeout_s: float
 ) -> list[CameraProbe]:
     """Every camera of the config, probed (files: up to max_frames frames from the start;
-    live sources: for at most timeout_s). Cameras reading the same file share its frames."""
+    live sources: all at once, each for at most timeout_s). Cameras reading the same file
+    share its frames."""
     from stages.capture import camera_curve, camera_spec
 
     read: dict[str, tuple[list[np.ndarray], float, float | None]] = {}
-    out: list[CameraProbe | Future[CameraProbe]] = []
-    with ThreadPoolExecutor(max(1, len(config.cameras)), thread_name_prefix="plan-probe") as live:
-        for cam in config.cameras:
-            try:
-                curve = camera_curve(cam, config)
-            except NpucamError as exc:  # missing CURVE keys: the camera is not probed
-                curve, note = None, f"not probed ({exc})"
-            else:
-                note = ""
-            spec = camera_spec(cam, config, curve)
-            staleness = cam.staleness_ms / 1000
-            if note:
-                rate = cam.fps or default_fps
-                source = "configured" if cam.fps else "assumed (--fps)"
-                out.append(CameraProbe(cam.name, spec.kind, rate, source, staleness, note=note))
-                continue
-            if spec.kind == "file" or spec.kind == "images":
-                key = str(spec.path)
-                if key not in read:
-                    read[key] = _read_file(spec, max_frames)
-                frames, decode_s, native = read[key]
-                rate = spec.fps or native
-                if not frames:
-                    out.append(
-                        CameraProbe(
-                            cam.name, spec.kind, cam.fps or default_fps,
-                            "configured" if cam.fps else "assumed (--fps)", staleness,
-                            note=f"{spec.path}: no frame could be read",
-                        )
-                    )  # fmt: skip
-                    continue
-                if not spec.realtime or rate is None:
-                    # unpaced: as fast as it decodes (emit's back-pressure can only slow it)
-                    rate, source = 1.0 / max(decode_s, 1e-4), "unpaced (decode rate)"
-                else:
-                    source = "configured" if spec.fps else "probed"
-                h, w = frames[0].shape[:2]
-                probe = CameraProbe(
-                    cam.name, spec.kind, rate, source, staleness, decode_s, (w, h), frames
-                )
-                out.append(probe)
-            elif spec.kind == "synthetic":
-                t = spec._parsed[1]
-                size = (int(t["width"]), int(t["height"]))
-                rate = (spec.fps or float(t["fps"])) if spec.realtime else 1000.0
+    out: list[CameraProbe | Callable[[], CameraProbe]] = []
+    for cam in config.cameras:
+        try:
+            curve = camera_curve(cam, config)
+        except NpucamError as exc:  # missing CURVE keys: the camera is not probed
+            curve, note = None, f"not probed ({exc})"
+        else:
+            note = ""
+        spec = camera_spec(cam, config, curve)
+        staleness = cam.staleness_ms / 1000
+        if note:
+            rate = cam.fps or default_fps
+            source = "configured" if cam.fps else "assumed (--fps)"
+            out.append(CameraProbe(cam.name, spec.kind, rate, source, staleness, note=note))
+            continue
+        if spec.kind == "file" or spec.kind == "images":
+            key = str(spec.path)
+            if key not in read:
+                read[key] = _read_file(spec, max_frames)
+            frames, decode_s, native = read[key]
+            rate = spec.fps or native
+            if not frames:
                 out.append(
                     CameraProbe(
-                        cam.name, "synthetic", rate, "configured", staleness, 0.0, size,
-                        [_test_card(*size)] * 4,
+                        cam.name, spec.kind, cam.fps or default_fps,
+                        "configured" if cam.fps else "assumed (--fps)", staleness,
+                        note=f"{spec.path}: no frame could be read",
                     )
                 )  # fmt: skip
-            else:  # live cameras are read at once, each for up to timeout_s
-                out.append(live.submit(_probe_live, cam, spec, default_fps, timeout_s, max_frames))
-    return [p.result() if isinstance(p, Future) else p for p in out]
+                continue
+            if not spec.realtime or rate is None:
+                # unpaced: as fast as it decodes (emit's back-pressure can only slow it)
+                rate, source = 1.0 / max(decode_s, 1e-4), "unpaced (decode rate)"
+            else:
+                source = "configured" if spec.fps else "probed"
+            h, w = frames[0].shape[:2]
+            out.append(
+                CameraProbe(cam.name, spec.kind, rate, source, staleness, decode_s, (w, h), frames)
+            )
+        elif spec.kind == "synthetic":
+            t = spec._parsed[1]
+            size = (int(t["width"]), int(t["height"]))
+            rate = (spec.fps or float(t["fps"])) if spec.realtime else 1000.0
+            out.append(
+                CameraProbe(
+                    cam.name, "synthetic", rate, "configured", staleness, 0.0, size,
+                    [_test_card(*size)] * 4,
+                )
+            )  # fmt: skip
+        else:
+            out.append(_probe_live(cam, spec, default_fps, timeout_s, max_frames))
+    return [p if isinstance(p, CameraProbe) else p() for p in out]
 
 
 def _read_file(spec: Any, max_frames: int) -> tuple[list[np.ndarray], float, float | None]:
@@ -134,9 +133,10 @@ def _read_file(spec: Any, max_frames: int) -> tuple[list[np.ndarray], float, flo
 
 def _probe_live(
     cam: Any, spec: Any, default_fps: float, timeout_s: float, max_frames: int
-) -> CameraProbe:
-    """A live camera read for at most timeout_s in a helper thread: its measured rate and
-    frames, or the configured / assumed rate when nothing arrives."""
+) -> Callable[[], CameraProbe]:
+    """Start reading a live camera for at most timeout_s in a helper thread; the call it
+    returns waits for that and gives the camera's measured rate and frames, or the
+    configured / assumed rate when nothing arrived."""
     from stages.sources import make_source
 
     spec = dataclasses.replace(spec, stall_timeout_s=timeout_s)
@@ -165,22 +165,26 @@ def _probe_live(
 
     thread = threading.Thread(target=read, name=f"plan-probe-{cam.name}", daemon=True)
     thread.start()
-    thread.join(timeout_s + 2.0)
-    stop.set()
-    staleness = cam.staleness_ms / 1000
-    frames = [f for _, f in got]
-    if len(got) >= 3:
-        span = got[-1][0] - got[0][0]
-        rate = (len(got) - 1) / span if span > 0 else default_fps
-        h, w = frames[0].shape[:2]
-        return CameraProbe(cam.name, spec.kind, rate, "probed", staleness, 0.0, (w, h), frames)
-    why = problem[0] if problem else f"fewer than 3 frames in {timeout_s:g} s"
-    return CameraProbe(
-        cam.name, spec.kind, cam.fps or default_fps,
-        "configured" if cam.fps else "assumed (--fps)", staleness,
-        size=None if not frames else (frames[0].shape[1], frames[0].shape[0]), frames=frames,
-        note=f"not reachable: {why}",
-    )  # fmt: skip
+
+    def result() -> CameraProbe:
+        thread.join(timeout_s + 2.0)
+        stop.set()
+        staleness = cam.staleness_ms / 1000
+        frames = [f for _, f in got]
+        if len(got) >= 3:
+            span = got[-1][0] - got[0][0]
+            rate = (len(got) - 1) / span if span > 0 else default_fps
+            h, w = frames[0].shape[:2]
+            return CameraProbe(cam.name, spec.kind, rate, "probed", staleness, 0.0, (w, h), frames)
+        why = problem[0] if problem else f"fewer than 3 frames in {timeout_s:g} s"
+        return CameraProbe(
+            cam.name, spec.kind, cam.fps or default_fps,
+            "configured" if cam.fps else "assumed (--fps)", staleness,
+            size=None if not frames else (frames[0].shape[1], frames[0].shape[0]), frames=frames,
+            note=f"not reachable: {why}",
+        )  # fmt: skip
+
+    return result
 
 
 def _test_card(width: int, height: int) -> np.ndarray:

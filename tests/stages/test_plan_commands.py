@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ import pytest
 from npu.models import npu2_work
 from npu.sim_cost import NPU2
 from pipeline.cli import main
+from pipeline.config import load_config
 from stages.commands.plan import PlanError, format_plan, make_plan, plan_json
 from stages.planning.plan import water_fill
+from stages.planning.probe import probe_cameras
 
 
 def write(tmp_path, detect: str, infer: str, cameras: int = 1, fps: float = 10.0) -> str:
@@ -192,6 +195,17 @@ def test_split_configs_plan_the_side_they_are(tmp_path):
     assert {c.kind for c in infer.cameras} == {"zmq"}  # the frames arrive over ZeroMQ
     assert set(infer.costs) == {"sapiens2", "adaface", "clip"}  # and the NPU runs here
     assert all(c.fps_source == "assumed (--fps)" for c in infer.cameras)
+
+
+def test_live_cameras_are_probed_at_the_same_time():
+    # split-infer's two zmq: cameras, nothing sending: each probe waits its whole timeout,
+    # so probing them one after the other would take twice as long
+    config = load_config("configs/split-infer.toml")
+    t0 = time.monotonic()
+    probes = probe_cameras(config, 10.0, 250, 1.0)
+    assert time.monotonic() - t0 < 1.8
+    assert [p.kind for p in probes] == ["zmq", "zmq"]
+    assert all(p.note.startswith("not reachable: fewer than 3 frames") for p in probes)
 
 
 def test_cli_prints_the_plan_and_json(tmp_path, capsys):
