@@ -756,17 +756,17 @@ class CameraReader:
         rate = spec.fps or self._source.native_fps
         paced = spec.realtime and not spec.live and rate is not None
         period = 1.0 / rate if paced else 0.0
-        due = max(time.monotonic(), self._due)
+        self._due = max(time.monotonic(), self._due)
         flowed = False
         failed_reads = 0
         while not self._stop.is_set():
             # A read that delivers nothing (the end of a file, before the next pass) leaves
             # its slot to the next read: a looping file does not pause at its end.
             if paced and not failed_reads:
-                delay = due - time.monotonic()
+                delay = self._due - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     break
-                due = self._due = max(due + period, time.monotonic() - period)
+                self._due = max(self._due + period, time.monotonic() - period)
             started = self._reading_since = time.monotonic()
             try:
                 item = self._source.read(self._seq)
@@ -793,7 +793,7 @@ class CameraReader:
                     self._fail(f"{self._source.description}: no frame for {waited:.1f} s (stalled)")
                     return flowed, "stalled"
                 if paced and not failed_reads:
-                    due = self._due = due - period  # the slot this read waited for: unused
+                    self._due -= period  # the slot this read waited for: unused
                 failed_reads += 1
                 if failed_reads < MAX_FAILED_READS:
                     continue
