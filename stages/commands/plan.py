@@ -108,7 +108,7 @@ def format_plan(plan: Plan) -> str:
         text = ", ".join(f"{r} {_rate(n)}" for r, n in sorted(reasons.items())) or "none"
         lines.append(f"  {m}: {text}")
     if plan.results:
-        lines += ["", "results:"]
+        lines += ["", f"results (over {plan.window_s:.0f} s simulated):"]
         for m, r in plan.results.items():
             lo, hi = plan.spread.get(m, (r, r))
             lines.append(

@@ -2,13 +2,16 @@
 time of the released model it is or stands in for, npu.sim_cost; or measured on the
 config's backend when it is not paced as NPU2), and a discrete-event run of the inference
 stage's own scheduler (stages.scheduler.simulate) fed with the jobs the detect stage would
-issue: its rate limits and intervals, the tracker's one pose job per idle track, the
-scene's people and faces, and the results coming back."""
+issue: its rate limits and intervals, the tracker's one pose job per idle track (or, for a
+rig's cameras, the jobs of the rig's posed groups), the scene's people and faces, and the
+results coming back."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ SPREAD_S = 45.0  # the window of a minute's run after its start-up (bench/plan_a
 # 0.42 with this jitter, 0.39 in a run). Measured on the demo's paced file cameras: frame
 # gaps' standard deviation 1.5-1.7 ms, so 1.2 ms a frame (docs/benchmarks.md, plan accuracy).
 CAPTURE_JITTER_S = 0.0012
+MAX_WINDOW_STRETCH = 3.0  # whole_loops may lengthen the measured window up to this factor
 
 
 class PlanError(NpucamError):
@@ -221,6 +225,11 @@ class CameraLoad:
     staleness_s: float
     frames: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
+    @property
+    def loop_s(self) -> float:
+        """Seconds of capture before its frames repeat."""
+        return len(self.frames) / self.fps if self.fps > 0 else 0.0
+
 
 @dataclass
 class NpuOutcome:
@@ -244,6 +253,18 @@ class NpuOutcome:
         return sum(self.results.get(model, {}).values())
 
 
+def whole_loops(window_s: float, loops_s: list[float]) -> float:
+    """window_s rounded up to whole loops of the longest scene, if that at most triples it:
+    a looping scene's rates are then those of the whole clip, wherever the window starts
+    (multicam-3d's rig cameras: bikes.mp4 at 5 fps is a 50 s loop with ~15 s without a
+    person, and its plan over 120 s said 0.342 poses/s, over 150 s 0.327)."""
+    longest = max(loops_s, default=0.0)
+    if longest <= 0:
+        return window_s
+    whole = math.ceil(window_s / longest - 1e-9) * longest
+    return whole if whole <= MAX_WINDOW_STRETCH * window_s else window_s
+
+
 @dataclass
 class _Camera:
     """The detect stage's state for one camera: its tracks (with their pose bookkeeping, as
@@ -256,6 +277,8 @@ class _Camera:
     last_face: int | None = None
     last_clip: int | None = None
     pose_faces: list[int] = field(default_factory=list)
+    rig: Any = None  # the camera's rig (stages.rig.groups.RigGroups), None outside one
+    seq: int = 0  # frames it delivered
 
 
 def _planned(policy: str) -> str:
@@ -273,12 +296,15 @@ def simulate_npu(
     horizon_s: float = 150.0,
     warm_s: float = 30.0,
     infer_blocks: bool = False,
+    rigs: Callable[[Callable[[], int]], list[Any]] | None = None,
 ) -> NpuOutcome:
     """Run the stage's scheduler on `costs` for horizon_s of simulated time, with the jobs
     detect (DetectOptions `detect`, None: no detect stage) issues on `cameras`, and report
-    the window after warm_s. infer: the InferOptions (per-model max_wait_ms, queue, share;
+    the window after warm_s, made whole loops of the longest camera scene (whole_loops).
+    infer: the InferOptions (per-model max_wait_ms, queue, share;
     context slots; prepare_ahead_ms). face_points: the dark stage sends a face job per pose.
-    infer_blocks: the infer stage's inbox is `block`."""
+    infer_blocks: the infer stage's inbox is `block`. rigs: clock -> the config's rigs
+    (stages.rig.groups.RigGroups on that clock), whose cameras are posed by group."""
     from npu.device import ctx_cache_cap
 
     kind_of = {m: models.spec(m).kind for m in costs}
@@ -332,17 +358,24 @@ def simulate_npu(
         if detect.person == "none":
             cam.faces = person_tracker(detect.tracker, c.name)
         cams[c.name] = cam
-    warm_ns, end_ns = round(warm_s * NS), round(horizon_s * NS)
+    for rig in rigs(clock) if rigs is not None else []:
+        for name in rig.cameras:
+            if name in cams:
+                cams[name].rig = rig
+    window_s = whole_loops(horizon_s - warm_s, [c.loop_s for c in cameras])
+    warm_ns, end_ns = round(warm_s * NS), round((warm_s + window_s) * NS)
     submitted: Counter = Counter()
     results: defaultdict[str, Counter] = defaultdict(Counter)
     done_at: defaultdict[str, list[int]] = defaultdict(list)  # model -> result times
     mark: dict[str, Any] = {}
 
-    def submit(model: str | None, cam: str, payload: tuple, t: int, key: Any, prio: int) -> None:
+    def submit(
+        model: str | None, cam: str, payload: tuple, t: int, key: Any, prio: int, group: Any = None
+    ) -> None:
         if model is None:
             return
         deadline = t + round(cams[cam].load.staleness_s * NS)
-        job = QueuedJob(model, cam, payload, deadline, prio, key, t)
+        job = QueuedJob(model, cam, payload, deadline, prio, key, t, group)
         sched.submit(job)
         if t >= warm_ns:
             submitted[model] += 1
@@ -359,24 +392,34 @@ def simulate_npu(
             ids[tb.detection] = tb.track_id
         boxed = {tb.track_id for tb in tracked}
         tracks.expire_poses(t)
-        if o.pose and o.pose_jobs_per_frame:
+        cam.seq += 1
+        deadline = t + round(load.staleness_s * NS)
+        tag = None if cam.rig is None else cam.rig.place(load.name, cam.seq, t, deadline, (0, 0))
+
+        def pose(track: Any) -> None:
             m = model_of.get("pose")
+            key = (m, load.name, track.track_id)
+            submit(m, load.name, ("pose", track.track_id), t, key, track.pose_priority, tag)
+            tracks.tracker.pose_started(track.track_id)
+            retry = o.pose_retry_s
+            tracks.pose_deadlines[track.track_id] = (
+                deadline if retry is None else min(deadline, t + round(retry * NS))
+            )
+
+        if o.pose and tag is not None:  # a posed group's frame: its largest people
+            area = {tb.track_id: float(np.prod(tb.box[2:] - tb.box[:2])) for tb in tracked}
+            for tid in sorted(area, key=lambda i: (-area[i], i))[: cam.rig.max_people]:
+                if (track := tracks.tracker.track(tid)) is not None:
+                    pose(track)
+        elif o.pose and cam.rig is None and o.pose_jobs_per_frame:
             issued = 0
             for track in tracks.tracker.pose_queue():
                 if issued == o.pose_jobs_per_frame:
                     break
                 if track.track_id not in boxed:
                     continue
-                prio = track.pose_priority
-                key = (m, load.name, track.track_id)
-                submit(m, load.name, ("pose", track.track_id), t, key, prio)
+                pose(track)
                 issued += 1
-                tracks.tracker.pose_started(track.track_id)
-                deadline = t + round(load.staleness_s * NS)
-                retry = o.pose_retry_s
-                tracks.pose_deadlines[track.track_id] = (
-                    deadline if retry is None else min(deadline, t + round(retry * NS))
-                )
         if o.clip != "off":
             regions = [None] if o.clip == "frame" else sorted(boxed)[: o.clip_max_per_frame]
             due = cam.last_clip is None or t - cam.last_clip >= o.clip_interval_s * NS
@@ -421,10 +464,13 @@ def simulate_npu(
 
     events: list[tuple[int, Any]] = [(warm_ns, snapshot)]
     rng = np.random.default_rng(0)  # seeded: one config gives one plan
+    order = list(cams)
     for k, cam in enumerate(cams.values()):
         if cam.load.rate <= 0 or not cam.load.frames:
             continue
         period = NS / cam.load.rate
+        if cam.rig is not None:  # a rig's cameras capture together, at its first one's phase
+            k = min(order.index(c) for c in cam.rig.cameras if c in cams)
         phase = round(period * k / max(len(cams), 1))
         spread = min(CAPTURE_JITTER_S * NS, period / 8)  # frames stay in order
         j = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ class CameraPlan:
     results: dict[str, float] = field(default_factory=dict)
     pose_every_s: float | None = None
     note: str = ""
+    loop_s: float = 0.0  # seconds before its planned scene repeats (0: no scene)
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Plan:
     # model -> its share of the context budget after the scheduler's run (stages.scheduler
     # ContextShare: resident, loads, whose loads evicted its contexts)
     contexts: dict[str, Any] = field(default_factory=dict)
+    # simulated seconds the NPU figures are over: whole loops of the longest scene
+    window_s: float = 0.0
 
     @property
     def npu_utilisation(self) -> float:
@@ -224,7 +228,7 @@ def make_plan(
             outcome = simulate_npu(
                 costs, loads, detect_opts, infer_opts,
                 face_points=_dark_face_points(config), horizon_s=horizon_s,
-                infer_blocks=_inbox_blocks(config, inf_i),
+                infer_blocks=_inbox_blocks(config, inf_i), rigs=_rigs(config),
             )  # fmt: skip
             infer_host = sum(outcome.passes.get(m, 0.0) * c.host_s for m, c in costs.items())
         else:
@@ -285,6 +289,7 @@ def make_plan(
                 0.0 if sc is None else sc.mean_people, 0.0 if sc is None else sc.mean_faces,
                 "" if sc is None else sc.source, r, 1 - r / p.fps if sc is not None else 0.0,
                 per_model, every, p.note,
+                len(sc.frames) / p.fps if sc is not None and sc.frames and p.fps > 0 else 0.0,
             )
         )  # fmt: skip
     budget = context_budget(costs, infer_opts.context_slots or 16) if infer_opts else {}
@@ -295,6 +300,7 @@ def make_plan(
         notes, time.perf_counter() - t0, dict(outcome.passes) if outcome is not None else {},
         dict(outcome.spread) if outcome is not None else {},
         dict(outcome.contexts) if outcome is not None else {},
+        outcome.window_s if outcome is not None else 0.0,
     )  # fmt: skip
 
 
@@ -349,6 +355,26 @@ def _inbox_blocks(config: Config, index: int) -> bool:
     """Whether stage `index`'s inbox is `block` (its model queues then default to block)."""
     inbox = config.stages[index].inbox
     return inbox is not None and inbox.policy == "block"
+
+
+def _rigs(config: Config) -> Callable[[Callable[[], int]], list[Any]] | None:
+    """clock -> the config's rigs (its rig3d stages' frame groups on that clock), or None."""
+    from stages.rig.stage import Rig3DOptions, rig_groups
+
+    found = []
+    for i, stage in enumerate(config.stages):
+        try:
+            if getattr(stage_class(stage.kind), "kind", None) != "rig3d":
+                continue
+        except LookupError:
+            continue  # `npucam validate` names it
+        try:
+            found.append(Rig3DOptions.model_validate(stage.options))
+        except Exception as exc:
+            raise PlanError(f"{config.path}: stages[{i}]: invalid rig3d options: {exc}") from None
+    if not found:
+        return None
+    return lambda clock: [rig_groups(o, config, clock) for o in found]
 
 
 def _dark_face_points(config: Any) -> bool:

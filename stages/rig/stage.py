@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,29 @@ class Rig3DOptions(StageOptions):
     trc_max_frames: int = Field(9000, ge=1)  # per rig person; later frames are not recorded
 
 
+def rig_fps(options: Rig3DOptions, config: Config) -> dict[str, float]:
+    """camera -> its [[cameras]] fps, or the rig's `fps` for a camera without one."""
+    rates = {c.name: c.fps for c in config.cameras}
+    return {n: rates.get(n) or options.fps for n in options.cameras}
+
+
+def rig_groups(
+    options: Rig3DOptions, config: Config, clock: Callable[[], int] = time.monotonic_ns
+) -> RigGroups:
+    """The grouping of the rig `options` describes, its cameras at their [[cameras]] fps (or
+    the rig's `fps`): what the stage registers, and what `npucam plan` simulates."""
+    o = options
+    return RigGroups(
+        o.rig,
+        rig_fps(o, config),
+        tolerance_ns=None if o.tolerance_ms is None else round(o.tolerance_ms * 1e6),
+        wait_ns=None if o.sync_wait_ms is None else round(o.sync_wait_ms * 1e6),
+        pose_interval_ns=round(o.pose_interval_ms * 1e6),
+        max_people=o.max_people,
+        clock=clock,
+    )
+
+
 def _staleness_ms(config: Config, cameras: list[str]) -> float:
     return min(c.staleness_ms for c in config.cameras if c.name in cameras)
 
@@ -79,20 +104,11 @@ class Rig3D(Stage):
         self.calibration_path = config.base_dir / o.calibration
         calibration = read_calibration(self.calibration_path)
         self.cameras = [calibration.camera(n) for n in o.cameras]
-        rates = {c.name: c.fps for c in config.cameras}
-        fps = {n: rates.get(n) or o.fps for n in o.cameras}
-        self.groups = RigGroups(
-            o.rig,
-            fps,
-            tolerance_ns=None if o.tolerance_ms is None else round(o.tolerance_ms * 1e6),
-            wait_ns=None if o.sync_wait_ms is None else round(o.sync_wait_ms * 1e6),
-            pose_interval_ns=round(o.pose_interval_ms * 1e6),
-            max_people=o.max_people,
-        )
+        self.groups = rig_groups(o, config)
         RigRegistry.of(context).add(self.groups)
         wait_ms = o.wait_ms if o.wait_ms is not None else _staleness_ms(config, o.cameras) / 2
         self.wait_ns = round(wait_ms * 1e6)
-        self.min_fps = min(fps.values())
+        self.min_fps = min(rig_fps(o, config).values())
         self.reconstructor = Reconstructor(
             self.cameras,
             min_confidence=o.min_confidence,

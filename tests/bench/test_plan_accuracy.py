@@ -51,3 +51,24 @@ def test_every_pipeline_config_is_run_and_a_rig_calibration_is_copied_beside_the
     assert (tmp_path / "configs" / "multicam-3d-calib.toml").read_text() == (
         repo / "multicam-3d-calib.toml"
     ).read_text()
+
+
+def test_a_runs_window_is_the_whole_loops_asked_for():
+    bench = _bench()
+
+    def stats(t: float) -> dict:  # a pose every 2.4 s and a busy device from t = 4 s
+        done = {"published": int(t / 2.4), "batches": int(t / 2.4), "cost_estimate_seconds": 2.4}
+        return {
+            "uptime_s": t,
+            "cameras": {},
+            "stages": {
+                "infer": {"gauges": {"device_busy_seconds": t}},
+                "infer/sapiens2": {"gauges": done, "drops": {}},
+            },
+        }
+
+    run = {"duration": 70.0, "stats": [stats(t) for t in range(4, 71, 2)]}
+    whole = bench.measured(run, ["sapiens2"], 50.0)
+    assert whole["window_s"] == 50.0  # from 14 s (infer up at 4, WARM_S 10) to 64 s
+    assert whole["npu"] == 1.0 and abs(whole["results"]["sapiens2"] - 21 / 50) < 1e-9
+    assert bench.measured(run, ["sapiens2"])["window_s"] == 54.0  # to the last before the end

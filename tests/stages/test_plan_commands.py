@@ -20,6 +20,7 @@ from npu.sim_cost import NPU2
 from pipeline.cli import main
 from pipeline.config import load_config
 from stages.commands.plan import PlanError, format_plan, make_plan, plan_json
+from stages.planning.npu import whole_loops
 from stages.planning.plan import water_fill
 from stages.planning.probe import probe_cameras
 
@@ -151,6 +152,53 @@ def test_clip_interval_and_partial_batches(tmp_path):
     # (half padding) each time
     assert p.results["clip"] == pytest.approx(2 / 2.05, rel=0.03)
     assert p.npu_utilisation == pytest.approx(p.costs["clip"].pass_s / 2.05, abs=0.02)
+
+
+RIG = """
+[[stages]]
+kind = "rig3d"
+rig = "yard"
+cameras = ["east", "north", "west", "south"]
+calibration = "{calib}"
+pose_interval_ms = {interval}
+max_people = 1
+"""
+
+
+def rig_config(tmp_path, interval_ms: float) -> str:
+    """Four 5 fps cameras in a rig, posed one group (4 views, one person each) per interval."""
+    path = Path(write(tmp_path, POSE, S2, cameras=4, fps=5.0))
+    text = path.read_text()
+    for i, name in enumerate(("east", "north", "west", "south")):
+        text = text.replace(f'name = "c{i}"', f'name = "{name}"')
+    calib = Path("configs/multicam-3d-calib.toml").resolve()
+    path.write_text(text + RIG.format(calib=calib, interval=interval_ms))
+    return str(path)
+
+
+def test_a_rigs_cameras_are_posed_by_group(tmp_path):
+    # one group every 12 s: 4 poses of 2.4 s, 9.6 s of the device's 12 s. Planned as four
+    # free cameras instead, the one person of each would be posed back to back (saturated).
+    p = plan(rig_config(tmp_path, 12000), people=2)
+    assert p.results["sapiens2"] == pytest.approx(4 / 12, rel=0.03)
+    assert p.npu_utilisation == pytest.approx(9.6 / 12, abs=0.03)
+    assert not p.drops.get("sapiens2")  # the group fits: nothing waits past its deadline
+    # a view each a group: 8-9 of them in the 100 s window, one more or less at its edges
+    assert all(abs(c.results["sapiens2"] - 1 / 12) <= 2 / 100 for c in p.cameras)
+    # a group every 3 s asks 9.6 s of every 3: the device is full and views are dropped
+    p = plan(rig_config(tmp_path, 3000), people=2)
+    assert p.npu_utilisation > 0.97 and p.results["sapiens2"] == pytest.approx(1 / 2.4, rel=0.05)
+    assert sum(p.drops["sapiens2"].values()) == pytest.approx(4 / 3 - 1 / 2.4, rel=0.1)
+
+
+def test_the_window_is_whole_loops_of_the_longest_scene():
+    assert whole_loops(120.0, [50.0, 10.0]) == 150.0  # multicam-3d's 5 fps bikes.mp4
+    assert whole_loops(120.0, [10.0, 4.0]) == 120.0
+    assert whole_loops(120.0, []) == 120.0 and whole_loops(120.0, [0.0]) == 120.0
+    assert whole_loops(120.0, [250.0]) == 250.0
+    assert whole_loops(120.0, [400.0]) == 120.0  # more than tripled: left as it is
+    p = make_plan("configs/multicam-3d.toml", frames=250, horizon_s=150.0)
+    assert p.window_s == pytest.approx(150.0) and p.cameras[0].loop_s == pytest.approx(50.0)
 
 
 def test_water_fill_shares_one_thread_max_min_fairly():
