@@ -21,7 +21,14 @@ from pathlib import Path
 
 from npu import models
 from stages.planning.npu import PlanError
-from stages.planning.plan import Plan, make_plan
+from stages.planning.plan import (
+    DEFAULT_FPS,
+    DEFAULT_FRAMES,
+    DEFAULT_HORIZON_S,
+    DEFAULT_PROBE_S,
+    Plan,
+    make_plan,
+)
 
 __all__ = ["PlanError", "format_plan", "make_plan", "plan_json", "register"]
 
@@ -211,7 +218,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="faces per frame (default: measured, or one per person)",
     )
     p.add_argument(
-        "--fps", type=float, default=10.0, help="fps of cameras neither probed nor configured (10)"
+        "--fps",
+        type=float,
+        default=DEFAULT_FPS,
+        help=f"fps of cameras neither probed nor configured ({DEFAULT_FPS:g})",
     )
     p.add_argument(
         "--cost",
@@ -228,18 +238,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="MODEL=VARIANT",
         help="price MODEL as this released variant (e.g. adaface=ir18)",
     )
-    p.add_argument("--frames", type=int, default=250, help="frames sampled per camera (250)")
+    p.add_argument(
+        "--frames",
+        type=int,
+        default=DEFAULT_FRAMES,
+        help=f"frames sampled per camera ({DEFAULT_FRAMES})",
+    )
     p.add_argument(
         "--probe-timeout",
         type=float,
-        default=10.0,
-        help="seconds a live camera is read for its rate and scene, all at once (10)",
+        default=DEFAULT_PROBE_S,
+        help="seconds a live camera is read for its rate and scene, all at once "
+        f"({DEFAULT_PROBE_S:g})",
     )
     p.add_argument(
         "--horizon",
         type=float,
-        default=150.0,
-        help="simulated seconds of the scheduler run (150; the first 30 warm up)",
+        default=DEFAULT_HORIZON_S,
+        help=f"simulated seconds of the scheduler run ({DEFAULT_HORIZON_S:g}; the "
+        "first 30 warm up, the rest is lengthened to whole loops of the scene)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)  # fmt: skip

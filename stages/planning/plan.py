@@ -35,6 +35,11 @@ from stages.planning.npu import (
 from stages.planning.probe import CameraProbe, Scene, measure_scenes, probe_cameras
 
 DEFAULT_PEOPLE = 2.0  # people per frame of a camera whose frames cannot be read
+# make_plan's defaults, which `npucam plan` shows and passes (stages/commands/plan.py)
+DEFAULT_FPS = 10.0  # a camera's rate when it is neither probed nor configured
+DEFAULT_FRAMES = 250  # frames sampled per camera: the whole of each sample clip
+DEFAULT_PROBE_S = 10.0  # seconds a live camera is read for its rate and scene
+DEFAULT_HORIZON_S = 150.0  # simulated seconds of the scheduler run (the first 30 warm up)
 SATURATED = 0.97  # predicted NPU busy fraction from which it counts as at capacity
 
 
@@ -141,12 +146,12 @@ def make_plan(
     *,
     people: float | None = None,
     faces: float | None = None,
-    fps: float = 10.0,
+    fps: float = DEFAULT_FPS,
     overrides: dict[str, float] | None = None,
     variants: dict[str, str] | None = None,
-    frames: int = 250,
-    probe_timeout_s: float = 10.0,
-    horizon_s: float = 150.0,
+    frames: int = DEFAULT_FRAMES,
+    probe_timeout_s: float = DEFAULT_PROBE_S,
+    horizon_s: float = DEFAULT_HORIZON_S,
     measure: bool = True,
 ) -> Plan:
     """The plan of the config at `path` (see the module docstring). people / faces: per
