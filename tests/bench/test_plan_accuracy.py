@@ -1,8 +1,10 @@
 """bench/plan_accuracy.py: for every config in configs/ and generated 1-, 4- and 8-camera pose
 configs, `npucam plan`'s predicted NPU utilisation, results per second per model and detect
-drop fraction are within 15% (absolute points for the fractions) of a 60 s paced sim run of
-the same config on this machine (docs/benchmarks.md). Slow: ~20 minutes; its verdict depends
-on the machine's load staying steady between each plan and its run (the bench prints it)."""
+drop fraction are within 15% (absolute points for the fractions) of a paced sim run of the
+same config on this machine: 60 s, lengthened where needed to measure whole loops of its
+scene, at least two (multicam-3d: 118 s) (docs/benchmarks.md). Slow: ~15 minutes; its verdict
+depends on the machine's load staying steady between each plan and its run (the bench
+prints it)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def _bench():
 
 
 @pytest.mark.slow
-def test_plans_are_within_15_percent_of_60_s_paced_runs(tmp_path):
+def test_plans_are_within_15_percent_of_paced_runs(tmp_path):
     out = tmp_path / "rows.json"
     assert _bench().main(["--duration", "60", "--json", str(out)]) == 0, out.read_text()
 
