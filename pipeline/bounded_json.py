@@ -17,8 +17,10 @@ from typing import Any
 from pipeline.errors import NpucamError
 
 # A JSON string literal as written (escapes included); whatever lies outside these is
-# structure, numbers and literals.
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+# structure, numbers and literals. The loop is unrolled ("normal* (escape normal*)*"): the
+# same matches as '"(?:[^"\\]|\\.)*"' (tests/pipeline/test_bounded_json.py compares them)
+# in about half the time, which every received frame's header pays.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _DIGITS = re.compile(rb"\d+")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
@@ -44,13 +46,11 @@ def check(data: bytes, limits: JsonLimits) -> None:
     """JsonLimitError if data breaks a limit (it may still be invalid JSON)."""
     if len(data) > limits.max_bytes:
         raise JsonLimitError(f"{len(data)} bytes, over the limit of {limits.max_bytes}")
-    longest = 0
-    for m in _STRING.finditer(data):
-        longest = max(longest, m.end() - m.start() - 2)
+    longest = max(map(len, _STRING.findall(data)), default=2) - 2
     if longest > limits.max_string:
         raise JsonLimitError(f"a string of {longest} bytes, over the limit of {limits.max_string}")
     rest = _STRING.sub(b'""', data)
-    digits = max((len(m) for m in _DIGITS.findall(rest)), default=0)
+    digits = max(map(len, _DIGITS.findall(rest)), default=0)
     if digits > limits.max_int_digits:
         raise JsonLimitError(
             f"a number of {digits} digits, over the limit of {limits.max_int_digits}"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline import bounded_json
 from pipeline.bounded_json import JsonLimitError, JsonLimits, loads
 
 LIMITS = JsonLimits(max_bytes=200, max_depth=3, max_string=10, max_int_digits=5)
@@ -68,3 +70,18 @@ def test_arbitrary_json_values_load_as_json_loads_does_or_break_a_named_limit(va
         assert "over the limit" in str(exc)
     else:
         assert got == json.loads(text)
+
+
+# The plain form of a string literal: what the unrolled pattern in bounded_json must match.
+PLAIN_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+
+
+PIECES = [b'"', b"\\", b"a", b"{", b"]", b"1", b"\n", b"\xff"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=24))
+def test_string_literals_are_found_as_the_plain_pattern_finds_them(pieces):
+    data = b"".join(pieces)
+    assert bounded_json._STRING.findall(data) == PLAIN_STRING.findall(data)
+    assert bounded_json._STRING.sub(b'""', data) == PLAIN_STRING.sub(b'""', data)
