@@ -301,9 +301,9 @@ def simulate_npu(
     """Run the stage's scheduler on `costs` for horizon_s of simulated time, with the jobs
     detect (DetectOptions `detect`, None: no detect stage) issues on `cameras`, and report
     the window after warm_s, made whole loops of the longest camera scene (whole_loops).
-    infer: the InferOptions (per-model max_wait_ms, queue, share;
-    context slots; prepare_ahead_ms). face_points: the dark stage sends a face job per pose.
-    infer_blocks: the infer stage's inbox is `block`. rigs: clock -> the config's rigs
+    infer: the InferOptions (per-model max_wait_ms, queue, share; context slots;
+    prepare_ahead_ms). face_points: the dark stage sends a face job per pose. infer_blocks:
+    the infer stage's inbox is `block`. rigs: clock -> the config's rigs
     (stages.rig.groups.RigGroups on that clock), whose cameras are posed by group."""
     from npu.device import ctx_cache_cap
 
