@@ -25,6 +25,7 @@ def _bench():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the whole bench, ~15 minutes (pyproject's 300 s would end it)
 def test_plans_are_within_15_percent_of_paced_runs(tmp_path):
     out = tmp_path / "rows.json"
     assert _bench().main(["--duration", "60", "--json", str(out)]) == 0, out.read_text()
