@@ -498,15 +498,9 @@ class Detect(Stage):
     ) -> list[PoseJob]:
         """A posed group's frame: a job for every person tracked in it, the largest boxes
         first, up to the rig's max_people (call holding tracks.lock)."""
-
-        def area(track_id: int) -> float:
-            x1, y1, x2, y2 = boxes_of[track_id]
-            return float((x2 - x1) * (y2 - y1))
-
-        chosen = sorted(boxes_of, key=lambda t: (-area(t), t))[: rig.max_people]
         return [
             self._pose_job(frame, tracks, tracks.tracker.track(t), boxes_of, tag)
-            for t in chosen
+            for t in rig.chosen(boxes_of)
             if tracks.tracker.track(t) is not None
         ]
 

@@ -407,8 +407,7 @@ def simulate_npu(
             )
 
         if o.pose and tag is not None:  # a posed group's frame: its largest people
-            area = {tb.track_id: float(np.prod(tb.box[2:] - tb.box[:2])) for tb in tracked}
-            for tid in sorted(area, key=lambda i: (-area[i], i))[: cam.rig.max_people]:
+            for tid in cam.rig.chosen({tb.track_id: tb.box for tb in tracked}):
                 if (track := tracks.tracker.track(tid)) is not None:
                     pose(track)
         elif o.pose and cam.rig is None and o.pose_jobs_per_frame:

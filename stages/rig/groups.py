@@ -131,6 +131,16 @@ class RigGroups:
             self._closed(closed)
             return tag
 
+    def chosen(self, boxes: Mapping[int, Any]) -> list[int]:
+        """The track ids a posed frame poses, of its tracked boxes (track id -> x1, y1, x2,
+        y2): the largest boxes first, ties by id, up to max_people."""
+
+        def area(track_id: int) -> float:
+            x1, y1, x2, y2 = boxes[track_id]
+            return float((x2 - x1) * (y2 - y1))
+
+        return sorted(boxes, key=lambda t: (-area(t), t))[: self.max_people]
+
     def posed(self, camera: str, seq: int, track_ids: Iterable[int]) -> None:
         """Detect: the pose jobs it sent for a frame of a posed group (none is fine)."""
         with self._lock:
