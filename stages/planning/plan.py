@@ -106,15 +106,21 @@ class Plan:
         return self.drops.get("detect", {}).get("fraction", 0.0)
 
 
-def _stage_index(config: Any, kind: str) -> int | None:
+def _stage_indices(config: Any, kind: str) -> list[int]:
+    """The indices of the config's stages of this kind, in order."""
+    found = []
     for i, stage in enumerate(config.stages):
         try:
             cls = stage_class(stage.kind)
         except LookupError:
             continue  # `npucam validate` names it
         if getattr(cls, "kind", None) == kind:
-            return i
-    return None
+            found.append(i)
+    return found
+
+
+def _stage_index(config: Any, kind: str) -> int | None:
+    return next(iter(_stage_indices(config, kind)), None)
 
 
 def _infer_options(config: Any, index: int) -> Any:
@@ -367,14 +373,9 @@ def _rigs(config: Config) -> Callable[[Callable[[], int]], list[Any]] | None:
     from stages.rig.stage import Rig3DOptions, rig_groups
 
     found = []
-    for i, stage in enumerate(config.stages):
+    for i in _stage_indices(config, "rig3d"):
         try:
-            if getattr(stage_class(stage.kind), "kind", None) != "rig3d":
-                continue
-        except LookupError:
-            continue  # `npucam validate` names it
-        try:
-            found.append(Rig3DOptions.model_validate(stage.options))
+            found.append(Rig3DOptions.model_validate(config.stages[i].options))
         except Exception as exc:
             raise PlanError(f"{config.path}: stages[{i}]: invalid rig3d options: {exc}") from None
     if not found:
