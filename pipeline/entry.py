@@ -8,14 +8,15 @@ process, and bench/soak.py, which runs the pipeline as `npucam run` does, gets t
 
 from __future__ import annotations
 
-from pipeline.memory import cap_malloc_arenas, start_trimming
+from pipeline.memory import cap_malloc_arenas, fix_malloc_thresholds, start_trimming
 
 
 def configure_process() -> None:
     """Settings every npucam process applies before any other thread starts: glibc's malloc
-    arenas capped (MALLOC_ARENA_MAX in the environment wins), and their free pages handed back
-    every 10 s (pipeline/memory.py)."""
+    arenas capped and frame-sized blocks kept in them until their free pages are handed back
+    every 10 s (pipeline/memory.py; the environment's MALLOC_* settings win)."""
     cap_malloc_arenas()
+    fix_malloc_thresholds()
     start_trimming()
 
 

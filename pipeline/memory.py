@@ -1,5 +1,5 @@
-"""glibc malloc settings for a long-running stream: arenas capped at DEFAULT_ARENAS, their free
-pages handed back every TRIM_INTERVAL_S.
+"""glibc malloc settings for a long-running stream: arenas capped at DEFAULT_ARENAS, frame-sized
+blocks kept in them (fixed thresholds), their free pages handed back every TRIM_INTERVAL_S.
 
 glibc gives each thread that allocates its own arena, up to 8 per core (16 on a 2-core host),
 and raises its mmap threshold to the largest block freed (up to 32 MiB), so after the first
@@ -14,7 +14,16 @@ copy and convert one 1280x720 frame. Two arenas still keep the pages of their hi
 +9.6%; so the free pages of every arena are also handed back (malloc_trim) every
 TRIM_INTERVAL_S, and the 30-minute soak then passed at -0.1%. MALLOC_ARENA_MAX in the
 environment, which glibc reads at startup, takes precedence; other C libraries are left alone.
-Called by pipeline/entry.py only.
+
+glibc's own thresholds move: the mmap threshold rises to the largest block freed, and the trim
+threshold to twice that, so an arena whose top holds two free frames hands their pages back on
+the spot and the next two frames are fresh pages again (one page fault per 4 KiB: ~1.2 ms for a
+1080p frame). A `zmq:` camera receiving raw 1080p frames fell into that on some runs and then
+kept up with 0.6x a bare pyzmq receiver's rate (docs/benchmarks.md, frame_transport); so the
+mmap threshold is fixed at glibc's ceiling (blocks up to 32 MiB, a 4K frame's 25 MB, come from
+the arenas, as they would after warm-up) and the trim threshold set out of reach: free pages go
+back at the periodic trim, not on free. MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (or
+GLIBC_TUNABLES) in the environment win here too. Called by pipeline/entry.py only.
 """
 
 from __future__ import annotations
@@ -29,8 +38,11 @@ import time
 log = logging.getLogger(__name__)
 
 DEFAULT_ARENAS = 2
-M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
+# glibc's mallopt parameter numbers (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 TRIM_INTERVAL_S = 10.0
+MMAP_THRESHOLD = 32 << 20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+TRIM_THRESHOLD = 1 << 30  # out of reach: the periodic malloc_trim hands pages back
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -55,6 +67,26 @@ def cap_malloc_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     ok = mallopt(M_ARENA_MAX, arenas) == 1
     log.debug("malloc arenas capped at %d: %s", arenas, ok)
+    return ok
+
+
+def fix_malloc_thresholds(
+    mmap_bytes: int = MMAP_THRESHOLD, trim_bytes: int = TRIM_THRESHOLD
+) -> bool:
+    """Fix glibc's mmap and trim thresholds (module docstring), unless the environment sets
+    either. True if both were set (False: the environment sets one, or the C library has no
+    mallopt, or refused a value)."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")) or any(
+        k in tunables for k in ("mmap_threshold", "trim_threshold")
+    ):
+        return False
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    ok = mallopt(M_MMAP_THRESHOLD, mmap_bytes) == 1 and mallopt(M_TRIM_THRESHOLD, trim_bytes) == 1
+    log.debug("malloc thresholds: mmap %d, trim %d bytes: %s", mmap_bytes, trim_bytes, ok)
     return ok
 
 
