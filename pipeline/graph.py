@@ -25,6 +25,8 @@ the name only (and imports it with --import): validating a config runs no code i
   `await out.send(item)`. MapStage implements run() for the common case: process() in a
   thread, one item at a time; an exception on one item is logged and counted `error`
   (Stage.item_failed, which stages with their own run() call from their except blocks).
+  A stage with `inbox_thread = True` gets a ThreadInbox instead, which a worker thread of
+  its own takes from with get_wait (zmq_push: frames from capture threads skip the loop).
 - A stage with accepts = () is a source (capture): it has no inbox, and stop() must make its
   run() return soon (the runner calls it on SIGINT/SIGTERM or --duration).
 - `to` in the config lists where a stage's output goes (default: the next stage). out.send
@@ -59,7 +61,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pipeline import security
 from pipeline.config import Config, ConfigError, InboxConfig, explain, load_config
 from pipeline.metrics import Metrics, start_prometheus
-from pipeline.queues import BoundedQueue, camera_of
+from pipeline.queues import BoundedQueue, ThreadInbox, camera_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,6 +111,8 @@ class Stage:
     kind: ClassVar[str] = ""
     accepts: ClassVar[tuple[type, ...]] = ()
     Options: ClassVar[type[StageOptions]] = StageOptions
+    # True: run() hands its inbox to a worker thread of its own, so the inbox is a ThreadInbox
+    inbox_thread: ClassVar[bool] = False
 
     def __init__(self, name: str, options: StageOptions, context: Context) -> None:
         self.name = name
@@ -388,7 +392,8 @@ class Pipeline:
         for i, (name, (cls, _)) in enumerate(zip(names, self.classes, strict=True)):
             if cls.accepts:
                 inbox = self.config.stages[i].inbox or InboxConfig()
-                q = BoundedQueue(name, inbox.size, inbox.policy, self.metrics, inbox.drop_stale)
+                queue = ThreadInbox if cls.inbox_thread else BoundedQueue
+                q = queue(name, inbox.size, inbox.policy, self.metrics, inbox.drop_stale)
                 self.inboxes[name] = q
                 self.metrics.add_queue(name, q.__len__)
         wired = []

@@ -15,6 +15,8 @@ The consumer side drops items past their deadline (reason stale) instead of hand
 on, counts items in per (stage, camera) and records the time each item waited.
 Producers may be asyncio tasks (`await put`) or threads (`put_threadsafe`, e.g. capture
 reader threads); `close()` ends the queue: getters drain what is left, putters give up.
+A ThreadInbox is the same queue for a stage whose consumer is a worker thread of its own
+(Stage.inbox_thread): items reach that thread without a wake-up of the event loop each.
 """
 
 from __future__ import annotations
@@ -297,3 +299,83 @@ def _wake_one(waiters: deque[asyncio.Future]) -> None:
         if not fut.done():
             fut.set_result(None)
             return
+
+
+class ThreadInbox(BoundedQueue):
+    """A BoundedQueue consumed by one worker thread (`get_wait`, `get_nowait`), not by the
+    event loop. Its state is guarded by a lock, so producers on the loop (`put_nowait`,
+    `await put`) and on other threads (`put_threadsafe`) add items directly and wake the
+    consumer through a condition: a frame from a capture thread reaches a sending thread
+    without passing the loop (stages.frame_push; docs/benchmarks.md, frame_transport). Same
+    policies, drops and metrics."""
+
+    BLOCK_POLL_S = 0.1  # how often a `block` producer waiting for room checks give_up()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cond = threading.Condition()
+
+    def put_nowait(self, item: Any) -> bool:
+        with self._cond:
+            ok = super().put_nowait(item)
+            self._cond.notify_all()
+        return ok
+
+    async def put(self, item: Any) -> bool:
+        """put_nowait, except that a full `block` queue is waited for on a worker thread (a
+        cancelled wait gives up at its next check; the item may have been queued by then)."""
+        if not self._block:
+            return self.put_nowait(item)
+        gave_up = threading.Event()
+        try:
+            return await asyncio.to_thread(self._put_when_room, item, gave_up.is_set)
+        finally:
+            gave_up.set()
+
+    def put_threadsafe(self, item: Any, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """put from any thread, without the loop; `block` waits for room, checking give_up()
+        and the queue closing every BLOCK_POLL_S (True iff the item was queued)."""
+        if not self._block:
+            return self.put_nowait(item)
+        return self._put_when_room(item, give_up)
+
+    def _put_when_room(self, item: Any, give_up: Callable[[], bool]) -> bool:
+        with self._cond:
+            while not self._closed and len(self._items) >= self.size:
+                if give_up():
+                    return False
+                self._cond.wait(self.BLOCK_POLL_S)
+            return self.put_nowait(item)
+
+    def get_wait(self, timeout: float) -> Any | None:
+        """The consumer thread's next item (not past its deadline), waiting up to timeout
+        seconds (None then); QueueClosed once closed and empty."""
+        with self._cond:
+            while (item := self._take()) is _NOTHING:
+                if self._closed:
+                    raise QueueClosed(f"inbox of stage {self.stage!r} is closed")
+                if not self._cond.wait(timeout):
+                    return None
+            self._cond.notify_all()  # room for a waiting `block` producer
+            return item
+
+    def get_nowait(self) -> Any | None:
+        with self._cond:
+            item = super().get_nowait()
+            self._cond.notify_all()
+            return item
+
+    async def get(self) -> Any:
+        raise TypeError(f"inbox of stage {self.stage!r} is consumed by a thread: use get_wait")
+
+    def __anext__(self) -> Any:
+        raise TypeError(f"inbox of stage {self.stage!r} is consumed by a thread: use get_wait")
+
+    def close(self) -> None:
+        with self._cond:
+            super().close()
+            self._cond.notify_all()
+
+    def discard(self) -> int:
+        with self._cond:
+            return super().discard()

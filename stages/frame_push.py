@@ -6,21 +6,19 @@ a bare pyzmq PUSH/PULL by bench/frame_transport.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator
 from typing import Literal
 
 import zmq
-import zmq.asyncio
 from pydantic import Field, model_validator
 
 from pipeline import security
 from pipeline.config import Config, SecuritySection
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame, now_ns
-from pipeline.queues import BoundedQueue
+from pipeline.queues import BoundedQueue, QueueClosed, ThreadInbox
 from stages.frame_wire import encode_frame
 from stages.publish import PublishError, term_context
 
@@ -68,11 +66,18 @@ class FramePush(Stage):
     (copy=False): pyzmq holds a reference to the buffer until libzmq has written it (no
     MessageTracker: npucam never writes into a captured image, every source allocates a new
     one per frame).
+
+    All of this runs on a sender thread of the stage's own, which takes frames from its
+    ThreadInbox and waits for the peer inside libzmq (without the GIL): a frame from a
+    capture thread reaches the socket without a wake-up of the event loop each, which at a
+    raw link's rate (1,000+ frames/s at 720p) is CPU the two-core host's link needs
+    (docs/benchmarks.md, frame_transport).
     """
 
     kind = "zmq_push"
     accepts = (Frame,)
     Options = FramePushOptions
+    inbox_thread = True  # frames from capture threads reach the sender thread directly
 
     def __init__(self, name, options, context) -> None:
         super().__init__(name, options, context)
@@ -86,8 +91,10 @@ class FramePush(Stage):
         return security.check_stage(cls, config, index, bind=binds)
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        if not isinstance(inbox, ThreadInbox):
+            raise TypeError(f"zmq_push {self.name}: its inbox must be a ThreadInbox")
         curve = security.stage_curve(self, bind=self.options.bind is not None)
-        ctx = zmq.asyncio.Context()
+        ctx = zmq.Context()
         self.guard = guard = security.SocketSecurity(ctx, curve, f"zmq_push {self.name}")
         sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
@@ -118,64 +125,90 @@ class FramePush(Stage):
             self.options.format,
             ", CURVE" if curve else "",
         )
-        # NOBLOCK sends never wait: a plain (synchronous) view of the socket, no Future each.
-        plain = zmq.Socket.shadow(sock.underlying)
-        fmt, quality = self.options.format, self.options.quality
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        stopping = threading.Event()
+
+        def sender() -> None:
+            try:
+                self._send_all(inbox, sock, stopping)
+            except BaseException as exc:  # the stage dies with it, as a run() that raises
+                loop.call_soon_threadsafe(_settle, done, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, None)
+
+        thread = threading.Thread(target=sender, name=f"zmq_push {self.name}", daemon=True)
+        thread.start()
         try:
-            async with contextlib.aclosing(self._sendable(inbox, sock, plain)) as frames:
-                async for frame, start in frames:
-                    try:
-                        if fmt == "raw":
-                            parts = encode_frame(frame, fmt)
-                        else:
-                            parts = await asyncio.to_thread(encode_frame, frame, fmt, quality)
-                        plain.send_multipart(parts, NOBLOCK, copy=False)
-                    except zmq.Again:
-                        self.metrics.drop(self.name, frame.camera, "peer_slow")
-                    except Exception:
-                        self.item_failed(frame)
-                    else:
-                        self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
+            await done
         finally:
+            stopping.set()  # cancelled: the thread ends within HOLD_POLL_MS
+            await asyncio.to_thread(thread.join)
             sock.close(self.options.linger_ms)
             await asyncio.to_thread(term_context, ctx, guard)
 
-    async def _sendable(
-        self, inbox: BoundedQueue, sock: zmq.asyncio.Socket, plain: zmq.Socket
-    ) -> AsyncIterator[tuple[Frame, float]]:
-        """(frame, perf_counter when it became sendable) for each frame the peer can take now;
-        while it cannot, the newest frame per camera waits (class docstring). Frames that
-        arrive meanwhile stay in the inbox until the peer can take one or HOLD_POLL_MS pass,
-        then the newest of each camera replaces what waited, so a waiting stage costs no loop
-        wake-up per frame. When the inbox ends, what still waits gets linger_ms for the peer,
-        then is dropped."""
+    def _send_all(self, inbox: ThreadInbox, sock: zmq.Socket, stopping: threading.Event) -> None:
+        """The sender thread: each frame the peer can take now is encoded and sent; while it
+        cannot, the newest frame per camera waits (class docstring), the thread blocked in
+        libzmq's poll for room, not holding the GIL. When the inbox ends, what still waits
+        gets linger_ms for the peer, then is dropped."""
+        fmt, quality = self.options.format, self.options.quality
         held: dict[str, Frame] = {}  # insertion order: the camera that waits longest first
+
+        def send(frame: Frame) -> None:
+            start = time.perf_counter()
+            try:
+                sock.send_multipart(encode_frame(frame, fmt, quality), NOBLOCK, copy=False)
+            except zmq.Again:
+                self.metrics.drop(self.name, frame.camera, "peer_slow")
+            except Exception:
+                self.item_failed(frame)
+            else:
+                self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
+
+        def writable(timeout_ms: int = 0) -> bool:
+            """Whether the peer can take a frame now, or within timeout_ms (waiting in C)."""
+            if not timeout_ms:
+                return bool(sock.getsockopt(zmq.EVENTS) & POLLOUT)
+            return bool(sock.poll(timeout_ms, POLLOUT))
+
         try:
-            while True:
+            while not stopping.is_set():
                 if not held:
-                    frame = await anext(inbox, None)
-                    if frame is None:
+                    try:
+                        frame = inbox.get_wait(HOLD_POLL_MS / 1000)
+                    except QueueClosed:
                         return
-                    if plain.getsockopt(zmq.EVENTS) & POLLOUT:
-                        yield frame, time.perf_counter()
+                    if frame is None:
+                        continue
+                    if writable():
+                        send(frame)
                         continue
                     held[frame.camera] = frame
                 while (newer := inbox.get_nowait()) is not None:
                     if (old := held.get(newer.camera)) is not None:
                         self.metrics.drop(self.name, old.camera, "peer_slow")
                     held[newer.camera] = newer
-                if plain.getsockopt(zmq.EVENTS) & POLLOUT:
+                if writable():
                     frame = held.pop(next(iter(held)))
                     if inbox.drop_stale and now_ns() > frame.deadline_ns:
                         self.metrics.drop(self.name, frame.camera, "stale")  # waited too long
                     else:
-                        yield frame, time.perf_counter()
+                        send(frame)
                     continue
                 if inbox.closed:  # nothing more comes: the peer has linger_ms to take these
-                    if not await sock.poll(self.options.linger_ms, POLLOUT):
+                    if not writable(self.options.linger_ms):
                         return
                     continue
-                await sock.poll(HOLD_POLL_MS, POLLOUT)
+                writable(HOLD_POLL_MS)
         finally:
-            for frame in held.values():  # the peer took none in linger_ms, or cancelled
+            for frame in held.values():  # the peer took none in linger_ms, or stopped
                 self.metrics.drop(self.name, frame.camera, "peer_slow")
+
+
+def _settle(done: asyncio.Future, exc: BaseException | None) -> None:
+    if not done.done():
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)

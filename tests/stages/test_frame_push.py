@@ -16,7 +16,7 @@ from pipeline.config import parse_config
 from pipeline.graph import Context
 from pipeline.messages import Frame, now_ns
 from pipeline.metrics import Metrics
-from pipeline.queues import BoundedQueue
+from pipeline.queues import ThreadInbox
 from stages.frame_push import FramePush, FramePushOptions
 
 
@@ -39,7 +39,7 @@ def test_the_newest_frame_per_camera_waits_for_the_peer_and_the_rest_are_counted
     stage = FramePush("push", options, Context(config, metrics))
 
     async def main() -> list[tuple[str, int]]:
-        inbox = BoundedQueue("push", 8, "drop_oldest", metrics)
+        inbox = ThreadInbox("push", 8, "drop_oldest", metrics)
         inbox.add_producer()
         task = asyncio.create_task(stage.run(inbox, None))
         bound = asyncio.ensure_future(stage.bound.wait())
