@@ -1,24 +1,29 @@
 """Frames across the split: npucam's zmq_push stage -> `zmq:` camera against a bare pyzmq
-PUSH/PULL of the same bytes, each between two processes, in the same run.
+PUSH/PULL of the same bytes, between two processes, in the same run.
 
-Per resolution (1920x1080, 1280x720) and repeat: the bare pair first (PUSH with the same
-SNDHWM / PULL with the same RCVHWM as npucam's, kernel buffers left to the OS, the sender
-sending one pre-built payload with copy=False as fast as send() returns, the receiver taking
-copy=False frames into np.frombuffer arrays), then npucam's pair: a FramePush stage fed by a
-camera-like thread at 1.25x the bare pair's frame rate (so the link, not the camera, limits
-it, and the sender's flow control has frames to drop), received by a CameraReader on a
-`zmq:` url (receive_buffer_bytes RAW_RECEIVE_BUFFER for raw frames), then the bare pair
-again (the control). The ratio is npucam / bare received frames/s (target >= 0.8), best run
-against best run: on two shared cores one pair's rate swings up to 2x between runs (the
-control, bare against bare, shows by how much), and a slower run says what the machine
-did, not what the code can do; the median of per-run ratios is printed beside it. Lag is
-receive time - capture time (same host clock). CPU is each process's user+system time over
-its active window in cores; RSS its peak (VmHWM). JPEG rows run npucam's pair with format =
-"jpeg" at a camera's 30 fps and at 200 fps offered, with the encode and decode cost of one
-frame measured in this process. The image is bikes.mp4's first frame resized to the
-row's size plus Gaussian noise (sigma 3), so JPEG has natural-ish detail to code.
+The bare pair: PUSH with the same SNDHWM / PULL with the same RCVHWM as npucam's, kernel buffers
+left to the OS, the sender sending one pre-built payload with copy=False as fast as send()
+returns, the receiver taking copy=False frames into np.frombuffer arrays. npucam's pair: a
+FramePush stage fed by a camera-like thread at 1.25x the bare pair's frame rate (so the link,
+not the camera, limits it, and the sender's flow control has frames to drop), received by a
+CameraReader on a `zmq:` url (receive_buffer_bytes RAW_RECEIVE_BUFFER for raw frames), both
+processes set up as the npucam executable sets itself up (pipeline/entry.py).
 
-    .venv/bin/python bench/frame_transport.py [--seconds 5] [--repeat 5]
+The ratio (target >= 0.8) comes from the two pairs taking turns inside one pair of processes
+(ab_send, ab_recv): bare, npucam, bare, ... for --phases npucam phases of --phase-s each, and
+each npucam phase's received frames/s against the mean of the bare phases either side of it;
+the median over --ab-runs runs' phases is the figure. On two shared cores one pair's rate
+swings up to 2x between runs seconds apart (a bare run against the bare run before it ranged
+0.64-1.44), far more than the gap measured, while phases a second apart see the same machine.
+Each phase also gives lag (receive time - capture time, one host clock), each side's CPU time
+per received frame and the receiver's page faults per frame, by path. The table before it runs
+each pair in processes of its own (--repeat times), for what only that shows: each side's CPU
+in cores and RSS peak (VmHWM). JPEG rows run npucam's pair with format = "jpeg" at a camera's
+30 fps and at 200 fps offered, with the encode and decode cost of one frame measured in this
+process; the image is bikes.mp4's first frame resized to the row's size plus Gaussian noise
+(sigma 3), so JPEG has natural-ish detail to code.
+
+    .venv/bin/python bench/frame_transport.py [--seconds 5] [--repeat 1] [--ab-runs 3]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +45,8 @@ import zmq
 SIZES = {"1080p": (1920, 1080), "720p": (1280, 720)}
 PORT = 25_700
 IDLE_S = 1.5  # a receiver ends this long after its last frame
+CPU_SAMPLE_S = 0.02  # ab_recv: how often the receiver's CPU time is read
+SETTLE_S = 0.15  # ab: the start of a phase, while the other path's frames drain, is not counted
 # The `zmq:` camera's receive_buffer_bytes for raw frames (docs/configuration.md): 1 MiB, the
 # default for JPEG, holds less than one raw 720p frame, and the link then waits on the reader.
 RAW_RECEIVE_BUFFER = 8 << 20
@@ -115,7 +123,7 @@ def bare_send(args) -> dict:
     usage, sent = Usage(), 0
     usage.start()
     for _ in paced(args.fps, args.seconds):
-        header = json.dumps({"seq": sent, "ts": time.time_ns(), "shape": [h, w, 3]}).encode()
+        header = _bare_header(sent, w, h)
         sock.send_multipart([header, payload], copy=False)
         sent += 1
     out = {"sent": sent, **usage.stop()}
@@ -133,58 +141,39 @@ def bare_recv(args) -> dict:
     lags, usage, first, last = [], Usage(), None, None
     deadline = time.monotonic() + args.seconds + 15
     while time.monotonic() < deadline and sock.poll(int(IDLE_S * 1000) if lags else 5000):
-        header, payload = sock.recv_multipart(copy=False)
-        h = json.loads(header.bytes)
-        image = np.frombuffer(payload, np.uint8).reshape(h["shape"])
-        now = time.time_ns()
+        lag = _bare_take(sock)
         if first is None:
             usage.start()
             first = time.perf_counter()
         last = time.perf_counter()
-        lags.append((now - h["ts"]) / 1e6)
-        del image
+        lags.append(lag)
     return _received(lags, first, last, usage)
 
 
-def npucam_send(args) -> dict:
-    from pipeline.config import parse_config
-    from pipeline.graph import Context
-    from pipeline.messages import Frame, now_ns
-    from pipeline.metrics import Metrics
-    from pipeline.queues import BoundedQueue
-    from stages.frame_push import FramePush, FramePushOptions
+def _bare_take(sock: zmq.Socket) -> float:
+    """The bare receiver's work on one frame: recv it without a copy into an array; its lag
+    in ms."""
+    header, payload = sock.recv_multipart(copy=False)
+    h = json.loads(header.bytes)
+    image = np.frombuffer(payload, np.uint8).reshape(h["shape"])
+    lag = (time.time_ns() - h["capture_ts_ns"]) / 1e6
+    del image
+    return lag
 
+
+def npucam_send(args) -> dict:
     w, h = SIZES[args.size]
     image = test_image(w, h) if args.fmt == "jpeg" else None
     if image is None:
         image = np.random.default_rng(1).integers(0, 256, (h, w, 3), np.uint8)
-    stages = [{"name": "push", "kind": "zmq_push", "bind": args.endpoint, "format": args.fmt}]
-    config = parse_config({"metrics": {"stats_interval_s": 0}, "stages": stages}, Path("b.toml"))
-    metrics = Metrics()
-    options = FramePushOptions(bind=args.endpoint, format=args.fmt, quality=args.quality)
-    stage = FramePush("push", options, Context(config, metrics))
+    stage, metrics = _push_stage(args.endpoint, args.fmt, args.quality)
     usage = Usage()
 
     async def main() -> int:
-        inbox = BoundedQueue("push", 4, "drop_oldest", metrics)  # split-capture.toml's inbox
-        inbox.add_producer()
-        task = asyncio.create_task(stage.run(inbox, None))
-        bound = asyncio.ensure_future(stage.bound.wait())
-        await asyncio.wait([task, bound], return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()  # the stage failed to start: its error
+        inbox, task = await _started(stage, metrics)
         await asyncio.sleep(0.5)  # the receiver connects
-
-        def camera() -> int:
-            n = 0
-            for _ in paced(args.fps, args.seconds):
-                t = now_ns()
-                inbox.put_threadsafe(Frame("bench", n, t, t + 10**10, image, "bench"))
-                n += 1
-            return n
-
         usage.start()
-        offered = await asyncio.to_thread(camera)
+        offered = await asyncio.to_thread(_camera, inbox, image, args.fps, args.seconds, 0)
         inbox.producer_done()
         await task
         return offered
@@ -204,7 +193,6 @@ def npucam_send(args) -> dict:
 def npucam_recv(args) -> dict:
     from pipeline.config import DEFAULT_RECEIVE_BUFFER_BYTES
     from pipeline.messages import now_ns
-    from stages.sources import CameraReader, CameraSpec
 
     lags, usage, times = [], Usage(), []
 
@@ -216,14 +204,7 @@ def npucam_recv(args) -> dict:
         lags.append((now - frame.capture_ts_ns) / 1e6)
 
     buffer = RAW_RECEIVE_BUFFER if args.fmt == "raw" else DEFAULT_RECEIVE_BUFFER_BYTES
-    spec = CameraSpec(
-        "remote",
-        f"zmq:{args.endpoint}",
-        staleness_ms=10_000,
-        stall_timeout_s=30,
-        receive_buffer_bytes=buffer,
-    )
-    reader = CameraReader(spec, emit)
+    reader = _zmq_camera(args.endpoint, buffer, emit)
     reader.start()
     print("ready", flush=True)
     deadline = time.monotonic() + args.seconds + 15
@@ -233,6 +214,170 @@ def npucam_recv(args) -> dict:
     out = _received(lags, times[0] if times else None, times[-1] if times else None, usage)
     out["bad_messages"] = reader.stats()["bad_messages"]
     return out
+
+
+def _push_stage(endpoint: str, fmt: str, quality: int = 90):
+    """npucam's sender: a zmq_push stage bound to endpoint, and its Metrics."""
+    from pipeline.config import parse_config
+    from pipeline.graph import Context
+    from pipeline.metrics import Metrics
+    from stages.frame_push import FramePush, FramePushOptions
+
+    stages = [{"name": "push", "kind": "zmq_push", "bind": endpoint, "format": fmt}]
+    config = parse_config({"metrics": {"stats_interval_s": 0}, "stages": stages}, Path("b.toml"))
+    metrics = Metrics()
+    options = FramePushOptions(bind=endpoint, format=fmt, quality=quality)
+    return FramePush("push", options, Context(config, metrics)), metrics
+
+
+async def _started(stage, metrics):
+    """(inbox, task): stage running on split-capture.toml's inbox, of the class the pipeline
+    gives it, once its socket is bound."""
+    from pipeline import queues
+
+    queue = queues.ThreadInbox if getattr(stage, "inbox_thread", False) else queues.BoundedQueue
+    inbox = queue("push", 4, "drop_oldest", metrics)
+    inbox.add_producer()
+    task = asyncio.create_task(stage.run(inbox, None))
+    bound = asyncio.ensure_future(stage.bound.wait())
+    await asyncio.wait([task, bound], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # the stage failed to start: its error
+    return inbox, task
+
+
+def _camera(inbox, image: np.ndarray, fps: float, seconds: float, seq: int) -> int:
+    """A camera thread: frames of image (numbered from seq) into inbox at fps for seconds, as
+    a capture reader puts them; returns how many."""
+    from pipeline.messages import Frame, now_ns
+
+    n = 0
+    for _ in paced(fps, seconds):
+        t = now_ns()
+        inbox.put_threadsafe(Frame("bench", seq + n, t, t + 10**10, image, "bench"))
+        n += 1
+    return n
+
+
+def _zmq_camera(endpoint: str, buffer: int, emit):
+    """npucam's receiver: a CameraReader on `zmq:endpoint` calling emit(frame)."""
+    from stages.sources import CameraReader, CameraSpec
+
+    spec = CameraSpec(
+        "remote", f"zmq:{endpoint}", staleness_ms=10_000, stall_timeout_s=120,
+        receive_buffer_bytes=buffer,
+    )  # fmt: skip
+    return CameraReader(spec, emit)
+
+
+def ab_send(args) -> dict:
+    """Both senders in one process, taking turns: bare, npucam, bare, ... (args.phases npucam
+    phases of args.phase_s each, with a bare one before and after each). The bare sender
+    sends as bare_send does, on the port given; npucam's stage runs throughout on the next
+    port, idle in the bare phases, and in its phases a camera thread offers it 1.25x the rate
+    the bare phase before reached. Returns the phases (path, start and end on CLOCK_MONOTONIC,
+    which the receiver process shares, frames sent or offered, CPU seconds)."""
+    w, h = SIZES[args.size]
+    image = np.random.default_rng(1).integers(0, 256, (h, w, 3), np.uint8)
+    payload = image.tobytes()
+    ctx = zmq.Context()
+    bare = ctx.socket(zmq.PUSH)
+    bare.setsockopt(zmq.SNDHWM, args.sndhwm)
+    bare.bind(args.endpoint)
+    stage, metrics = _push_stage(_next_port(args.endpoint), "raw")
+    phases: list[dict] = []
+
+    def bare_phase(seconds: float) -> int:
+        sent = 0
+        for _ in paced(0, seconds):
+            bare.send_multipart([_bare_header(sent, w, h), payload], copy=False)
+            sent += 1
+        return sent
+
+    def phase(path: str, run, *a) -> dict:
+        t0, cpu0 = time.monotonic(), _cpu()
+        count = run(*a)
+        return {"path": path, "start": t0, "end": time.monotonic(), "count": count,
+                "cpu_s": _cpu() - cpu0}  # fmt: skip
+
+    async def main() -> None:
+        inbox, task = await _started(stage, metrics)
+        await asyncio.sleep(1.0)  # the receiver's two sockets connect
+        offered = 0
+        for _ in range(args.phases):
+            phases.append(await asyncio.to_thread(phase, "bare", bare_phase, args.phase_s))
+            fps = 1.25 * phases[-1]["count"] / (phases[-1]["end"] - phases[-1]["start"])
+            run = (_camera, inbox, image, fps, args.phase_s, offered)
+            phases.append(await asyncio.to_thread(phase, "npucam", *run))
+            offered += phases[-1]["count"]
+        phases.append(await asyncio.to_thread(phase, "bare", bare_phase, args.phase_s))
+        inbox.producer_done()
+        await task
+
+    asyncio.run(main())
+    bare.close(linger=5000)
+    ctx.term()
+    return {"phases": phases, "peer_slow": metrics.dropped("push", reason="peer_slow"),
+            "rss_peak_mb": _peak_rss_mb()}  # fmt: skip
+
+
+def ab_recv(args) -> dict:
+    """Both receivers in one process: a bare PULL thread (as bare_recv) and npucam's
+    CameraReader on the next port. Runs until a line on stdin; returns every frame's
+    (path, CLOCK_MONOTONIC receive time, lag ms) and this process's CPU seconds sampled
+    every CPU_SAMPLE_S, so the orchestrator can split them by the sender's phases."""
+    from pipeline.messages import now_ns
+
+    got: list[tuple[str, float, float]] = []
+    stop = threading.Event()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, args.rcvhwm)
+    sock.connect(args.endpoint)
+
+    def bare() -> None:
+        while not stop.is_set():
+            if sock.poll(50):
+                got.append(("bare", time.monotonic(), _bare_take(sock)))
+
+    def emit(frame) -> None:
+        got.append(("npucam", time.monotonic(), (now_ns() - frame.capture_ts_ns) / 1e6))
+
+    reader = _zmq_camera(_next_port(args.endpoint), RAW_RECEIVE_BUFFER, emit)
+    samples: list[tuple[float, float, int]] = []
+
+    def sample() -> None:
+        while not stop.wait(CPU_SAMPLE_S):
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            samples.append((time.monotonic(), ru.ru_utime + ru.ru_stime, ru.ru_minflt))
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (bare, sample)]
+    for t in threads:
+        t.start()
+    reader.start()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    stop.set()
+    reader.stop()
+    for t in threads:
+        t.join()
+    sock.close(0)
+    ctx.term()
+    return {"frames": got, "cpu": samples, "rss_peak_mb": _peak_rss_mb()}
+
+
+def _next_port(endpoint: str) -> str:
+    host, port = endpoint.rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
+def _bare_header(seq: int, w: int, h: int) -> bytes:
+    """stages/frame_wire.py's raw header, built by hand: either receiver takes it."""
+    ts = time.time_ns()
+    return json.dumps({
+        "v": 1, "camera": "bench", "seq": seq, "capture_ts_ns": ts, "deadline_ns": ts + 10**10,
+        "source": "bare", "encoding": "raw", "shape": [h, w, 3], "dtype": "uint8",
+    }).encode()  # fmt: skip
 
 
 def _received(lags: list[float], first, last, usage: Usage) -> dict:
@@ -249,7 +394,7 @@ def _received(lags: list[float], first, last, usage: Usage) -> dict:
 
 
 ROLES = {"bare-send": bare_send, "bare-recv": bare_recv, "npucam-send": npucam_send,
-         "npucam-recv": npucam_recv}  # fmt: skip
+         "npucam-recv": npucam_recv, "ab-send": ab_send, "ab-recv": ab_recv}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the orchestrator
@@ -320,19 +465,14 @@ def orchestrate(args) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     port = PORT
-    rates: dict[tuple[str, str], list[float]] = {}
     for rep in range(args.repeat):
         for size in SIZES:
             bare = run_pair("bare", size, "raw", 0, args.seconds, port)
             offer = 1.25 * bare["recv"]["fps"]
             ours = run_pair("npucam", size, "raw", offer, args.seconds, port + 1)
-            control = run_pair("bare", size, "raw", 0, args.seconds, port + 2)
-            port += 3
-            for path, r in (("bare", bare), ("npucam", ours), ("control", control)):
-                rates.setdefault((path, size), []).append(r["recv"]["fps"])
+            port += 2
             print(row(f"bare pyzmq (run {rep})", size, "raw", "max", bare))
             print(row(f"npucam (run {rep})", size, "raw", f"{offer:.0f}", ours))
-            print(row(f"bare pyzmq again (run {rep})", size, "raw", "max", control))
     for size in SIZES:
         cost = codec_cost(size, args.quality)
         for fps in (30, 200):
@@ -345,22 +485,98 @@ def orchestrate(args) -> None:
             f"{cost['decode_ms']:.2f} ms per frame (one core), {cost['bytes'] / 1e3:.0f} kB "
             f"({cost['bytes'] / (SIZES[size][0] * SIZES[size][1] * 3):.3f} of raw)"
         )
+    print(
+        f"\nTaking turns in one pair of processes ({args.phases} npucam phases of "
+        f"{args.phase_s:g} s, each between two bare ones), {args.ab_runs} runs a size:"
+    )
     for size in SIZES:
-        rs = [o / b for b, o in zip(rates["bare", size], rates["npucam", size], strict=True)]
-        cs = [c / b for b, c in zip(rates["bare", size], rates["control", size], strict=True)]
-        best = max(rates["npucam", size]) / max(rates["bare", size])
+        ratios = []
+        for rep in range(args.ab_runs):
+            r = run_ab(size, args.phases, args.phase_s, port)
+            port += 2
+            ratios += r["ratios"]
+            print(f"  {size} run {rep}: " + ab_line(r), flush=True)
+        q25, q50, q75 = np.percentile(ratios, [25, 50, 75])
         print(
-            f"ratio npucam / bare frames/s, {size} raw: best of {len(rs)} runs {best:.2f} "
-            f"(target >= 0.8); median of per-run ratios {statistics.median(rs):.2f} "
-            f"(runs {', '.join(f'{x:.2f}' for x in rs)}); control, bare again / bare: "
-            f"{', '.join(f'{x:.2f}' for x in cs)}"
+            f"ratio npucam / bare frames/s, {size} raw: median of {len(ratios)} phases "
+            f"{q50:.2f} (target >= 0.8), quartiles {q25:.2f} / {q75:.2f}"
         )
+
+
+def ab_line(r: dict) -> str:
+    """One taking-turns run: its phase ratios, rates, lag, CPU and faults per frame by path."""
+    med = statistics.median
+    by = {p: (r["lag"][p], r["cpu_us"][p], r["faults"][p]) for p in ("bare", "npucam")}
+    return (
+        f"median {med(r['ratios']):.2f} (phases {', '.join(f'{x:.2f}' for x in r['ratios'])}); "
+        f"frames/s bare {med(r['bare_fps']):.0f}, npucam {med(r['npucam_fps']):.0f}; "
+        + "; ".join(
+            f"{p}: lag p50/p95 {lag[0]:.1f}/{lag[1]:.1f} ms, CPU us a frame sender "
+            f"{cpu[0]:.0f} / receiver {cpu[1]:.0f}, receiver page faults a frame {flt:.0f}"
+            for p, (lag, cpu, flt) in by.items()
+        )
+        + f"; npucam sender drops (peer_slow) {r['peer_slow']}"
+    )
+
+
+def run_ab(size: str, phases: int, phase_s: float, port: int) -> dict:
+    """One ab-send / ab-recv pair: per npucam phase, its received frames/s against the mean of
+    the bare phases either side of it; lag and CPU per path."""
+    from stages.frame_push import FramePushOptions
+    from stages.sources import _ZmqSource
+
+    common = [
+        "--endpoint", f"tcp://127.0.0.1:{port}", "--size", size, "--phases", str(phases),
+        "--phase-s", str(phase_s),
+        "--sndhwm", str(FramePushOptions.model_fields["sndhwm"].default),
+        "--rcvhwm", str(_ZmqSource.RCVHWM),
+    ]  # fmt: skip
+    me = [sys.executable, __file__]
+    recv = subprocess.Popen(
+        [*me, "--role", "ab-recv", *common], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    if recv.stdout.readline().strip() != b"ready":
+        raise SystemExit("ab receiver did not start")
+    send = subprocess.run([*me, "--role", "ab-send", *common], capture_output=True)
+    time.sleep(IDLE_S)
+    out, _ = recv.communicate(b"stop\n", timeout=60)
+    if send.returncode:
+        raise SystemExit(f"ab sender failed:\n{send.stderr.decode()}")
+    sent, got = json.loads(send.stdout), json.loads(out.splitlines()[-1])
+    times = np.array([c[0] for c in got["cpu"]])
+    cpus = np.array([c[1] for c in got["cpu"]])
+    faults = np.array([c[2] for c in got["cpu"]], float)
+    rates, lags, cpu = [], {"bare": [], "npucam": []}, {"bare": [], "npucam": []}
+    flt = {"bare": [], "npucam": []}
+    for ph in sent["phases"]:
+        t0, t1 = ph["start"] + SETTLE_S, ph["end"]
+        mine = [f for f in got["frames"] if f[0] == ph["path"] and t0 <= f[1] < t1]
+        rates.append(len(mine) / (t1 - t0))
+        lags[ph["path"]] += [f[2] for f in mine]
+        r0, r1 = np.interp([t0, t1], times, cpus)
+        f0, f1 = np.interp([t0, t1], times, faults)
+        frames = max(1, len(mine))
+        flt[ph["path"]].append((f1 - f0) / frames)
+        cpu[ph["path"]].append(
+            ((ph["cpu_s"] * (t1 - t0) / (ph["end"] - ph["start"])) / frames, (r1 - r0) / frames)
+        )
+    ratios = [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) for i in range(1, len(rates), 2)]
+    return {
+        "ratios": ratios,
+        "bare_fps": rates[0::2],
+        "npucam_fps": rates[1::2],
+        "lag": {p: (np.percentile(v, 50), np.percentile(v, 95)) for p, v in lags.items()},
+        "cpu_us": {p: tuple(np.median(np.array(v), axis=0) * 1e6) for p, v in cpu.items()},
+        "faults": {p: float(np.median(v)) for p, v in flt.items()},
+        "peer_slow": sent["peer_slow"],
+        "rss_mb": (sent["rss_peak_mb"], got["rss_peak_mb"]),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--quality", type=int, default=90)
     parser.add_argument("--role", choices=sorted(ROLES))
     parser.add_argument("--endpoint")
@@ -369,8 +585,15 @@ def main() -> None:
     parser.add_argument("--fps", type=float, default=0.0)
     parser.add_argument("--sndhwm", type=int, default=2)
     parser.add_argument("--rcvhwm", type=int, default=1)
+    parser.add_argument("--ab-runs", type=int, default=3)
+    parser.add_argument("--phases", type=int, default=12)
+    parser.add_argument("--phase-s", type=float, default=1.0)
     args = parser.parse_args()
     if args.role:
+        if not args.role.startswith("bare"):
+            from pipeline.entry import configure_process
+
+            configure_process()  # as the npucam executable runs (pipeline/entry.py)
         print(json.dumps(ROLES[args.role](args)), flush=True)
     else:
         orchestrate(args)
