@@ -9,10 +9,12 @@ not the camera, limits it, and the sender's flow control has frames to drop), re
 CameraReader on a `zmq:` url (receive_buffer_bytes RAW_RECEIVE_BUFFER for raw frames), both
 processes set up as the npucam executable sets itself up (pipeline/entry.py).
 
-The ratio (target >= 0.8) comes from the two pairs taking turns inside one pair of processes
-(ab_send, ab_recv): bare, npucam, bare, ... for --phases npucam phases of --phase-s each, and
-each npucam phase's received frames/s against the mean of the bare phases either side of it;
-the median over --ab-runs runs' phases is the figure. On two shared cores one pair's rate
+The ratio (target >= 0.8) comes from the pairs taking turns inside one pair of processes
+(ab_send, ab_recv): bare, npucam, bare, control, bare, ... for --phases phases each of npucam
+and of the control (the bare sender with npucam's camera thread beside it, handing it frames:
+what the frames' source costs without npucam's sender) of --phase-s each, each phase's
+received frames/s against the mean of the bare phases either side of it; the median over
+--ab-runs runs' phases is the figure. On two shared cores one pair's rate
 swings up to 2x between runs seconds apart (a bare run against the bare run before it ranged
 0.64-1.44), far more than the gap measured, while phases a second apart see the same machine.
 Each phase also gives lag (receive time - capture time, one host clock), each side's CPU time
@@ -271,12 +273,16 @@ def _zmq_camera(endpoint: str, buffer: int, emit):
 
 
 def ab_send(args) -> dict:
-    """Both senders in one process, taking turns: bare, npucam, bare, ... (args.phases npucam
-    phases of args.phase_s each, with a bare one before and after each). The bare sender
-    sends as bare_send does, on the port given; npucam's stage runs throughout on the next
-    port, idle in the bare phases, and in its phases a camera thread offers it 1.25x the rate
-    the bare phase before reached. Returns the phases (path, start and end on CLOCK_MONOTONIC,
-    which the receiver process shares, frames sent or offered, CPU seconds)."""
+    """The senders in one process, taking turns: bare, npucam, bare, control, bare, ...
+    (args.phases phases each of npucam and of the control, args.phase_s each, with a bare one
+    before and after each). The bare sender sends as bare_send does, on the port given;
+    npucam's stage runs throughout on the next port, idle in the other phases, and in its
+    phases a camera thread offers it 1.25x the rate the bare phase before reached; in the
+    control's, the same camera thread offers its frames to the bare sender. Returns the
+    phases (path, start and end on CLOCK_MONOTONIC, which the receiver process shares, frames
+    sent or offered, CPU seconds)."""
+    from pipeline.queues import ThreadInbox
+
     w, h = SIZES[args.size]
     image = np.random.default_rng(1).integers(0, 256, (h, w, 3), np.uint8)
     payload = image.tobytes()
@@ -287,11 +293,22 @@ def ab_send(args) -> dict:
     stage, metrics = _push_stage(_next_port(args.endpoint), "raw")
     phases: list[dict] = []
 
-    def bare_phase(seconds: float) -> int:
+    def bare_phase(seconds: float, frames=None) -> int:
         sent = 0
         for _ in paced(0, seconds):
+            if frames is not None:
+                frames.get_nowait()  # the camera's newest frame, which the payload stands for
             bare.send_multipart([_bare_header(sent, w, h), payload], copy=False)
             sent += 1
+        return sent
+
+    def camera_phase(frames, fps: float) -> int:
+        # The control: the bare sender with the same camera thread beside it, handing it
+        # frames as to npucam's stage: the cost of the frames' source without npucam's sender.
+        camera = threading.Thread(target=_camera, args=(frames, image, fps, args.phase_s, 0))
+        camera.start()
+        sent = bare_phase(args.phase_s, frames)
+        camera.join()
         return sent
 
     def phase(path: str, run, *a) -> dict:
@@ -302,14 +319,18 @@ def ab_send(args) -> dict:
 
     async def main() -> None:
         inbox, task = await _started(stage, metrics)
+        frames = ThreadInbox("camera", 4, "drop_oldest", metrics)
         await asyncio.sleep(1.0)  # the receiver's two sockets connect
         offered = 0
-        for _ in range(args.phases):
+        for path in ("npucam", "camera") * args.phases:
             phases.append(await asyncio.to_thread(phase, "bare", bare_phase, args.phase_s))
             fps = 1.25 * phases[-1]["count"] / (phases[-1]["end"] - phases[-1]["start"])
-            run = (_camera, inbox, image, fps, args.phase_s, offered)
-            phases.append(await asyncio.to_thread(phase, "npucam", *run))
-            offered += phases[-1]["count"]
+            if path == "npucam":
+                run = (_camera, inbox, image, fps, args.phase_s, offered)
+                phases.append(await asyncio.to_thread(phase, "npucam", *run))
+                offered += phases[-1]["count"]
+            else:
+                phases.append(await asyncio.to_thread(phase, "camera", camera_phase, frames, fps))
         phases.append(await asyncio.to_thread(phase, "bare", bare_phase, args.phase_s))
         inbox.producer_done()
         await task
@@ -486,34 +507,42 @@ def orchestrate(args) -> None:
             f"({cost['bytes'] / (SIZES[size][0] * SIZES[size][1] * 3):.3f} of raw)"
         )
     print(
-        f"\nTaking turns in one pair of processes ({args.phases} npucam phases of "
-        f"{args.phase_s:g} s, each between two bare ones), {args.ab_runs} runs a size:"
+        f"\nTaking turns in one pair of processes ({args.phases} phases each of npucam and of the "
+        f"bare sender with npucam's camera thread beside it, {args.phase_s:g} s, each between "
+        f"two bare ones), {args.ab_runs} runs a size:"
     )
     for size in SIZES:
-        ratios = []
+        ratios: dict[str, list[float]] = {"npucam": [], "camera": []}
         for rep in range(args.ab_runs):
             r = run_ab(size, args.phases, args.phase_s, port)
             port += 2
-            ratios += r["ratios"]
+            for path in ratios:
+                ratios[path] += r["ratios"][path]
             print(f"  {size} run {rep}: " + ab_line(r), flush=True)
-        q25, q50, q75 = np.percentile(ratios, [25, 50, 75])
-        print(
-            f"ratio npucam / bare frames/s, {size} raw: median of {len(ratios)} phases "
-            f"{q50:.2f} (target >= 0.8), quartiles {q25:.2f} / {q75:.2f}"
-        )
+        for path, label in (("npucam", "npucam"), ("camera", "bare + npucam's camera thread")):
+            q25, q50, q75 = np.percentile(ratios[path], [25, 50, 75])
+            target = " (target >= 0.8)" if path == "npucam" else ""
+            print(
+                f"ratio {label} / bare frames/s, {size} raw: median of {len(ratios[path])} "
+                f"phases {q50:.2f}{target}, quartiles {q25:.2f} / {q75:.2f}"
+            )
 
 
 def ab_line(r: dict) -> str:
     """One taking-turns run: its phase ratios, rates, lag, CPU and faults per frame by path."""
     med = statistics.median
-    by = {p: (r["lag"][p], r["cpu_us"][p], r["faults"][p]) for p in ("bare", "npucam")}
     return (
-        f"median {med(r['ratios']):.2f} (phases {', '.join(f'{x:.2f}' for x in r['ratios'])}); "
-        f"frames/s bare {med(r['bare_fps']):.0f}, npucam {med(r['npucam_fps']):.0f}; "
+        "; ".join(
+            f"{p} / bare median {med(r['ratios'][p]):.2f} "
+            f"(phases {', '.join(f'{x:.2f}' for x in r['ratios'][p])})"
+            for p in ("npucam", "camera")
+        )
+        + "; "
         + "; ".join(
-            f"{p}: lag p50/p95 {lag[0]:.1f}/{lag[1]:.1f} ms, CPU us a frame sender "
-            f"{cpu[0]:.0f} / receiver {cpu[1]:.0f}, receiver page faults a frame {flt:.0f}"
-            for p, (lag, cpu, flt) in by.items()
+            f"{p}: {med(r['fps'][p]):.0f} frames/s, lag p50/p95 {r['lag'][p][0]:.1f}/"
+            f"{r['lag'][p][1]:.1f} ms, CPU us a frame sender {r['cpu_us'][p][0]:.0f} / receiver "
+            f"{r['cpu_us'][p][1]:.0f}, receiver page faults a frame {r['faults'][p]:.0f}"
+            for p in ("bare", "npucam", "camera")
         )
         + f"; npucam sender drops (peer_slow) {r['peer_slow']}"
     )
@@ -546,25 +575,29 @@ def run_ab(size: str, phases: int, phase_s: float, port: int) -> dict:
     times = np.array([c[0] for c in got["cpu"]])
     cpus = np.array([c[1] for c in got["cpu"]])
     faults = np.array([c[2] for c in got["cpu"]], float)
-    rates, lags, cpu = [], {"bare": [], "npucam": []}, {"bare": [], "npucam": []}
-    flt = {"bare": [], "npucam": []}
+    paths = ("bare", "npucam", "camera")
+    rates: list[float] = []
+    fps, lags, cpu, flt = ({p: [] for p in paths} for _ in range(4))
     for ph in sent["phases"]:
-        t0, t1 = ph["start"] + SETTLE_S, ph["end"]
-        mine = [f for f in got["frames"] if f[0] == ph["path"] and t0 <= f[1] < t1]
+        t0, t1, path = ph["start"] + SETTLE_S, ph["end"], ph["path"]
+        socket = "npucam" if path == "npucam" else "bare"  # the camera control sends bare
+        mine = [f for f in got["frames"] if f[0] == socket and t0 <= f[1] < t1]
         rates.append(len(mine) / (t1 - t0))
-        lags[ph["path"]] += [f[2] for f in mine]
+        fps[path].append(rates[-1])
+        lags[path] += [f[2] for f in mine]
         r0, r1 = np.interp([t0, t1], times, cpus)
         f0, f1 = np.interp([t0, t1], times, faults)
         frames = max(1, len(mine))
-        flt[ph["path"]].append((f1 - f0) / frames)
-        cpu[ph["path"]].append(
+        flt[path].append((f1 - f0) / frames)
+        cpu[path].append(
             ((ph["cpu_s"] * (t1 - t0) / (ph["end"] - ph["start"])) / frames, (r1 - r0) / frames)
         )
-    ratios = [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) for i in range(1, len(rates), 2)]
+    ratios: dict[str, list[float]] = {"npucam": [], "camera": []}
+    for i in range(1, len(rates), 2):
+        ratios[sent["phases"][i]["path"]].append(rates[i] / ((rates[i - 1] + rates[i + 1]) / 2))
     return {
         "ratios": ratios,
-        "bare_fps": rates[0::2],
-        "npucam_fps": rates[1::2],
+        "fps": fps,
         "lag": {p: (np.percentile(v, 50), np.percentile(v, 95)) for p, v in lags.items()},
         "cpu_us": {p: tuple(np.median(np.array(v), axis=0) * 1e6) for p, v in cpu.items()},
         "faults": {p: float(np.median(v)) for p, v in flt.items()},
@@ -586,7 +619,7 @@ def main() -> None:
     parser.add_argument("--sndhwm", type=int, default=2)
     parser.add_argument("--rcvhwm", type=int, default=1)
     parser.add_argument("--ab-runs", type=int, default=3)
-    parser.add_argument("--phases", type=int, default=12)
+    parser.add_argument("--phases", type=int, default=8)
     parser.add_argument("--phase-s", type=float, default=1.0)
     args = parser.parse_args()
     if args.role:
