@@ -21,8 +21,9 @@ the spot and the next two frames are fresh pages again (one page fault per 4 KiB
 1080p frame). A `zmq:` camera receiving raw 1080p frames fell into that on some runs and then
 kept up with 0.6x a bare pyzmq receiver's rate (docs/benchmarks.md, frame_transport); so the
 mmap threshold is fixed at glibc's ceiling (blocks up to 32 MiB, a 4K frame's 25 MB, come from
-the arenas, as they would after warm-up) and the trim threshold set out of reach: free pages go
-back at the periodic trim, not on free. MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (or
+the arenas, as they would after warm-up) and the trim threshold at twice that, the highest
+glibc's own rule reaches: up to 64 MiB free at an arena's top stays for the next frames, and
+the periodic trim hands it back. MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (or
 GLIBC_TUNABLES) in the environment win here too. Called by pipeline/entry.py only.
 """
 
@@ -42,7 +43,7 @@ DEFAULT_ARENAS = 2
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 TRIM_INTERVAL_S = 10.0
 MMAP_THRESHOLD = 32 << 20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
-TRIM_THRESHOLD = 1 << 30  # out of reach: the periodic malloc_trim hands pages back
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # the highest glibc's own rule sets (twice the mmap one)
 
 
 def _libc() -> ctypes.CDLL | None:
