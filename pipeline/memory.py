@@ -53,6 +53,16 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """mallopt(param, value) for each setting in turn, stopping at the first refused: True if
+    every one was set (False: the C library has no mallopt, or it refused one)."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return all(mallopt(param, value) == 1 for param, value in settings)
+
+
 def cap_malloc_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
     """Limit glibc to `arenas` malloc arenas from now on, unless MALLOC_ARENA_MAX is set.
 
@@ -62,11 +72,7 @@ def cap_malloc_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
         raise ValueError(f"arenas must be >= 1, got {arenas}")
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    mallopt = getattr(_libc(), "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    ok = mallopt(M_ARENA_MAX, arenas) == 1
+    ok = _mallopt((M_ARENA_MAX, arenas))
     log.debug("malloc arenas capped at %d: %s", arenas, ok)
     return ok
 
@@ -82,11 +88,7 @@ def fix_malloc_thresholds(
         k in tunables for k in ("mmap_threshold", "trim_threshold")
     ):
         return False
-    mallopt = getattr(_libc(), "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    ok = mallopt(M_MMAP_THRESHOLD, mmap_bytes) == 1 and mallopt(M_TRIM_THRESHOLD, trim_bytes) == 1
+    ok = _mallopt((M_MMAP_THRESHOLD, mmap_bytes), (M_TRIM_THRESHOLD, trim_bytes))
     log.debug("malloc thresholds: mmap %d, trim %d bytes: %s", mmap_bytes, trim_bytes, ok)
     return ok
 
