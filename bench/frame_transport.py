@@ -233,12 +233,12 @@ def _push_stage(endpoint: str, fmt: str, quality: int = 90):
 
 
 async def _started(stage, metrics):
-    """(inbox, task): stage running on split-capture.toml's inbox, of the class the pipeline
-    gives it, once its socket is bound."""
-    from pipeline import queues
+    """(inbox, task): stage running on split-capture.toml's inbox, made as the pipeline makes
+    it, once its socket is bound."""
+    from pipeline.config import InboxConfig
+    from pipeline.graph import new_inbox
 
-    queue = queues.ThreadInbox if getattr(stage, "inbox_thread", False) else queues.BoundedQueue
-    inbox = queue("push", 4, "drop_oldest", metrics)
+    inbox = new_inbox(type(stage), "push", InboxConfig(size=4, policy="drop_oldest"), metrics)
     inbox.add_producer()
     task = asyncio.create_task(stage.run(inbox, None))
     bound = asyncio.ensure_future(stage.bound.wait())

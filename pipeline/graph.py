@@ -361,6 +361,13 @@ def load(path: str, import_modules: bool = True) -> tuple[Config, Checked]:
     return config, check_stages(config, import_modules)
 
 
+def new_inbox(cls: type[Stage], name: str, inbox: InboxConfig, metrics: Metrics) -> BoundedQueue:
+    """The inbox of stage `name` (of class cls) as the pipeline makes it: a ThreadInbox when
+    the stage's own worker thread takes from it (Stage.inbox_thread), else a BoundedQueue."""
+    queue = ThreadInbox if cls.inbox_thread else BoundedQueue
+    return queue(name, inbox.size, inbox.policy, metrics, inbox.drop_stale)
+
+
 class Pipeline:
     """One run of a config. `await run(duration)` returns the exit code (0 ok, 1 a stage died).
 
@@ -391,9 +398,7 @@ class Pipeline:
             self.stages[name] = cls(name, options, context)
         for i, (name, (cls, _)) in enumerate(zip(names, self.classes, strict=True)):
             if cls.accepts:
-                inbox = self.config.stages[i].inbox or InboxConfig()
-                queue = ThreadInbox if cls.inbox_thread else BoundedQueue
-                q = queue(name, inbox.size, inbox.policy, self.metrics, inbox.drop_stale)
+                q = new_inbox(cls, name, self.config.stages[i].inbox or InboxConfig(), self.metrics)
                 self.inboxes[name] = q
                 self.metrics.add_queue(name, q.__len__)
         wired = []
