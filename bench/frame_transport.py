@@ -122,12 +122,9 @@ def bare_send(args) -> dict:
     sock.setsockopt(zmq.SNDHWM, args.sndhwm)
     sock.bind(args.endpoint)
     time.sleep(0.5)  # the receiver connects
-    usage, sent = Usage(), 0
+    usage = Usage()
     usage.start()
-    for _ in paced(args.fps, args.seconds):
-        header = _bare_header(sent, w, h)
-        sock.send_multipart([header, payload], copy=False)
-        sent += 1
+    sent = _bare_sends(sock, payload, w, h, args.fps, args.seconds)
     out = {"sent": sent, **usage.stop()}
     sock.close(linger=5000)
     ctx.term()
@@ -150,6 +147,21 @@ def bare_recv(args) -> dict:
         last = time.perf_counter()
         lags.append(lag)
     return _received(lags, first, last, usage)
+
+
+def _bare_sends(
+    sock: zmq.Socket, payload: bytes, w: int, h: int, fps: float, seconds: float, frames=None
+) -> int:
+    """The bare sender: the pre-built payload at fps (0: as fast as send() returns) for
+    seconds, each with its header; with frames (an inbox), taking the camera's newest frame
+    before each send, which the payload stands for. Returns how many were sent."""
+    sent = 0
+    for _ in paced(fps, seconds):
+        if frames is not None:
+            frames.get_nowait()
+        sock.send_multipart([_bare_header(sent, w, h), payload], copy=False)
+        sent += 1
+    return sent
 
 
 def _bare_take(sock: zmq.Socket) -> float:
@@ -294,13 +306,7 @@ def ab_send(args) -> dict:
     phases: list[dict] = []
 
     def bare_phase(seconds: float, frames=None) -> int:
-        sent = 0
-        for _ in paced(0, seconds):
-            if frames is not None:
-                frames.get_nowait()  # the camera's newest frame, which the payload stands for
-            bare.send_multipart([_bare_header(sent, w, h), payload], copy=False)
-            sent += 1
-        return sent
+        return _bare_sends(bare, payload, w, h, 0, seconds, frames)
 
     def camera_phase(frames, fps: float) -> int:
         # The control: the bare sender with the same camera thread beside it, handing it
@@ -338,8 +344,7 @@ def ab_send(args) -> dict:
     asyncio.run(main())
     bare.close(linger=5000)
     ctx.term()
-    return {"phases": phases, "peer_slow": metrics.dropped("push", reason="peer_slow"),
-            "rss_peak_mb": _peak_rss_mb()}  # fmt: skip
+    return {"phases": phases, "peer_slow": metrics.dropped("push", reason="peer_slow")}
 
 
 def ab_recv(args) -> dict:
@@ -384,7 +389,7 @@ def ab_recv(args) -> dict:
         t.join()
     sock.close(0)
     ctx.term()
-    return {"frames": got, "cpu": samples, "rss_peak_mb": _peak_rss_mb()}
+    return {"frames": got, "cpu": samples}
 
 
 def _next_port(endpoint: str) -> str:
@@ -423,15 +428,7 @@ ROLES = {"bare-send": bare_send, "bare-recv": bare_recv, "npucam-send": npucam_s
 
 def run_pair(path: str, size: str, fmt: str, fps: float, seconds: float, port: int) -> dict:
     """One sender and one receiver process of `path` ("bare" or "npucam"): both reports."""
-    from stages.frame_push import FramePushOptions
-    from stages.sources import _ZmqSource
-
-    common = [
-        "--endpoint", f"tcp://127.0.0.1:{port}", "--size", size, "--fmt", fmt,
-        "--fps", str(fps), "--seconds", str(seconds),
-        "--sndhwm", str(FramePushOptions.model_fields["sndhwm"].default),
-        "--rcvhwm", str(_ZmqSource.RCVHWM),
-    ]  # fmt: skip
+    common = _role_args(port, size, "--fmt", fmt, "--fps", str(fps), "--seconds", str(seconds))
     me = [sys.executable, __file__]
     recv = subprocess.Popen([*me, "--role", f"{path}-recv", *common], stdout=subprocess.PIPE)
     if recv.stdout.readline().strip() != b"ready":
@@ -441,6 +438,19 @@ def run_pair(path: str, size: str, fmt: str, fps: float, seconds: float, port: i
         raise SystemExit(f"{path} sender failed:\n{send.stderr.decode()}")
     out, _ = recv.communicate(timeout=seconds + 30)
     return {"send": json.loads(send.stdout), "recv": json.loads(out.splitlines()[-1])}
+
+
+def _role_args(port: int, size: str, *more: str) -> list[str]:
+    """A role process's arguments: its endpoint and size, npucam's high-water marks (which
+    the bare roles use too), and more."""
+    from stages.frame_push import FramePushOptions
+    from stages.sources import _ZmqSource
+
+    return [
+        "--endpoint", f"tcp://127.0.0.1:{port}", "--size", size,
+        "--sndhwm", str(FramePushOptions.model_fields["sndhwm"].default),
+        "--rcvhwm", str(_ZmqSource.RCVHWM), *more,
+    ]  # fmt: skip
 
 
 def codec_cost(size: str, quality: int) -> dict:
@@ -549,17 +559,9 @@ def ab_line(r: dict) -> str:
 
 
 def run_ab(size: str, phases: int, phase_s: float, port: int) -> dict:
-    """One ab-send / ab-recv pair: per npucam phase, its received frames/s against the mean of
-    the bare phases either side of it; lag and CPU per path."""
-    from stages.frame_push import FramePushOptions
-    from stages.sources import _ZmqSource
-
-    common = [
-        "--endpoint", f"tcp://127.0.0.1:{port}", "--size", size, "--phases", str(phases),
-        "--phase-s", str(phase_s),
-        "--sndhwm", str(FramePushOptions.model_fields["sndhwm"].default),
-        "--rcvhwm", str(_ZmqSource.RCVHWM),
-    ]  # fmt: skip
+    """One ab-send / ab-recv pair: per npucam and control phase, its received frames/s against
+    the mean of the bare phases either side of it; rates, lag, CPU and faults per path."""
+    common = _role_args(port, size, "--phases", str(phases), "--phase-s", str(phase_s))
     me = [sys.executable, __file__]
     recv = subprocess.Popen(
         [*me, "--role", "ab-recv", *common], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -602,7 +604,6 @@ def run_ab(size: str, phases: int, phase_s: float, port: int) -> dict:
         "cpu_us": {p: tuple(np.median(np.array(v), axis=0) * 1e6) for p, v in cpu.items()},
         "faults": {p: float(np.median(v)) for p, v in flt.items()},
         "peer_slow": sent["peer_slow"],
-        "rss_mb": (sent["rss_peak_mb"], got["rss_peak_mb"]),
     }
 
 
