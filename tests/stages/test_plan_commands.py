@@ -8,6 +8,7 @@ whole plans with paced runs, and the multicam test below measures the real detec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 import time
@@ -20,6 +21,7 @@ from npu.sim_cost import NPU2
 from pipeline.cli import main
 from pipeline.config import load_config
 from stages.commands.plan import PlanError, format_plan, make_plan, plan_json
+from stages.planning import plan as plan_module
 from stages.planning.npu import whole_loops
 from stages.planning.plan import water_fill
 from stages.planning.probe import probe_cameras
@@ -211,8 +213,22 @@ def test_water_fill_shares_one_thread_max_min_fairly():
     assert sum(got[c] * cost[c] for c in got) == pytest.approx(1.0, rel=1e-3)
 
 
-def test_plan_names_the_cpu_detector_on_the_4_camera_pose_config():
+def test_plan_names_the_cpu_detector_on_the_4_camera_pose_config(monkeypatch):
+    # The detect stage's cost is measured on this host (6.5 ms to 20 ms a frame on the dev
+    # VMs), so whether 90 frames a second overrun its one thread depends on the host. The
+    # scenes stay measured; their cost is set to 20 ms a frame, a slow host's, so the test
+    # checks the planner's naming, not this machine's speed.
+    measured: list[float] = []
+    measure = plan_module.measure_scenes
+
+    def slow_host(*args, **kwargs):
+        scenes = measure(*args, **kwargs)
+        measured.extend(sc.detect_s for sc in scenes.values())
+        return {n: dataclasses.replace(sc, detect_s=0.020) for n, sc in scenes.items()}
+
+    monkeypatch.setattr(plan_module, "measure_scenes", slow_host)
     p = make_plan("configs/multicam-pose.toml", frames=40, horizon_s=100.0)
+    assert measured and all(s > 0 for s in measured)
     d = p.utilisation["detect"]
     assert d["asked"] > d["capacity"]  # it is the bottleneck: 90 frames a second asked
     assert p.bottleneck.startswith("CPU: the detect stage 'detect'"), p.bottleneck
