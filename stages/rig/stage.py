@@ -121,7 +121,9 @@ class Rig3D(Stage):
             else None,
         )
         self._results: dict[int, dict[tuple[str, int], PoseResult]] = defaultdict(dict)
-        self._keypoints = 0  # K of the poses seen so far
+        # K of the poses seen so far; before the first, Sapiens2's (meta.pose.count), so an
+        # empty group's message still says K (docs/protocol.md, pose3d)
+        self._keypoints = len(keypoints308.NAMES)
         self._size_warned: set[str] = set()
         self._trc: dict[int, tuple[list[float], list[np.ndarray]]] = {}
         self.counts = {"published": 0, "timed_out": 0, "people": 0, "late_poses": 0}

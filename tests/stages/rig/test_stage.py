@@ -210,6 +210,15 @@ def test_the_wire_form_is_the_documented_one(tmp_path):
     assert msg.arrays["error"].shape == (3, 308) and msg.arrays["used"].dtype == np.uint8
 
 
+def test_a_group_before_any_pose_still_says_308_keypoints(tmp_path):
+    # docs/protocol.md: a group with nobody seen has its message with count 0, and K is
+    # meta.pose.count even before the stage has seen a pose.
+    _, results = play(tmp_path, steps=2, drop_pose={(0, c) for c in NAMES}, wait_ms=150.0)
+    h = decode(encode_result(results[0], now_ns())).header
+    assert h["count"] == 0 and h["keypoints"] == 308
+    assert results[1].points.shape == (3, 308, 4)
+
+
 def test_trc_files_are_written_per_rig_person_at_shutdown(tmp_path):
     _, results = play(tmp_path, steps=3, trc="session.trc")
     files = sorted(p.name for p in tmp_path.glob("session_person*.trc"))
