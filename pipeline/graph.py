@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -85,6 +85,10 @@ class StageOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+# a stage's Options type, so that `self.options` is typed by it
+OptionsT = TypeVar("OptionsT", bound=StageOptions)
+
+
 class Context:
     """What a stage may use beyond its options: the whole config, the run's metrics, and
     the objects stages of one run share (`shared`)."""
@@ -105,7 +109,7 @@ class Context:
             return self._shared[key]
 
 
-class Stage:
+class Stage(Generic[OptionsT]):
     """Base of every stage; see the module docstring for the contract."""
 
     kind: ClassVar[str] = ""
@@ -114,9 +118,9 @@ class Stage:
     # True: run() hands its inbox to a worker thread of its own, so the inbox is a ThreadInbox
     inbox_thread: ClassVar[bool] = False
 
-    def __init__(self, name: str, options: StageOptions, context: Context) -> None:
+    def __init__(self, name: str, options: OptionsT, context: Context) -> None:
         self.name = name
-        self.options = options
+        self.options: OptionsT = options
         self.context = context
         self.metrics = context.metrics
 
@@ -156,18 +160,21 @@ class Stage:
         return []
 
 
-class MapStage(Stage):
+class MapStage(Stage[OptionsT]):
     """A stage that turns each item into zero or more items with a blocking process()."""
 
     def process(self, item: Any) -> Iterable[Any]:
         raise NotImplementedError
+
+    def _results(self, item: Any) -> list[Any]:
+        return list(self.process(item))
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         assert inbox is not None
         async for item in inbox:
             start = time.perf_counter()
             try:
-                results = await asyncio.to_thread(lambda it=item: list(self.process(it)))
+                results = await asyncio.to_thread(self._results, item)
             except Exception:
                 self.item_failed(item)
                 continue
@@ -377,7 +384,8 @@ class Pipeline:
     def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.classes = check_stages(config)
+        # run imports every kind (import_modules=True), so no entry is None
+        self.classes = [entry for entry in check_stages(config) if entry is not None]
         self.stages: dict[str, Stage] = {}
         self.inboxes: dict[str, BoundedQueue] = {}
         self.abandoned: list[str] = []

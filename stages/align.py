@@ -164,7 +164,7 @@ class AlignOptions(StageOptions):
     size: int = Field(112, ge=8)  # the embedder's input side (AdaFace: 112)
 
 
-class Align(MapStage):
+class Align(MapStage[AlignOptions]):
     """FaceJob -> the same job with `aligned` (uint8 [size, size, 3] BGR) filled in and its
     frame reference dropped. 5 landmarks (YuNet) use `align_face`; BlazeFace's 4 points
     (landmark_source "blazeface") use the documented approximation `align_face_4pt`.

@@ -81,7 +81,7 @@ def camera_curve(camera: CameraConfig, config: Config) -> Curve | None:
     )
 
 
-class Capture(Stage):
+class Capture(Stage[CaptureOptions]):
     """Source stage: frames from every selected camera."""
 
     kind = "capture"

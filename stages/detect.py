@@ -131,7 +131,7 @@ def _regions(options: list[RegionOptions]) -> list:
     return [Region(r.name, r.x, r.y, r.w, r.h, r.normalized) for r in options]
 
 
-class Detect(Stage):
+class Detect(Stage[DetectOptions]):
     """Frames -> Detections (det/<camera>) + PoseJob / FaceJob / ClipJob (stages.jobs)."""
 
     kind = "detect"
@@ -362,7 +362,7 @@ class Detect(Stage):
                 keep.append(int(i))
         return DetectorOutput(boxes[keep], scores[keep], keypoints[keep], found[0].names)
 
-    def process(self, frame: Frame) -> list:
+    def process(self, frame: Frame) -> list:  # noqa: C901
         """One frame -> [Detections, *PoseJobs, *FaceJobs, *ClipJobs] (blocking)."""
         self.load()
         o = self.options

@@ -51,7 +51,7 @@ class FramePushOptions(StageOptions):
         return self
 
 
-class FramePush(Stage):
+class FramePush(Stage[FramePushOptions]):
     """Frames -> ZeroMQ PUSH, for a `zmq:` camera elsewhere.
 
     Flow control drops at the source. Before a frame is encoded the socket is asked whether
@@ -147,7 +147,7 @@ class FramePush(Stage):
             sock.close(self.options.linger_ms)
             await asyncio.to_thread(term_context, ctx, guard)
 
-    def _send_all(self, inbox: ThreadInbox, sock: zmq.Socket, stopping: threading.Event) -> None:
+    def _send_all(self, inbox: ThreadInbox, sock: zmq.Socket, stopping: threading.Event) -> None:  # noqa: C901
         """The sender thread: each frame the peer can take now is encoded and sent; while it
         cannot, the newest frame per camera waits (class docstring), the thread blocked in
         libzmq's poll for room, not holding the GIL. When the inbox ends, what still waits

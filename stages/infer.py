@@ -410,7 +410,7 @@ def open_stage_device(options: InferOptions, base_dir: Path) -> Any:
     )
 
 
-class Infer(Stage):
+class Infer(Stage[InferOptions]):
     """The NPU stage (see the module docstring)."""
 
     kind = "infer"

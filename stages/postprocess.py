@@ -88,7 +88,7 @@ def _result_fields(item: Inferred) -> dict:
     }
 
 
-class Dark(MapStage):
+class Dark(MapStage[DarkOptions]):
     """Inferred pose heatmaps -> PoseResult: DARK keypoints in frame pixels through the crop
     window the infer stage recorded, with the track id and the pose's age (the track's pose
     refresh is marked finished in the run's tracker, stages.tracks.TrackRegistry)."""
@@ -179,7 +179,7 @@ def _gallery_key(config: Config, index: int) -> str:
     return f"stages[{index}].gallery"
 
 
-class FaceMatch(MapStage):
+class FaceMatch(MapStage[FaceMatchOptions]):
     """Inferred face embeddings -> FaceResult: the L2-normalised embedding, identified
     against the gallery file (hot-reloaded when it changes; a corrupt file keeps the
     previous gallery), with the box and alignment points."""
@@ -307,7 +307,7 @@ class ClipLabelsOptions(StageOptions):
     pass
 
 
-class ClipLabels(MapStage):
+class ClipLabels(MapStage[ClipLabelsOptions]):
     """Inferred CLIP image embeddings -> ClipResult: label probabilities from the text
     embeddings and logit scale the infer stage attached (Inferred.extra)."""
 

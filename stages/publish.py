@@ -80,7 +80,7 @@ class PublishOptions(StageOptions):
 TOPIC_PREFIX_BYTES = len("preview/")
 
 
-class Publish(Stage):
+class Publish(Stage[PublishOptions]):
     """Results -> ZeroMQ PUB, topics `<kind>/<camera>` and `stats`."""
 
     kind = "publish"
@@ -118,7 +118,7 @@ class Publish(Stage):
                 )
         return problems
 
-    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+    async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:  # noqa: C901
         curve = security.stage_curve(self, bind=True)
         ctx = zmq.asyncio.Context()
         self.guard = guard = security.SocketSecurity(ctx, curve, f"publish {self.name}")

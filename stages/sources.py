@@ -208,7 +208,7 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^/:@]*:)[^/]*@", r"\1***@", url, count=1)
 
 
-def _parse_url(spec: CameraSpec) -> tuple[str, object]:
+def _parse_url(spec: CameraSpec) -> tuple[str, object]:  # noqa: C901
     """(kind, target) of spec.url; SourceError names the camera and url when it is invalid."""
     url = spec.url.strip()
     scheme, sep, rest = url.partition(":")

@@ -37,7 +37,7 @@ def _rate(x: float) -> str:
     return f"{x:.2f}/s" if x >= 0.1 or x == 0 else f"{x:.3f}/s"
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan) -> str:  # noqa: C901
     """The plan as the CLI prints it."""
     pacing = f", pacing {plan.pacing}" if plan.pacing else ""
     backend = f" (backend {plan.backend}{pacing})" if plan.backend else ""

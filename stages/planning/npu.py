@@ -286,7 +286,7 @@ def _planned(policy: str) -> str:
     return "reject_new" if policy == "block" else policy
 
 
-def simulate_npu(
+def simulate_npu(  # noqa: C901
     costs: dict[str, ModelCost],
     cameras: list[CameraLoad],
     detect: Any,
@@ -380,7 +380,7 @@ def simulate_npu(
         if t >= warm_ns:
             submitted[model] += 1
 
-    def frame(cam: _Camera, t: int, nominal: int) -> None:
+    def frame(cam: _Camera, t: int, nominal: int) -> None:  # noqa: C901
         """What stages.detect.Detect.process does with one frame captured at t (its slot of
         the camera's grid: nominal), minus the detectors."""
         load, o = cam.load, detect

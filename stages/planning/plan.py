@@ -147,7 +147,7 @@ def water_fill(offered: dict[str, float], cost_s: dict[str, float], capacity: fl
     return {c: min(offered[c], lo) for c in offered}
 
 
-def make_plan(
+def make_plan(  # noqa: C901
     path: str,
     *,
     people: float | None = None,

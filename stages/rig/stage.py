@@ -90,7 +90,7 @@ def _staleness_ms(config: Config, cameras: list[str]) -> float:
     return min(c.staleness_ms for c in config.cameras if c.name in cameras)
 
 
-class Rig3D(Stage):
+class Rig3D(Stage[Rig3DOptions]):
     """PoseResults of a rig's cameras -> Pose3DResult on pose3d/<rig> (module docstring)."""
 
     kind = "rig3d"
@@ -131,7 +131,7 @@ class Rig3D(Stage):
         self._points_triangulated = 0
 
     @classmethod
-    def check(cls, config: Config, index: int) -> list[str]:
+    def check(cls, config: Config, index: int) -> list[str]:  # noqa: C901
         opts = config.stages[index].options
         key = f"stages[{index}]"
         cameras = opts.get("cameras")

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 import numpy as np
 from pydantic import Field
@@ -207,7 +207,12 @@ def bundle_contexts(path: Path) -> tuple[str, ...]:
         bundle.close()
 
 
-class Runtime:
+# a runtime's Options and job types, so that `self.options` and the job hooks are typed
+ModelOptionsT = TypeVar("ModelOptionsT", bound=ModelOptions)
+JobT = TypeVar("JobT", bound=Job)
+
+
+class Runtime(Generic[ModelOptionsT, JobT]):
     """One loaded model on one backend (see the module docstring). A model's runtime sets
     `job_type` (what its inbox takes), `inferred_type` (what it sends on, so the graph routes
     each output to that kind's postprocess stage) and `Options` (its config table)."""
@@ -227,7 +232,7 @@ class Runtime:
         device: Any = None,
         batch_size: int = 1,
         contexts: tuple[str, ...] = (),
-        options: ModelOptions | None = None,
+        options: ModelOptionsT | None = None,
     ) -> None:
         if batch_size < 1:
             raise ModelLoadError(f"{name}: export batch size {batch_size} < 1")
@@ -239,7 +244,9 @@ class Runtime:
         self.device = device
         self.batch_size = batch_size
         self.contexts = contexts
-        self.options = options if options is not None else self.Options()
+        self.options: ModelOptionsT = (
+            options if options is not None else cast(ModelOptionsT, self.Options())
+        )
         self.max_wait_ms = self.options.max_wait_ms
         self.timer: DeviceTimer = DeviceTimer()
         # "npu2 as <released model>", "stand-in", "none" on sim; "" on cpu and npu
@@ -257,19 +264,19 @@ class Runtime:
 
     # -- scheduling ----------------------------------------------------------------------
 
-    def schedule_key(self, job: Job) -> tuple | None:
+    def schedule_key(self, job: JobT) -> tuple | None:
         """Jobs with one key replace each other in the scheduler (a later frame supersedes):
         by default one per tracked person of a camera; None for jobs without a track."""
         track = getattr(job, "track_id", None)
         return None if track is None else (self.name, job.camera, track)
 
-    def priority(self, job: Job) -> int:
+    def priority(self, job: JobT) -> int:
         """Smaller runs first among a camera's jobs of this model (default: arrival order)."""
         return 0
 
     # -- host glue -----------------------------------------------------------------------
 
-    def prepare_one(self, job: Job) -> np.ndarray | tuple[np.ndarray, Any]:
+    def prepare_one(self, job: JobT) -> np.ndarray | tuple[np.ndarray, Any]:
         """One job's model input, or (input, aux) to record aux beside it (Prepared.aux)."""
         raise NotImplementedError
 
@@ -291,7 +298,7 @@ class Runtime:
                 )
             else:
                 try:
-                    item = self.prepare_one(job)
+                    item = self.prepare_one(cast(JobT, job))
                 except NpucamError as exc:
                     failed[i] = exc
                 except Exception as exc:  # any host-glue failure (cv2.error...) fails this job
@@ -323,7 +330,7 @@ class Runtime:
         """A valid input of one slot (warm-up passes, all-failed batches)."""
         raise NotImplementedError
 
-    def finish(self, job: Job, slot: SlotOutput) -> None:
+    def finish(self, job: JobT, slot: SlotOutput) -> None:
         """Before a slot's output is sent on: give the job what its postprocess needs from
         the pass (Sapiens2: the crop window its host glue recorded)."""
 

@@ -7,10 +7,10 @@ import numpy as np
 
 from npu.models.adaface.preprocess import embedder_input
 from stages.jobs import FaceInferred, FaceJob
-from stages.runtimes import JobInputError, Runtime
+from stages.runtimes import JobInputError, ModelOptions, Runtime
 
 
-class AdaFaceRuntime(Runtime):
+class AdaFaceRuntime(Runtime[ModelOptions, FaceJob]):
     """AdaFace: FaceJob (aligned BGR crop) -> the un-normalised embedding float32 [512]."""
 
     job_type = FaceJob

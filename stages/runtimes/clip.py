@@ -86,7 +86,7 @@ class ClipOptions(ModelOptions):
     template: str | None = None  # default: the bundle's prompt_template, "a photo of a {}"
 
 
-class ClipRuntime(Runtime):
+class ClipRuntime(Runtime[ClipOptions, ClipJob]):
     """CLIP image tower: ClipJob (box on the frame) -> image embedding float32 [D]; every
     output carries the label set in effect and its prompts' text embeddings.
 

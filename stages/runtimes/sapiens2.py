@@ -9,10 +9,10 @@ from npu.device import Steps
 from npu.host_memory import faulted
 from npu.models.sapiens2.preprocess import crop_persons
 from stages.jobs import PoseInferred, PoseJob
-from stages.runtimes import JobInputError, PacedTimer, Runtime, SlotOutput
+from stages.runtimes import JobInputError, ModelOptions, PacedTimer, Runtime, SlotOutput
 
 
-class Sapiens2Runtime(Runtime):
+class Sapiens2Runtime(Runtime[ModelOptions, PoseJob]):
     """Sapiens2-Pose: PoseJob -> heatmaps float32 [K, h, w] and the crop window."""
 
     job_type = PoseJob

@@ -83,7 +83,7 @@ class Event:
 ARGS = {"gemm": ("A", "B", "C"), "mha": ("q", "k", "v", "o")}
 
 
-def layer_events(fake, replay, start: int, layers: int) -> list[Event]:
+def layer_events(fake, replay, start: int, layers: int) -> list[Event]:  # noqa: C901
     """The events from fake.calls[start:] of the first `layers` layers of a forward, in
     order: the dispatches qkv<w>, mha, o, gu, down with their arguments, and the host syncs
     (a sync to the device belongs to the next dispatch's layer, one from it to the last's)."""
