@@ -10,15 +10,18 @@ pipeline/ names no stage and never imports model code. A config may also name an
 directly: `kind = "mypkg.mystage:MyStage"`; `run` imports that module, `validate` checks
 the name only (and imports it with --import): validating a config runs no code it names.
 
-    class Align(MapStage):
+    class AlignOptions(StageOptions):     # the stage's own keys in its [[stages]] table
+        size: int = 112
+
+    class Align(MapStage[AlignOptions]):  # self.options is typed AlignOptions
         kind = "align"
-        accepts = (FaceJob,)              # what its inbox takes; () makes it a source
+        accepts = (FaceJob, PoseJob, ClipJob)  # what its inbox takes; () makes it a source
+        Options = AlignOptions
 
-        class Options(StageOptions):      # the stage's own keys in its [[stages]] table
-            size: int = 112
-
-        def process(self, item):          # runs in a worker thread
-            return [aligned_face(item, self.options.size)]
+        def process(self, job):           # runs in a worker thread
+            if not isinstance(job, FaceJob):
+                return [job]              # pose and CLIP jobs pass through to infer
+            return [aligned(job, self.options.size)]
 
 - `run(inbox, out)` is the whole life of a stage: take items with `async for item in inbox`
   (items past their deadline are already dropped and counted `stale`), send results with
