@@ -24,15 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stages.scheduler import (
-    CONTEXT_LOAD_S,
-    BatchScheduler,
-    ContextLRU,
-    ModelProfile,
-    QueuedJob,
-    SimClock,
-    simulate,
-)
+from stages.batches import ModelProfile, QueuedJob
+from stages.context_lru import CONTEXT_LOAD_S, ContextLRU
+from stages.planning.simulate import SimClock, simulate
+from stages.scheduler import BatchScheduler
 
 S = 1_000_000_000
 CAMERAS = ("cam0", "cam1", "cam2", "cam3")

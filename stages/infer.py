@@ -66,6 +66,7 @@ from pipeline.files import path_kind
 from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from pipeline.queues import Policy
+from stages.batches import Batch, ModelProfile, QueuedJob, SchedulerError
 from stages.jobs import Job
 from stages.runtimes import (
     ModelOptions,
@@ -76,7 +77,7 @@ from stages.runtimes import (
     resolve,
     runtime_class,
 )
-from stages.scheduler import Batch, BatchScheduler, ModelProfile, QueuedJob, SchedulerError
+from stages.scheduler import BatchScheduler
 
 log = logging.getLogger(__name__)
 

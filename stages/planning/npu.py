@@ -1,7 +1,7 @@
 """The NPU side of a plan: each enabled model's device time per pass (the calibrated NPU2
 time of the released model it is or stands in for, npu.sim_cost; or measured on the
 config's backend when it is not paced as NPU2), and a discrete-event run of the inference
-stage's own scheduler (stages.scheduler.simulate) fed with the jobs the detect stage would
+stage's own scheduler (stages.planning.simulate) fed with the jobs the detect stage would
 issue: its rate limits and intervals, the tracker's one pose job per idle track (or, for a
 rig's cameras, the jobs of the rig's posed groups), the scene's people and faces, and the
 results coming back."""
@@ -21,15 +21,10 @@ import numpy as np
 from npu import models
 from npu.sim_cost import NPU2, ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
-from stages.scheduler import (
-    Batch,
-    BatchScheduler,
-    ContextShare,
-    ModelProfile,
-    QueuedJob,
-    SimClock,
-    simulate,
-)
+from stages.batches import Batch, ModelProfile, QueuedJob
+from stages.context_lru import ContextShare
+from stages.planning.simulate import SimClock, simulate
+from stages.scheduler import BatchScheduler
 
 NS = 1_000_000_000
 SPREAD_S = 45.0  # the window of a minute's run after its start-up (bench/plan_accuracy.py)

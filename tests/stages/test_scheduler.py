@@ -9,15 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.scheduler import (
-    BatchScheduler,
-    ContextLRU,
-    ModelProfile,
-    QueuedJob,
-    SchedulerError,
-    SimClock,
-    simulate,
-)
+from stages.batches import ModelProfile, QueuedJob, SchedulerError
+from stages.context_lru import ContextLRU
+from stages.planning.simulate import SimClock, simulate
+from stages.scheduler import BatchScheduler
 
 S = 1_000_000_000
 MS = 1_000_000

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from stages.scheduler import BatchScheduler, ModelProfile, QueuedJob, SimClock, simulate
+from stages.batches import ModelProfile, QueuedJob
+from stages.planning.simulate import SimClock, simulate
+from stages.scheduler import BatchScheduler
 
 MS = 1_000_000
 S = 1_000 * MS

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.optimize import linear_sum_assignment
 
-from stages.scheduler import BatchScheduler, ModelProfile, QueuedJob, SimClock, simulate
+from stages.batches import ModelProfile, QueuedJob
+from stages.planning.simulate import SimClock, simulate
+from stages.scheduler import BatchScheduler
 from stages.tracker import (
     PersonTracker,
     TrackerError,
