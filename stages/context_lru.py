@@ -1,6 +1,6 @@
 """The scheduler's model of the device's resident hardware contexts: an LRU of NPU2's 16 slots,
-each context counted against the model that loaded it (the device's own cache: npu/device.py
-ContextCache)."""
+each context counted against the model that loaded it (the device's own cache:
+npu/device/contexts.py ContextCache)."""
 
 from __future__ import annotations
 

@@ -38,26 +38,20 @@ import asyncio
 import functools
 import logging
 import math
-import queue
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import Field, create_model
 
 from npu import models, thread_priority
+from npu.backends import open_device
 from npu.device import (
-    INTERLEAVE,
     DeviceFailed,
     DeviceTimeout,
-    Interleaved,
-    Steps,
-    open_device,
 )
 from npu.models import ModelLoadError
 from pipeline.config import Config
@@ -67,11 +61,11 @@ from pipeline.graph import Stage, StageOptions
 from pipeline.messages import now_ns
 from pipeline.queues import Policy
 from stages.batches import Batch, ModelProfile, QueuedJob, SchedulerError
+from stages.device_thread import DeviceThread, batch_name, run_prepared, steps_prepared
 from stages.jobs import Job
 from stages.runtimes import (
     ModelOptions,
     Pacing,
-    Ran,
     Runtime,
     open_runtime,
     resolve,
@@ -86,190 +80,10 @@ ERROR_LOG_LINES = 5
 # cancelled stage 2 s before it abandons it, and this wait should be the one that reports)
 CLOSE_TIMEOUT_S = 1.5
 
-T = TypeVar("T")
-
 
 class DeviceCloseError(NpucamError):
     """The models or the device could not be closed at shutdown, or the device thread was
     still busy when the shutdown stopped waiting for it."""
-
-
-class DeviceThread:
-    """The one thread that touches the device: calls run in submission order.
-
-    A plain call (submit) runs alone, start to end. A stepped call (submit_steps: a
-    generator of device steps, npu.device.Steps) may be in flight with up to
-    `interleave - 1` other stepped calls (npu.device.Interleaved): while the device runs
-    one's dispatches, the host glue of another runs here, so the device does not wait on
-    host glue when boxes are queued (staggered: with n in flight at most, another joins once
-    the newest is 1/n of the way through, npu.device.Interleaved.admits). A plain call waits
-    for the stepped calls before it.
-    A daemon thread, unlike a ThreadPoolExecutor's workers (which the interpreter joins at
-    exit), so a device call that never returns cannot keep the process from exiting.
-    `running` is (what, time.monotonic() at its start) of the oldest call in progress, or
-    None."""
-
-    def __init__(self, name: str, interleave: int = INTERLEAVE) -> None:
-        self.name = name
-        self.interleave = max(1, interleave)
-        self.running: tuple[str, float] | None = None
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, what: str, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Queue fn(*args) behind the calls already queued; `what` names it in logs."""
-        return self._put(what, fn, args, None)
-
-    def submit_steps(
-        self,
-        what: str,
-        kind: str,
-        fn: Callable[..., Steps],
-        *args: Any,
-        ready: Future | None = None,
-    ) -> Future:
-        """Queue the stepped call fn(*args) (a generator of device steps; its return value is
-        the future's result) behind the calls already queued; `kind` (the model) tells
-        Interleaved how many steps such a call takes, to stagger the ones in flight. `ready`:
-        its input (the batch's host glue); while that is not done the stepped calls in
-        flight go on, rather than the thread blocking in fn on it."""
-        return self._put(what, fn, args, kind, ready)
-
-    def _put(
-        self,
-        what: str,
-        fn: Callable[..., Any],
-        args: tuple,
-        kind: str | None,
-        ready: Future | None = None,
-    ) -> Future:
-        fut: Future = Future()
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError(f"{self.name}: {what} submitted after shutdown")
-            self._calls.put((fut, what, fn, args, kind, ready))
-        return fut
-
-    def shutdown(self) -> None:
-        """Accept no more calls; the thread ends once the queued ones have run."""
-        with self._lock:
-            self._stopped = True
-            self._calls.put(None)
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end; True if it has."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _serve(self) -> None:
-        thread_priority.lower_this_thread()
-        active = Interleaved()
-        names: deque[tuple[str, float]] = deque()  # the stepped calls in flight, oldest first
-        held = None  # the next call, waiting for the stepped calls in flight to end
-        waiting = None  # the next stepped call, its input not ready while others step
-        stopping = False
-        while True:
-            while (
-                held is None and not stopping and len(active) < self.interleave
-                and active.admits(1 / self.interleave)
-            ):  # fmt: skip
-                if waiting is None:
-                    try:
-                        call = self._calls.get(block=not active)
-                    except queue.Empty:
-                        break
-                    if call is None:
-                        stopping = True
-                    elif call[4] is None:
-                        held = call
-                    else:
-                        waiting = call
-                    del call  # an idle thread holds no batch
-                    continue
-                ready = waiting[5]
-                if active and ready is not None and not ready.done():
-                    break
-                call, waiting = waiting, None
-                if call[0].set_running_or_notify_cancel():
-                    self._start_steps(active, names, *call[:5])
-                del call
-            if active:
-                self.running = names[0]
-                active.step()
-                self.running = names[0] if names else None
-            elif held is not None:
-                self._call(*held[:4])
-                held = None
-            elif stopping and waiting is None:
-                return
-
-    def _start_steps(
-        self,
-        active: Interleaved,
-        names: deque,
-        fut: Future,
-        what: str,
-        fn: Callable,
-        args: tuple,
-        kind: str,
-    ) -> None:
-        entry = (what, time.monotonic())
-        names.append(entry)
-
-        def done(result: Any, error: BaseException | None) -> None:
-            names.remove(entry)
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
-
-        try:
-            steps = fn(*args)
-        except BaseException as exc:
-            done(None, exc)
-            return
-        self.running = entry
-        active.add(steps, done, kind)
-
-    def _call(self, fut: Future, what: str, fn: Callable[..., Any], args: tuple) -> None:
-        if not fut.set_running_or_notify_cancel():
-            return
-        self.running = (what, time.monotonic())
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # the caller sees it through the future
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-        finally:
-            self.running = None
-
-
-def _run_prepared(rt: Runtime, glue: Future, device: Any) -> tuple[Ran, int, dict]:
-    """On the device thread: wait for a batch's host glue, run it, and stamp when the device
-    finished (the scheduler's head-of-line clock starts the next batch there, not when the
-    event loop gets round to the completion); with the device's per-model context view
-    (npu.device.ModelContexts by model), read on the thread that owns the device."""
-    ran = rt.run(glue.result())
-    finished = now_ns()
-    return ran, finished, device.context_view() if device is not None else {}
-
-
-def _steps_prepared(rt: Runtime, glue: Future, device: Any) -> Steps:
-    """_run_prepared as steps (Runtime.run_steps), interleaved with another batch's on the
-    device thread."""
-    ran = yield from rt.run_steps(glue.result())
-    finished = now_ns()
-    return ran, finished, device.context_view() if device is not None else {}
-
-
-def _batch_name(batch: Batch) -> str:
-    """A batch for the logs: its model, seq and jobs by camera and frame."""
-    jobs = ", ".join(f"{j.camera} #{j.payload.seq}" for j in batch.jobs)
-    return f"{batch.model} batch {batch.seq} ({jobs})"
 
 
 PACING_TEXT = {
@@ -387,7 +201,7 @@ def infer_options() -> type[InferOptions]:
 
 
 def open_stage_device(options: InferOptions, base_dir: Path) -> Any:
-    """The device of an infer stage's backend (npu.device.open_device); sim built from its
+    """The device of an infer stage's backend (npu.backends.open_device); sim built from its
     [stages.sim] table (paths relative to base_dir)."""
     if options.backend != "sim":
         return open_device(options.backend)
@@ -647,7 +461,7 @@ class Infer(Stage[InferOptions]):
                 "stage %s: stopping: %d dispatched batch(es) not run: %s",
                 self.name,
                 len(unrun),
-                "; ".join(_batch_name(b) for b in unrun),
+                "; ".join(batch_name(b) for b in unrun),
             )
         prep.shutdown(wait=False, cancel_futures=True)
         interrupt = getattr(self.device, "interrupt", None)
@@ -776,9 +590,9 @@ class Infer(Stage[InferOptions]):
                 glue = self._prep_pool.submit(rt.prepare, [job.payload for job in batch.jobs])
                 if rt.stepped:
                     ran = self._device_thread.submit_steps(
-                        _batch_name(batch),
+                        batch_name(batch),
                         rt.name,
-                        _steps_prepared,
+                        steps_prepared,
                         rt,
                         glue,
                         self.device,
@@ -786,7 +600,7 @@ class Infer(Stage[InferOptions]):
                     )
                 else:
                     ran = self._device_thread.submit(
-                        _batch_name(batch), _run_prepared, rt, glue, self.device
+                        batch_name(batch), run_prepared, rt, glue, self.device
                     )
                 in_flight.append((batch, ran, asyncio.wrap_future(ran)))
             self._sync_drops()

@@ -181,7 +181,7 @@ def load(
     synthetic_cache: str | Path | None = None,
 ) -> Loaded:
     """Load model `name` on `backend` from `source`; device is the open device for sim / npu
-    (npu.device.open_device), None for cpu. Without a path that exists, the synthetic model
+    (npu.backends.open_device), None for cpu. Without a path that exists, the synthetic model
     when `source.synthetic` allows it (sim and cpu only; logged as a warning); otherwise a
     ModelLoadError naming the config key and what to set."""
     model_spec = spec(name, source.where)

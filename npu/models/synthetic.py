@@ -122,7 +122,7 @@ def load(name: str, backend: str, device: Any = None, cache: str | Path | None =
             f"synthetic {name}: backend {backend!r}; synthetic models run on cpu or sim only "
             "(hardware bundles come from IRON's exporter)"
         )
-    from npu.device import open_device
+    from npu.backends import open_device
     from npu.models import spec
 
     return spec(name).from_bundle(bundle_path(name, cache), device or open_device("sim"))

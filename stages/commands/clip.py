@@ -22,7 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from npu.device import open_device
+from npu.backends import open_device
 from npu.models import Loaded, spec
 from npu.models.clip.check import NOTHING_TO_CHECK, check_bundle
 from npu.models.clip.model import ClipInputError, ClipModel

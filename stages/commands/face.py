@@ -283,7 +283,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """taconite's run_ir18 / run_ir101 self-check of a bundle on the sim or npu device
     (npu.models.adaface.check; reps default $NREPS, else 1): 0 on MATCH, 1 otherwise."""
-    from npu.device import open_device
+    from npu.backends import open_device
 
     return check_command(args.bundle, open_device(args.backend), args.reps)
 

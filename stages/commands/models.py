@@ -50,7 +50,7 @@ def load_model(name: str, model: str | None, backend: str, synthetic: bool) -> I
         )
     device = None
     if backend != "cpu":
-        from npu.device import open_device
+        from npu.backends import open_device
 
         device = open_device(backend)
     source = ModelSource(

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from npu.backends import open_device
 from npu.bf16 import bf16_to_f32, f32_to_bf16
 from npu.bundle import Bundle, BundleError
-from npu.device import Buffer, Device, Kernel, KernelSpec, kernel_key, kernel_spec, open_device
+from npu.device import Buffer, Device, Kernel, KernelSpec, kernel_key, kernel_spec
 from npu.models.clip.checkpoint import HostWeights
 from npu.models.clip.config import ClipConfig, TowerConfig
 from npu.models.clip.model import ClipInputError, ClipModel, ClipTowers, layer_norm

@@ -26,7 +26,7 @@ from npu.rows import RowPool
 F32 = np.float32
 CHUNK_ELEMS = 1 << 17  # elements per chunk and array: a few chunk arrays fit a core's L2
 # elements of host work between the points where the thread driving the steps may turn to
-# another computation's device step (Pieces yield () there: npu.device.Interleaved)
+# another computation's device step (Pieces yield () there: stages.device_thread.Interleaved)
 PIECE_ELEMS = 1 << 20
 Pieces = Iterator[tuple[()]]
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 import npu.models.sapiens2.model as s2model
+from npu.backends import open_device
 from npu.bundle import Bundle, BundleError
 from npu.device import (
     INTERLEAVE,
@@ -31,7 +32,6 @@ from npu.device import (
     Launch,
     Steps,
     kernel_spec,
-    open_device,
 )
 from npu.models.sapiens2 import glue, kernels
 from npu.models.sapiens2.config import Config, ModelError

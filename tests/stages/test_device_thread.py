@@ -1,4 +1,4 @@
-"""stages/infer.py's DeviceThread: a stepped call whose input (its batch's host glue) is not
+"""stages/device_thread.py's DeviceThread: a stepped call whose input (its batch's host glue) is not
 ready does not hold up the stepped calls in flight, and calls still start in submission order."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 
-from stages.infer import DeviceThread
+from stages.device_thread import DeviceThread
 
 
 class Done:
@@ -30,7 +30,7 @@ def pieces(log: list, name: str, n: int):
 
 
 def waits_for(ready: Future, log: list):
-    value = ready.result()  # as _steps_prepared waits for its batch's glue
+    value = ready.result()  # as steps_prepared waits for its batch's glue
     log.append(("b", value))
     yield [Done()]
     return value
