@@ -6,8 +6,9 @@ operation at a time are fused in npu.models.sapiens2.kernels.
 
 Every function computes bit for bit what model.py's float32 reference glue followed by
 npu.bf16.f32_to_bf16 computes (the same float32 operations in the same order, on the same
-rows; reductions over pixels stay one BLAS call over the whole array, as the reference's):
-tests/npu/models/test_sapiens2_host.py checks each on random inputs.
+rows; InstanceNorm's mean stays one BLAS call over the whole array, as the reference's, and
+its variance the reference's float64 block sums): tests/npu/models/test_sapiens2_glue.py
+checks each on random inputs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from npu.bf16 import f32_to_bf16_into
 from npu.models.sapiens2 import kernels
+from npu.models.sapiens2.model import VAR_BLOCK, variance_of_blocks
 from npu.rows import RowPool
 
 F32 = np.float32
@@ -247,31 +249,27 @@ def scatter_into(
 
 
 def instance_norm_silu_to(
-    pool: RowPool,
-    y: np.ndarray,
-    eps: float,
-    sq: np.ndarray,
-    align: int,
-    write: RowWriter,
+    pool: RowPool, y: np.ndarray, eps: float, align: int, write: RowWriter
 ) -> Pieces:
     """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
-    groups: y float32 [pixels, C]; sq (float32, y's shape) takes the squares for the
-    variance. Both channel sums are one BLAS reduction over all pixels, as the reference's;
-    tanh is numpy's; the end of SiLU computes the centred, scaled values again from y
-    (cheaper than keeping them in scratch)."""
+    groups: y float32 [pixels, C]. The mean is one BLAS reduction over all pixels, as the
+    reference's; the variance's float64 block sums (model.block_square_sums) are one pass over
+    y in chunks of whole blocks, with no array of squares; tanh is numpy's; the end of SiLU
+    computes the centred, scaled values again from y (cheaper than keeping them in scratch)."""
     px, c = y.shape
     n = F32(px)
     ones = np.ones(px, F32)
     with one_blas_thread():
         mean = (ones @ y) / n
     yield ()
+    block = VAR_BLOCK
+    sums = np.empty((-(-px // block), c), np.float64)
 
     def centre(r0: int, r1: int) -> None:
-        kernels.centred_squares(y[r0:r1], mean, sq[r0:r1])
+        kernels.block_square_sums(y[r0:r1], mean, block, sums[r0 // block : -(-r1 // block)])
 
-    yield from in_pieces(pool, px, c, align, centre)
-    with one_blas_thread():
-        rstd = F32(1.0) / np.sqrt((ones @ sq) / n + F32(eps))
+    yield from in_pieces(pool, px, c, block, centre)
+    rstd = F32(1.0) / np.sqrt(variance_of_blocks(sums, px) + F32(eps))
     yield ()
 
     def silu(r0: int, r1: int) -> None:

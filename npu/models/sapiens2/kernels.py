@@ -7,9 +7,9 @@ are the same: products and sums are IEEE float32 (numba contracts no multiply-ad
 fastmath), sqrt is correctly rounded, a mean over a head is numpy's pairwise sum
 (`pairwise_sum` of numpy/_core/src/umath/loops_utils.h.src: 8 accumulators up to 128
 values, halves split at a multiple of 8 above) divided in float64 as np.mean does, and bf16
-rounding is npu.bf16.f32_to_bf16's integer rule, NaNs included. Reductions over pixels and
-tanh stay numpy's (tests/npu/models/test_sapiens2_glue.py compares every result bit for
-bit).
+rounding is npu.bf16.f32_to_bf16's integer rule, NaNs included. InstanceNorm's variance
+sums exact float64 squares in model.block_square_sums' order; its mean and tanh stay numpy's
+(tests/npu/models/test_sapiens2_glue.py compares every result bit for bit).
 """
 
 from __future__ import annotations
@@ -347,12 +347,17 @@ def stage_bits_bf16(
 
 
 @njit(nogil=True, cache=True)
-def centred_squares(y: np.ndarray, mean: np.ndarray, sq: np.ndarray) -> None:
-    """sq = (y - mean)² per column: y, sq float32 [n, C] (y is left as it is)."""
-    for i in range(y.shape[0]):
-        for j in range(y.shape[1]):
-            v = y[i, j] - mean[j]
-            sq[i, j] = v * v
+def block_square_sums(y: np.ndarray, mean: np.ndarray, block: int, sums: np.ndarray) -> None:
+    """sums[b, j] = the sum over rows [b·block, (b+1)·block) of y of float64(y - mean)², in
+    row order (model.block_square_sums): y float32 [n, C] (rows from a block boundary),
+    sums float64 [ceil(n / block), C]."""
+    for b in range(sums.shape[0]):
+        s = sums[b]
+        s[:] = 0.0
+        for i in range(b * block, min((b + 1) * block, y.shape[0])):
+            for j in range(y.shape[1]):
+                v = np.float64(y[i, j] - mean[j])
+                s[j] += v * v
 
 
 @njit(nogil=True, cache=True)

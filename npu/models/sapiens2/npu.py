@@ -157,8 +157,8 @@ class Sapiens2Replay:
     `slots` sets of the flat buffers (and residual streams; default the passes a device
     thread interleaves, npu.device.INTERLEAVE) let that many forwards be in flight at once
     (`heatmap_steps(crop, slot)`): the device runs one box's dispatch while the host glue of
-    another runs. `flats` is slot 0's set. The head's float32 host scratch (the deconv
-    scatter and the squares of InstanceNorm, 302 MB at 0.4b) is taken by a forward for its
+    another runs. `flats` is slot 0's set. The head's float32 host scratch (the rows of the
+    deconv scatter and the conv outputs, 151 MB at 0.4b) is taken by a forward for its
     head alone, from a pool that grows only when heads coincide (host steps run in pieces,
     glue.in_pieces, between which another forward's may run, so two heads never share one).
     """
@@ -207,7 +207,7 @@ class Sapiens2Replay:
         self.kernels: dict[str, Kernel] = {}
         self._free_slots = list(range(slots))
         self._x = [np.empty((cfg.tokens, cfg.D), np.float32) for _ in range(slots)]
-        # the heads' scratch not in use: [2, most] float32, [pixels, C] rows then their squares
+        # the heads' scratch not in use: [most] float32, for [pixels, C] rows
         self._head_free: list[np.ndarray] = []
         try:
             for _ in range(slots):
@@ -274,8 +274,8 @@ class Sapiens2Replay:
 
     @contextmanager
     def _head_scratch(self) -> Iterator[np.ndarray]:
-        """A head's float32 scratch [2, most] for one forward's head: its rows [pixels, C],
-        then their squares (most: the largest head activation), given back at its end."""
+        """A head's float32 scratch [most] for one forward's head, for its rows [pixels, C]
+        (most: the largest head activation), given back at its end."""
         if self._head_free:
             head = self._head_free.pop()
         else:
@@ -285,17 +285,16 @@ class Sapiens2Replay:
                 h0, w0 = 2 * h0, 2 * w0
                 most = max(most, h0 * w0 * co)
             most = max([most, *(h0 * w0 * co for co in cfg.convs)])
-            head = np.empty((2, most), np.float32)
+            head = np.empty(most, np.float32)
         try:
             yield head
         finally:
             self._head_free.append(head)
 
     @staticmethod
-    def _head_rows(head: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-        """A head scratch's rows [rows, cols] and their squares' (float32)."""
-        n = rows * cols
-        return head[0, :n].reshape(rows, cols), head[1, :n].reshape(rows, cols)
+    def _head_rows(head: np.ndarray, rows: int, cols: int) -> np.ndarray:
+        """A head scratch's rows [rows, cols] (float32)."""
+        return head[: rows * cols].reshape(rows, cols)
 
     # the forward, as steps: host glue, then the launches of one device step (yielded)
 
@@ -406,7 +405,7 @@ class Sapiens2Replay:
             yield [self._gemm(flats, f"d{j}", f"d{j}")]
             rows = min(rec.rows, (h0 + 1) * (w0 + 2))
             c = flats["c"].bits((rows - 1) * rec.n + rec.n)
-            y, sq = self._head_rows(head, 4 * h0 * w0, co)
+            y = self._head_rows(head, 4 * h0 * w0, co)
             bias = self.host.get(f"d{j}.bias")
             yield from glue.scatter_into(pool, c, h0, w0, rec.n, co, bias,
                                          y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
@@ -417,17 +416,15 @@ class Sapiens2Replay:
                 write, written = glue.pair_writer(pairs), pairs.size
             else:
                 write, written = glue.dense_writer(a, cin), h0 * w0 * cin
-            yield from glue.instance_norm_silu_to(pool, y, cfg.in_eps, sq, w0, write)
+            yield from glue.instance_norm_silu_to(pool, y, cfg.in_eps, w0, write)
             flats["a"].written(written)
         px = h0 * w0
         for j, co in enumerate(cfg.convs):
             rec = self.gemms[f"c{j}"]
             yield [self._gemm(flats, f"c{j}", f"c{j}")]
-            y, sq = self._head_rows(head, px, co)
+            y = self._head_rows(head, px, co)
             yield from glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
-            yield from glue.instance_norm_silu_to(
-                pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co)
-            )
+            yield from glue.instance_norm_silu_to(pool, y, cfg.in_eps, 1, glue.dense_writer(a, co))
             flats["a"].written(px * co)
         rec = self.gemms["pred"]
         yield [self._gemm(flats, "pred", "pred")]

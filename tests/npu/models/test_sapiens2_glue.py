@@ -261,8 +261,7 @@ def test_deconv_scatter_and_instance_norm_silu_into_pairs_equal_the_old_glue(poo
     a = np.full(want.size + 100, 0xBEEF, np.uint16)
     pairs = glue.pairs_view(a, 2 * h0, 2 * w0, co)
     glue.zero_pair_pads(pairs)
-    sq = np.empty((4 * h0 * w0, co), np.float32)
-    list(glue.instance_norm_silu_to(pool, y.reshape(-1, co), 1e-5, sq, 2 * w0,
+    list(glue.instance_norm_silu_to(pool, y.reshape(-1, co), 1e-5, 2 * w0,
                                     glue.pair_writer(pairs)))  # fmt: skip
     assert np.array_equal(a[: want.size], want.reshape(-1))
     assert (a[want.size :] == 0xBEEF).all()
@@ -275,16 +274,27 @@ def test_conv_rows_instance_norm_silu_and_heatmaps_equal_the_old_glue(pool):
     view = np.lib.stride_tricks.as_strided(c, (px, co), (c_stride * 2, 2))
     old_y = bf16_to_f32(view)
     want = f32_to_bf16(instance_norm_silu(old_y, 1e-5))
-    y, sq = np.empty((px, co), np.float32), np.empty((px, co), np.float32)
+    y = np.empty((px, co), np.float32)
     list(glue.read_rows(pool, view, y))
     assert np.array_equal(y, old_y)
     a = np.full(px * co + 10, 0xBEEF, np.uint16)
-    list(glue.instance_norm_silu_to(pool, y, 1e-5, sq, 1, glue.dense_writer(a, co)))
+    list(glue.instance_norm_silu_to(pool, y, 1e-5, 1, glue.dense_writer(a, co)))
     assert np.array_equal(a[: px * co], want.reshape(-1)) and (a[px * co :] == 0xBEEF).all()
     hm = np.empty((k, px), np.float32)
     list(glue.heatmaps_into(pool, c, px, c_stride, hm))
     pred = np.lib.stride_tricks.as_strided(c, (px, k), (c_stride * 2, 2))
     assert np.array_equal(hm, bf16_to_f32(pred).T)
+
+
+def test_instance_norm_silu_over_many_chunks_equals_the_reference_on_any_thread_count(pool):
+    # 20000 px x 8 channels: chunks of 16384 rows (whole variance blocks), so two chunks,
+    # on one or two threads, the last block short; the same bits as model.instance_norm_silu
+    rng = np.random.default_rng(6)
+    y = (rng.normal(size=(20000, 8)) * 2 - 0.5).astype(np.float32)
+    want = f32_to_bf16(instance_norm_silu(y, 1e-5))
+    a = np.full(y.size, 0xBEEF, np.uint16)
+    list(glue.instance_norm_silu_to(pool, y, 1e-5, 1, glue.dense_writer(a, 8)))
+    assert np.array_equal(a, want.reshape(-1))
 
 
 def test_final_norm_into_the_first_deconvs_pairs_equals_the_old_glue(pool):
