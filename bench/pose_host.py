@@ -273,12 +273,13 @@ def new_parts(glue_mod: types.ModuleType, dev: XrtDevice) -> Parts:
         "residual adds + RMSNorm -> bf16 into `a` (2 a layer, one pass)": [
             "put_rms", "add_put_rms", "add_rows"],
         "attention staging: qkv -> q/k norm, RoPE, repeats -> `stage`": ["stage_rows"],
-        "head GEMM staging: final norm -> pairs, scatter, C reads": [
+        "head GEMM staging: final norm -> pairs, (base: scatter, C reads), heatmaps": [
             "rms_rows_to", "scatter_into", "read_rows", "heatmaps_into", "zero_pair_pads"],
-        "InstanceNorm + SiLU -> the next A": ["instance_norm_silu_to"],
+        "InstanceNorm + SiLU -> the next A (new: reading C in place)": ["instance_norm_silu_to"],
     }.items():  # fmt: skip
         for fn in fns:
-            parts.wrap(part, glue_mod, fn)
+            if hasattr(glue_mod, fn):  # the base's scatter_into is in the new InstanceNorm
+                parts.wrap(part, glue_mod, fn)
     for fn in ("start", "wait", "to_device", "from_device"):
         parts.wrap("dispatch overhead: start, wait, syncs", dev, fn)
     return parts

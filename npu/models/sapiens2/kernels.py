@@ -7,8 +7,8 @@ are the same: products and sums are IEEE float32 (numba contracts no multiply-ad
 fastmath), sqrt is correctly rounded, a mean over a head is numpy's pairwise sum
 (`pairwise_sum` of numpy/_core/src/umath/loops_utils.h.src: 8 accumulators up to 128
 values, halves split at a multiple of 8 above) divided in float64 as np.mean does, and bf16
-rounding is npu.bf16.f32_to_bf16's integer rule, NaNs included. InstanceNorm's variance
-sums exact float64 squares in model.block_square_sums' order; its mean and tanh stay numpy's
+rounding is npu.bf16.f32_to_bf16's integer rule, NaNs included. InstanceNorm's mean
+and variance sum in float64 in model.block_sums' order; tanh stays numpy's
 (tests/npu/models/test_sapiens2_glue.py compares every result bit for bit).
 """
 
@@ -344,6 +344,39 @@ def stage_bits_bf16(
                     b = vh[j]
                     # a NaN (exponent all ones, mantissa not 0) made quiet; else itself
                     vd[j] = b | np.uint16(0x0040) if (b & np.uint16(0x7FFF)) > 0x7F80 else b
+
+
+@njit(nogil=True, cache=True)
+def gather_rows(
+    c: np.ndarray, offs: np.ndarray, bias: np.ndarray, boffs: np.ndarray, out: np.ndarray
+) -> None:
+    """out[i, j] = bf16_to_f32(c[offs[i] + j]), plus bias[boffs[i] + j] when bias is not
+    empty (float32, added after the widening, as model.deconv_scatter's C + bias): the rows
+    of a GEMM's C (uint16, flat) at any offsets, into float32 out [n, C] (contiguous)."""
+    wide = out.view(np.uint32)
+    biased = bias.shape[0] > 0
+    n = out.shape[1]
+    for i in range(out.shape[0]):
+        src = c[offs[i] : offs[i] + n]  # a slice: its loads need no negative-index fix-up
+        for j in range(n):
+            wide[i, j] = U32(src[j]) << U32(16)
+        if biased:
+            add = bias[boffs[i] : boffs[i] + n]
+            for j in range(n):
+                out[i, j] += add[j]
+
+
+@njit(nogil=True, cache=True)
+def block_sums(y: np.ndarray, block: int, sums: np.ndarray) -> None:
+    """sums[b, j] = the sum over rows [b·block, (b+1)·block) of y of float64(y), in row order
+    (model.block_sums): y float32 [n, C] (rows from a block boundary), sums float64
+    [ceil(n / block), C]."""
+    for b in range(sums.shape[0]):
+        s = sums[b]
+        s[:] = 0.0
+        for i in range(b * block, min((b + 1) * block, y.shape[0])):
+            for j in range(y.shape[1]):
+                s[j] += np.float64(y[i, j])
 
 
 @njit(nogil=True, cache=True)

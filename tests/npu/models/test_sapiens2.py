@@ -22,11 +22,12 @@ from npu.models.sapiens2.config import Config, ModelError
 from npu.models.sapiens2.export import write_sim_bundle
 from npu.models.sapiens2.model import (
     block_square_sums,
+    block_sums,
     deconv_gemm_input,
     deconv_scatter,
     instance_norm_silu,
+    mean_of_blocks,
     rope_tables,
-    variance_of_blocks,
 )
 from npu.models.sapiens2.npu import from_bundle
 
@@ -116,16 +117,19 @@ def test_four_phase_deconv_gemm_equals_conv_transpose():
 
 def test_instance_norm_silu_matches_torch_and_its_variance_is_exact_to_float32():
     # torch's InstanceNorm2d + SiLU in float32 within 1e-5; the block sums in float64 give
-    # the variance of the float32 centred values within one float32 rounding (2^-24)
+    # the mean, and the variance of the float32 centred values, within one float32 rounding
     rng = np.random.default_rng(5)
     x = (rng.normal(size=(900, 12)) * 3 + 1).astype(np.float32)  # 4 blocks, the last short
     ours = instance_norm_silu(x, 1e-5)
     t = torch.from_numpy(x.T.reshape(1, 12, 30, 30).copy())
     ref = F.silu(F.instance_norm(t, eps=1e-5))[0].reshape(12, -1).T.numpy()
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
-    centred = x - (np.ones(900, np.float32) @ x) / np.float32(900)
+    mean = mean_of_blocks(block_sums(x), 900)
+    exact_mean = np.mean(x.astype(np.float64), axis=0)
+    assert np.all(np.abs(mean - exact_mean) <= np.abs(exact_mean) * 2.0**-24)
+    centred = x - mean
     exact = np.mean(centred.astype(np.float64) ** 2, axis=0)
-    var = variance_of_blocks(block_square_sums(centred), 900)
+    var = mean_of_blocks(block_square_sums(centred), 900)
     assert np.all(np.abs(var - exact) <= exact * 2.0**-24)
 
 
