@@ -234,9 +234,9 @@ def instance_norm_silu_to(
     """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
     groups, where y's row p is bf16_to_f32(c[offs[p]:][:ch]) (+ bias[boffs[p]:][:ch]): a
     GEMM's C (uint16, flat) read in place (deconv_rows, conv_rows), never a float32 copy of
-    all of y. Each pass widens its chunk's rows again into a per-thread scratch: the mean's
-    and the variance's float64 block sums (model.block_sums, block_square_sums) in chunks of
-    whole blocks, then tanh (numpy's) and the end of SiLU."""
+    all of y. Each pass widens the rows again: a row at a time for the mean's and the
+    variance's float64 block sums (model.block_sums, block_square_sums, in chunks of whole
+    blocks), a chunk into per-thread scratch for tanh (numpy's) and the end of SiLU."""
     px = len(offs)
     if px and int(offs.max()) + ch > len(c):
         raise ValueError(f"rows up to offset {int(offs.max())} + {ch} of a C of {len(c)} values")
@@ -252,14 +252,16 @@ def instance_norm_silu_to(
     sums = np.empty((-(-px // block), ch), np.float64)
 
     def total(r0: int, r1: int) -> None:
-        kernels.block_sums(rows_of(r0, r1), block, sums[r0 // block : -(-r1 // block)])
+        kernels.block_sums(
+            c, offs[r0:r1], b, bo[r0:r1], ch, block, sums[r0 // block : -(-r1 // block)]
+        )
 
     yield from in_pieces(pool, px, ch, block, total)
     mean = mean_of_blocks(sums, px)
 
     def centre(r0: int, r1: int) -> None:
-        y = rows_of(r0, r1)
-        kernels.block_square_sums(y, mean, block, sums[r0 // block : -(-r1 // block)])
+        kernels.block_square_sums(c, offs[r0:r1], b, bo[r0:r1], mean, block,
+                                  sums[r0 // block : -(-r1 // block)])  # fmt: skip
 
     yield from in_pieces(pool, px, ch, block, centre)
     rstd = F32(1.0) / np.sqrt(mean_of_blocks(sums, px) + F32(eps))

@@ -367,29 +367,68 @@ def gather_rows(
 
 
 @njit(nogil=True, cache=True)
-def block_sums(y: np.ndarray, block: int, sums: np.ndarray) -> None:
-    """sums[b, j] = the sum over rows [b·block, (b+1)·block) of y of float64(y), in row order
-    (model.block_sums): y float32 [n, C] (rows from a block boundary), sums float64
-    [ceil(n / block), C]."""
-    for b in range(sums.shape[0]):
-        s = sums[b]
-        s[:] = 0.0
-        for i in range(b * block, min((b + 1) * block, y.shape[0])):
-            for j in range(y.shape[1]):
-                s[j] += np.float64(y[i, j])
+def _row(
+    c: np.ndarray, o: int, bias: np.ndarray, b: int, biased: bool, row: np.ndarray, wide: np.ndarray
+) -> None:
+    """row = bf16_to_f32(c[o:][:C]) (+ bias[b:][:C]): gather_rows' row, into L1 scratch."""
+    n = row.shape[0]
+    src = c[o : o + n]
+    for j in range(n):
+        wide[j] = U32(src[j]) << U32(16)
+    if biased:
+        add = bias[b : b + n]
+        for j in range(n):
+            row[j] += add[j]
 
 
 @njit(nogil=True, cache=True)
-def block_square_sums(y: np.ndarray, mean: np.ndarray, block: int, sums: np.ndarray) -> None:
-    """sums[b, j] = the sum over rows [b·block, (b+1)·block) of y of float64(y - mean)², in
-    row order (model.block_square_sums): y float32 [n, C] (rows from a block boundary),
-    sums float64 [ceil(n / block), C]."""
+def block_sums(
+    c: np.ndarray,
+    offs: np.ndarray,
+    bias: np.ndarray,
+    boffs: np.ndarray,
+    ch: int,
+    block: int,
+    sums: np.ndarray,
+) -> None:
+    """sums[b, j] = the sum over rows i in [b·block, (b+1)·block) of float64(y[i, j]), in
+    row order (model.block_sums), y's rows as gather_rows reads them from C (offs: from a
+    block boundary); sums float64 [ceil(len(offs) / block), ch]."""
+    row = np.empty(ch, F32)
+    wide = row.view(np.uint32)
+    biased = bias.shape[0] > 0
     for b in range(sums.shape[0]):
         s = sums[b]
         s[:] = 0.0
-        for i in range(b * block, min((b + 1) * block, y.shape[0])):
-            for j in range(y.shape[1]):
-                v = np.float64(y[i, j] - mean[j])
+        for i in range(b * block, min((b + 1) * block, offs.shape[0])):
+            _row(c, offs[i], bias, boffs[i], biased, row, wide)
+            for j in range(ch):
+                s[j] += np.float64(row[j])
+
+
+@njit(nogil=True, cache=True)
+def block_square_sums(
+    c: np.ndarray,
+    offs: np.ndarray,
+    bias: np.ndarray,
+    boffs: np.ndarray,
+    mean: np.ndarray,
+    block: int,
+    sums: np.ndarray,
+) -> None:
+    """block_sums of float64(y - mean)² (model.block_square_sums): y's rows read from C as
+    block_sums reads them, centred in float32, squared exactly in float64."""
+    ch = mean.shape[0]
+    row = np.empty(ch, F32)
+    wide = row.view(np.uint32)
+    biased = bias.shape[0] > 0
+    for b in range(sums.shape[0]):
+        s = sums[b]
+        s[:] = 0.0
+        for i in range(b * block, min((b + 1) * block, offs.shape[0])):
+            _row(c, offs[i], bias, boffs[i], biased, row, wide)
+            for j in range(ch):
+                v = np.float64(row[j] - mean[j])
                 s[j] += v * v
 
 
