@@ -302,6 +302,15 @@ def test_instance_norm_silu_over_many_chunks_equals_the_reference_on_any_thread_
     assert np.array_equal(a, want.reshape(-1))
 
 
+def test_instance_norm_silu_refuses_rows_past_the_end_of_c(pool):
+    c = np.zeros(100 * 8 - 1, np.uint16)  # one value short of 100 rows of 8
+    a = np.zeros(100 * 8, np.uint16)
+    with pytest.raises(ValueError, match="offset 792 \\+ 8 of a C of 799"):
+        list(glue.instance_norm_silu_to(pool, c, glue.conv_rows(100, 8), None, None, 8, 1e-5,
+                                        1, glue.dense_writer(a, 8)))  # fmt: skip
+    assert not a.any()
+
+
 def test_final_norm_into_the_first_deconvs_pairs_equals_the_old_glue(pool):
     rng = np.random.default_rng(4)
     gh, gw, d = 16, 12, 64
