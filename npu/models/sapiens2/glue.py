@@ -6,8 +6,8 @@ operation at a time are fused in npu.models.sapiens2.kernels.
 
 Every function computes bit for bit what model.py's float32 reference glue followed by
 npu.bf16.f32_to_bf16 computes (the same float32 operations in the same order, on the same
-rows; reductions over pixels stay one BLAS call over the whole array, as the reference's):
-tests/npu/models/test_sapiens2_host.py checks each on random inputs.
+rows; InstanceNorm's mean and variance the reference's float64 block sums, in its order):
+tests/npu/models/test_sapiens2_glue.py checks each on random inputs.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from npu.bf16 import f32_to_bf16_into
 from npu.models.sapiens2 import kernels
+from npu.models.sapiens2.model import IN_BLOCK, mean_of_blocks
 from npu.rows import RowPool
 
 F32 = np.float32
@@ -36,17 +36,6 @@ Fill = Callable[[int, int, np.ndarray], None]
 RowWriter = Callable[[int, int, Fill], None]
 
 _local = threading.local()
-_blas: ThreadpoolController | None = None
-
-
-def one_blas_thread() -> object:
-    """A context in which BLAS runs on one thread: the head's channel sums are memory-bound
-    gemvs, and OpenBLAS's other threads spin after each call, costing CPU for no speed-up
-    (the sums do not depend on the thread count: tested)."""
-    global _blas
-    if _blas is None:
-        _blas = ThreadpoolController()
-    return _blas.limit(limits=1, user_api="blas")
 
 
 def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -212,70 +201,73 @@ def rms_rows_to(pool: RowPool, x: np.ndarray, eps: float, align: int, write: Row
     pool.run(len(x), chunk_rows(c, align), rows)
 
 
-def scatter_into(
-    pool: RowPool,
-    c: np.ndarray,
-    h0: int,
-    w0: int,
-    n: int,
-    c_out: int,
-    bias: np.ndarray | None,
-    y: np.ndarray,
-) -> Pieces:
-    """model.deconv_scatter of the 4-phase GEMM's C (uint16, read at row stride n: window
-    r = sy·(w0+2) + sx at r·n, phase (2a+b) at columns (2a+b)·C_out) plus the phase's bias,
-    into y float32 [2h0, 2w0, C_out]."""
-    y5 = y.reshape(h0, 2, w0, 2, c_out)
-    item = c.itemsize
-    strides = ((w0 + 2) * n * item, n * item, item)
+def deconv_rows(h0: int, w0: int, n: int, c_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where model.deconv_scatter finds each output pixel in the 4-phase GEMM's C (read at
+    row stride n: window r = sy·(w0+2) + sx at r·n, phase 2a+b at columns (2a+b)·C_out):
+    (offs, boffs) int64 [2h0·2w0] of pixel (2sy+a, 2sx+b) row-major: its C offset
+    ((sy+a)·(w0+2) + sx+b)·n + (2a+b)·C_out, and its bias offset (2a+b)·C_out."""
+    a = np.arange(2 * h0) % 2
+    b = np.arange(2 * w0) % 2
+    sy = np.arange(2 * h0) // 2
+    sx = np.arange(2 * w0) // 2
+    phase = (2 * a[:, None] + b[None, :]) * c_out
+    window = (sy + a)[:, None] * (w0 + 2) + (sx + b)[None, :]
+    return (window * n + phase).reshape(-1).astype(np.int64), phase.reshape(-1).astype(np.int64)
 
-    def rows(r0: int, r1: int) -> None:
-        for a in (0, 1):
-            for b in (0, 1):
-                phase = 2 * a + b
-                start = ((r0 + a) * (w0 + 2) + b) * n + phase * c_out
-                win = np.lib.stride_tricks.as_strided(
-                    c[start:], (r1 - r0, w0, c_out), strides, writeable=False
-                )
-                out = y5[r0:r1, a, :, b]
-                for i in range(r1 - r0):
-                    widen(win[i], out[i])
-                if bias is not None:
-                    out += bias[phase * c_out : (phase + 1) * c_out]
 
-    yield from in_pieces(pool, h0, 4 * w0 * c_out, 1, rows)
+def conv_rows(px: int, c_stride: int) -> np.ndarray:
+    """The C offsets int64 [px] of a 1x1 conv's output rows read at row stride c_stride."""
+    return np.arange(px, dtype=np.int64) * c_stride
 
 
 def instance_norm_silu_to(
     pool: RowPool,
-    y: np.ndarray,
+    c: np.ndarray,
+    offs: np.ndarray,
+    bias: np.ndarray | None,
+    boffs: np.ndarray | None,
+    ch: int,
     eps: float,
-    sq: np.ndarray,
     align: int,
     write: RowWriter,
 ) -> Pieces:
     """model.instance_norm_silu(y) as bf16 through write, in chunks of whole `align`-row
-    groups: y float32 [pixels, C]; sq (float32, y's shape) takes the squares for the
-    variance. Both channel sums are one BLAS reduction over all pixels, as the reference's;
-    tanh is numpy's; the end of SiLU computes the centred, scaled values again from y
-    (cheaper than keeping them in scratch)."""
-    px, c = y.shape
-    n = F32(px)
-    ones = np.ones(px, F32)
-    with one_blas_thread():
-        mean = (ones @ y) / n
-    yield ()
+    groups, where y's row p is bf16_to_f32(c[offs[p]:][:ch]) (+ bias[boffs[p]:][:ch]): a
+    GEMM's C (uint16, flat) read in place (deconv_rows, conv_rows), never a float32 copy of
+    all of y. Each pass widens the rows again: a row at a time for the mean's and the
+    variance's float64 block sums (model.block_sums, block_square_sums, in chunks of whole
+    blocks), a chunk into per-thread scratch for tanh (numpy's) and the end of SiLU."""
+    px = len(offs)
+    if px and int(offs.max()) + ch > len(c):
+        raise ValueError(f"rows up to offset {int(offs.max())} + {ch} of a C of {len(c)} values")
+    b = np.empty(0, F32) if bias is None else np.asarray(bias, F32)
+    bo = offs if boffs is None else boffs
+
+    def rows_of(r0: int, r1: int) -> np.ndarray:
+        y = scratch("in.y", (r1 - r0, ch))
+        kernels.gather_rows(c, offs[r0:r1], b, bo[r0:r1], y)
+        return y
+
+    block = IN_BLOCK
+    sums = np.empty((-(-px // block), ch), np.float64)
+
+    def total(r0: int, r1: int) -> None:
+        kernels.block_sums(
+            c, offs[r0:r1], b, bo[r0:r1], ch, block, sums[r0 // block : -(-r1 // block)]
+        )
+
+    yield from in_pieces(pool, px, ch, block, total)
+    mean = mean_of_blocks(sums, px)
 
     def centre(r0: int, r1: int) -> None:
-        kernels.centred_squares(y[r0:r1], mean, sq[r0:r1])
+        kernels.block_square_sums(c, offs[r0:r1], b, bo[r0:r1], mean, block,
+                                  sums[r0 // block : -(-r1 // block)])  # fmt: skip
 
-    yield from in_pieces(pool, px, c, align, centre)
-    with one_blas_thread():
-        rstd = F32(1.0) / np.sqrt((ones @ sq) / n + F32(eps))
-    yield ()
+    yield from in_pieces(pool, px, ch, block, centre)
+    rstd = F32(1.0) / np.sqrt(mean_of_blocks(sums, px) + F32(eps))
 
     def silu(r0: int, r1: int) -> None:
-        yc = y[r0:r1]
+        yc = rows_of(r0, r1)
         t = scratch("silu.t", yc.shape)
         kernels.halves(yc, mean, rstd, t)
         np.tanh(t, out=t)
@@ -285,7 +277,7 @@ def instance_norm_silu_to(
 
         write(r0, r1, fill)
 
-    yield from in_pieces(pool, px, c, align, silu)
+    yield from in_pieces(pool, px, ch, align, silu)
 
 
 def heatmaps_into(pool: RowPool, c: np.ndarray, px: int, c_stride: int, out: np.ndarray) -> Pieces:

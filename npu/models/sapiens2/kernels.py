@@ -7,9 +7,9 @@ are the same: products and sums are IEEE float32 (numba contracts no multiply-ad
 fastmath), sqrt is correctly rounded, a mean over a head is numpy's pairwise sum
 (`pairwise_sum` of numpy/_core/src/umath/loops_utils.h.src: 8 accumulators up to 128
 values, halves split at a multiple of 8 above) divided in float64 as np.mean does, and bf16
-rounding is npu.bf16.f32_to_bf16's integer rule, NaNs included. Reductions over pixels and
-tanh stay numpy's (tests/npu/models/test_sapiens2_glue.py compares every result bit for
-bit).
+rounding is npu.bf16.f32_to_bf16's integer rule, NaNs included. InstanceNorm's mean
+and variance sum in float64 in model.block_sums' order; tanh stays numpy's
+(tests/npu/models/test_sapiens2_glue.py compares every result bit for bit).
 """
 
 from __future__ import annotations
@@ -347,12 +347,89 @@ def stage_bits_bf16(
 
 
 @njit(nogil=True, cache=True)
-def centred_squares(y: np.ndarray, mean: np.ndarray, sq: np.ndarray) -> None:
-    """sq = (y - mean)² per column: y, sq float32 [n, C] (y is left as it is)."""
-    for i in range(y.shape[0]):
-        for j in range(y.shape[1]):
-            v = y[i, j] - mean[j]
-            sq[i, j] = v * v
+def gather_rows(
+    c: np.ndarray, offs: np.ndarray, bias: np.ndarray, boffs: np.ndarray, out: np.ndarray
+) -> None:
+    """out[i, j] = bf16_to_f32(c[offs[i] + j]), plus bias[boffs[i] + j] when bias is not
+    empty (float32, added after the widening, as model.deconv_scatter's C + bias): the rows
+    of a GEMM's C (uint16, flat) at any offsets, into float32 out [n, C] (contiguous)."""
+    wide = out.view(np.uint32)
+    biased = bias.shape[0] > 0
+    n = out.shape[1]
+    for i in range(out.shape[0]):
+        src = c[offs[i] : offs[i] + n]  # a slice: its loads need no negative-index fix-up
+        for j in range(n):
+            wide[i, j] = U32(src[j]) << U32(16)
+        if biased:
+            add = bias[boffs[i] : boffs[i] + n]
+            for j in range(n):
+                out[i, j] += add[j]
+
+
+@njit(nogil=True, cache=True)
+def _row(
+    c: np.ndarray, o: int, bias: np.ndarray, b: int, biased: bool, row: np.ndarray, wide: np.ndarray
+) -> None:
+    """row = bf16_to_f32(c[o:][:C]) (+ bias[b:][:C]): gather_rows' row, into L1 scratch."""
+    n = row.shape[0]
+    src = c[o : o + n]
+    for j in range(n):
+        wide[j] = U32(src[j]) << U32(16)
+    if biased:
+        add = bias[b : b + n]
+        for j in range(n):
+            row[j] += add[j]
+
+
+@njit(nogil=True, cache=True)
+def block_sums(
+    c: np.ndarray,
+    offs: np.ndarray,
+    bias: np.ndarray,
+    boffs: np.ndarray,
+    ch: int,
+    block: int,
+    sums: np.ndarray,
+) -> None:
+    """sums[b, j] = the sum over rows i in [b·block, (b+1)·block) of float64(y[i, j]), in
+    row order (model.block_sums), y's rows as gather_rows reads them from C (offs: from a
+    block boundary); sums float64 [ceil(len(offs) / block), ch]."""
+    row = np.empty(ch, F32)
+    wide = row.view(np.uint32)
+    biased = bias.shape[0] > 0
+    for b in range(sums.shape[0]):
+        s = sums[b]
+        s[:] = 0.0
+        for i in range(b * block, min((b + 1) * block, offs.shape[0])):
+            _row(c, offs[i], bias, boffs[i], biased, row, wide)
+            for j in range(ch):
+                s[j] += np.float64(row[j])
+
+
+@njit(nogil=True, cache=True)
+def block_square_sums(
+    c: np.ndarray,
+    offs: np.ndarray,
+    bias: np.ndarray,
+    boffs: np.ndarray,
+    mean: np.ndarray,
+    block: int,
+    sums: np.ndarray,
+) -> None:
+    """block_sums of float64(y - mean)² (model.block_square_sums): y's rows read from C as
+    block_sums reads them, centred in float32, squared exactly in float64."""
+    ch = mean.shape[0]
+    row = np.empty(ch, F32)
+    wide = row.view(np.uint32)
+    biased = bias.shape[0] > 0
+    for b in range(sums.shape[0]):
+        s = sums[b]
+        s[:] = 0.0
+        for i in range(b * block, min((b + 1) * block, offs.shape[0])):
+            _row(c, offs[i], bias, boffs[i], biased, row, wide)
+            for j in range(ch):
+                v = np.float64(row[j] - mean[j])
+                s[j] += v * v
 
 
 @njit(nogil=True, cache=True)

@@ -74,19 +74,50 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))
 
 
+IN_BLOCK = 256  # pixels per partial sum of InstanceNorm's mean and variance
+
+
+def block_sums(x: np.ndarray) -> np.ndarray:
+    """InstanceNorm's mean sums: float32 [pixels, C] -> float64 [ceil(pixels / IN_BLOCK), C],
+    row b = rows [b·IN_BLOCK, (b+1)·IN_BLOCK) of x summed in float64 in row order: an order
+    any number of threads keeps (each block is one thread's), with no float32 copy of the
+    rows (npu.models.sapiens2.kernels.block_sums, the replay's, reads them from bf16)."""
+    blocks = -(-len(x) // IN_BLOCK)
+    sums = np.empty((blocks, x.shape[1]), np.float64)
+    for b in range(blocks):
+        sums[b] = np.cumsum(x[b * IN_BLOCK : (b + 1) * IN_BLOCK], axis=0, dtype=np.float64)[-1]
+    return sums
+
+
+def block_square_sums(centred: np.ndarray) -> np.ndarray:
+    """InstanceNorm's variance sums: block_sums of the squares of float32 centred values,
+    each square exact in float64 (kernels.block_square_sums, the replay's)."""
+    blocks = -(-len(centred) // IN_BLOCK)
+    sums = np.empty((blocks, centred.shape[1]), np.float64)
+    for b in range(blocks):
+        d = centred[b * IN_BLOCK : (b + 1) * IN_BLOCK].astype(np.float64)
+        sums[b] = np.cumsum(d * d, axis=0)[-1]  # cumsum: defined in row order
+    return sums
+
+
+def mean_of_blocks(sums: np.ndarray, pixels: int) -> np.ndarray:
+    """The mean float32 [C] over `pixels` from block sums, added in block order, rounded once."""
+    return (np.cumsum(sums, axis=0)[-1] / pixels).astype(np.float32)
+
+
 def instance_norm_silu(x: np.ndarray, eps: float) -> np.ndarray:
     """InstanceNorm (per channel over pixels, biased variance, no affine) then SiLU.
 
-    x: float32 [pixels, C] -> float32 [pixels, C]. The per-channel sums are float32 BLAS
-    reductions (ones · x), as torch's InstanceNorm reduces in float32 too. SiLU is
-    npu.ops.silu's x·0.5·(1 + tanh(x/2)), evaluated in place in the same order.
+    x: float32 [pixels, C] -> float32 [pixels, C]. The mean and then the biased variance of
+    the float32 centred values are float64 sums in blocks (block_sums, block_square_sums),
+    each rounded once to float32 (torch's InstanceNorm reduces in float32: this is closer to
+    the exact values). SiLU is npu.ops.silu's x·0.5·(1 + tanh(x/2)), evaluated in place in
+    the same order.
     """
-    n = np.float32(len(x))
-    ones = np.ones(len(x), np.float32)
-    centred = x - (ones @ x) / n
-    out = np.multiply(centred, centred)
-    centred *= np.float32(1.0) / np.sqrt((ones @ out) / n + np.float32(eps))
-    np.multiply(centred, np.float32(0.5), out=out)
+    centred = x - mean_of_blocks(block_sums(x), len(x))
+    var = mean_of_blocks(block_square_sums(centred), len(x))
+    centred *= np.float32(1.0) / np.sqrt(var + np.float32(eps))
+    out = np.multiply(centred, np.float32(0.5))
     np.tanh(out, out=out)
     out += np.float32(1.0)
     out *= np.float32(0.5)

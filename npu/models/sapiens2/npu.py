@@ -157,10 +157,9 @@ class Sapiens2Replay:
     `slots` sets of the flat buffers (and residual streams; default the passes a device
     thread interleaves, npu.device.INTERLEAVE) let that many forwards be in flight at once
     (`heatmap_steps(crop, slot)`): the device runs one box's dispatch while the host glue of
-    another runs. `flats` is slot 0's set. The head's float32 host scratch (the deconv
-    scatter and the squares of InstanceNorm, 302 MB at 0.4b) is taken by a forward for its
-    head alone, from a pool that grows only when heads coincide (host steps run in pieces,
-    glue.in_pieces, between which another forward's may run, so two heads never share one).
+    another runs. `flats` is slot 0's set. The head keeps no float32 copy of its
+    activations: InstanceNorm + SiLU reads each GEMM's C in place (glue.instance_norm_silu_to),
+    so a forward's host scratch is per-thread chunks only.
     """
 
     def __init__(
@@ -207,8 +206,6 @@ class Sapiens2Replay:
         self.kernels: dict[str, Kernel] = {}
         self._free_slots = list(range(slots))
         self._x = [np.empty((cfg.tokens, cfg.D), np.float32) for _ in range(slots)]
-        # the heads' scratch not in use: [2, most] float32, [pixels, C] rows then their squares
-        self._head_free: list[np.ndarray] = []
         try:
             for _ in range(slots):
                 self.slots.append(self._allocate())
@@ -272,31 +269,6 @@ class Sapiens2Replay:
         bits = flats["c"].bits((rows - 1) * rec.c_stride + cols)
         return np.lib.stride_tricks.as_strided(bits, (rows, cols), (rec.c_stride * 2, 2))
 
-    @contextmanager
-    def _head_scratch(self) -> Iterator[np.ndarray]:
-        """A head's float32 scratch [2, most] for one forward's head: its rows [pixels, C],
-        then their squares (most: the largest head activation), given back at its end."""
-        if self._head_free:
-            head = self._head_free.pop()
-        else:
-            cfg = self.config
-            h0, w0, most = cfg.gh, cfg.gw, 0
-            for co in cfg.up:
-                h0, w0 = 2 * h0, 2 * w0
-                most = max(most, h0 * w0 * co)
-            most = max([most, *(h0 * w0 * co for co in cfg.convs)])
-            head = np.empty((2, most), np.float32)
-        try:
-            yield head
-        finally:
-            self._head_free.append(head)
-
-    @staticmethod
-    def _head_rows(head: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-        """A head scratch's rows [rows, cols] and their squares' (float32)."""
-        n = rows * cols
-        return head[0, :n].reshape(rows, cols), head[1, :n].reshape(rows, cols)
-
     # the forward, as steps: host glue, then the launches of one device step (yielded)
 
     def feature_steps(self, crop: np.ndarray, slot: int | None = None) -> Steps:
@@ -326,8 +298,7 @@ class Sapiens2Replay:
             with self.slot() as free:
                 return (yield from self.heatmap_steps(crop, free, out))
         x = yield from self._backbone(crop, slot)
-        with self._head_scratch() as head:
-            return (yield from self._head_steps(x, slot, head, out))
+        return (yield from self._head_steps(x, slot, out))
 
     def _backbone(self, crop: np.ndarray, slot: int) -> Steps:
         cfg, pool, dev = self.config, self.pool, self.device
@@ -390,9 +361,7 @@ class Sapiens2Replay:
 
         return stage
 
-    def _head_steps(
-        self, x: np.ndarray, slot: int, head: np.ndarray, out: np.ndarray | None
-    ) -> Steps:
+    def _head_steps(self, x: np.ndarray, slot: int, out: np.ndarray | None) -> Steps:
         cfg, pool = self.config, self.pool
         flats = self.slots[slot]
         a = flats["a"].host()
@@ -406,10 +375,8 @@ class Sapiens2Replay:
             yield [self._gemm(flats, f"d{j}", f"d{j}")]
             rows = min(rec.rows, (h0 + 1) * (w0 + 2))
             c = flats["c"].bits((rows - 1) * rec.n + rec.n)
-            y, sq = self._head_rows(head, 4 * h0 * w0, co)
+            offs, boffs = glue.deconv_rows(h0, w0, rec.n, co)
             bias = self.host.get(f"d{j}.bias")
-            yield from glue.scatter_into(pool, c, h0, w0, rec.n, co, bias,
-                                         y.reshape(2 * h0, 2 * w0, co))  # fmt: skip
             h0, w0, cin = 2 * h0, 2 * w0, co
             if j + 1 < len(cfg.up):
                 pairs = glue.pairs_view(a, h0, w0, cin)
@@ -417,17 +384,17 @@ class Sapiens2Replay:
                 write, written = glue.pair_writer(pairs), pairs.size
             else:
                 write, written = glue.dense_writer(a, cin), h0 * w0 * cin
-            yield from glue.instance_norm_silu_to(pool, y, cfg.in_eps, sq, w0, write)
+            yield from glue.instance_norm_silu_to(pool, c, offs, bias, boffs, co, cfg.in_eps, w0,
+                                                  write)  # fmt: skip
             flats["a"].written(written)
         px = h0 * w0
         for j, co in enumerate(cfg.convs):
             rec = self.gemms[f"c{j}"]
             yield [self._gemm(flats, f"c{j}", f"c{j}")]
-            y, sq = self._head_rows(head, px, co)
-            yield from glue.read_rows(pool, self._c_rows(flats, rec, px, co), y)
-            yield from glue.instance_norm_silu_to(
-                pool, y, cfg.in_eps, sq, 1, glue.dense_writer(a, co)
-            )
+            c = flats["c"].bits((px - 1) * rec.c_stride + co)
+            offs = glue.conv_rows(px, rec.c_stride)
+            yield from glue.instance_norm_silu_to(pool, c, offs, None, None, co, cfg.in_eps, 1,
+                                                  glue.dense_writer(a, co))  # fmt: skip
             flats["a"].written(px * co)
         rec = self.gemms["pred"]
         yield [self._gemm(flats, "pred", "pred")]

@@ -11,7 +11,7 @@ uses differences of ln(clip(s·B, 1e-3, 50)), and where no clip engages these eq
 differences of ln B. Since blur weights sum to at most 1, max(B) <= max(m), so s >= 1;
 and s·B <= max(m). Hence if every neighbourhood value B >= 1e-3 and max(m) <= 50, no clip
 engages for any admissible s and the step is computed from ln B exactly. Only maps failing
-that test (weak or very strong peaks) are blurred in full to get s exactly.
+that test (weak or very strong peaks) are blurred in full, in float32 as HF's, to get s.
 
 Score <= 0: HF sets the location to (-1, -1) and then reads the replicate-padded log map
 at flat offsets from padded (0, 0), which wrap into the previous map (or the end of the
@@ -22,6 +22,7 @@ window like any other; their score is the raw maximum, as HF's.
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 
 from pipeline.errors import NpucamError
@@ -49,14 +50,22 @@ def gaussian_taps(kernel: int = BLUR_KERNEL) -> np.ndarray:
     return taps / taps.sum()
 
 
-def _blur_full(maps: np.ndarray, taps: np.ndarray) -> np.ndarray:
-    """Zero-bordered separable blur of whole maps: float [M, H, W] -> float64 [M, H, W]."""
-    r = len(taps) // 2
-    m, h, w = maps.shape
-    padded = np.zeros((m, h + 2 * r, w + 2 * r), dtype=np.float64)
-    padded[:, r : r + h, r : r + w] = maps
-    rows = sum(taps[i] * padded[:, :, i : i + w] for i in range(len(taps)))
-    return sum(taps[i] * rows[:, i : i + h, :] for i in range(len(taps)))
+def _blur_max(flat: np.ndarray, rows: np.ndarray, h: int, w: int, taps: np.ndarray) -> np.ndarray:
+    """The maximum of the zero-bordered blur of maps flat[rows] (flat float32 [M, H*W]):
+    float64 [len(rows)].
+
+    One map at a time through OpenCV's float32 separable filter (BORDER_CONSTANT: zeros)
+    into one reused map, so nothing of the size of all maps is made. HF blurs in float32
+    too (torchvision's gaussian_blur): the maximum is as exact as the reference's.
+    """
+    taps32 = taps.astype(np.float32)
+    blurred = np.empty((h, w), np.float32)
+    top = np.empty(len(rows), np.float64)
+    for i, r in enumerate(rows):
+        cv2.sepFilter2D(flat[r].reshape(h, w), cv2.CV_32F, taps32, taps32, dst=blurred,
+                        borderType=cv2.BORDER_CONSTANT)  # fmt: skip
+        top[i] = blurred.max()
+    return top
 
 
 def _blur_at(
@@ -131,8 +140,7 @@ def dark_keypoints(
     if np.any(exact):
         # the clip may engage: the rescale factor is needed, from the whole blurred map
         rows = np.flatnonzero(exact)
-        full = _blur_full(flat[rows].reshape(-1, h, w), taps)
-        top = full.reshape(len(rows), -1).max(axis=1)
+        top = _blur_max(flat, rows, h, w, taps)
         scale = np.where(top > 0, score[rows] / np.where(top > 0, top, 1.0), 1.0)
         blur[rows] = np.clip(blur[rows] * scale[:, None, None], lo, hi)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -20,7 +20,15 @@ from sapiens2_torch_ref import save_tiny_sapiens2  # beside this file
 from npu.models.sapiens2.checkpoint import deconv_weights, from_pretrained
 from npu.models.sapiens2.config import Config, ModelError
 from npu.models.sapiens2.export import write_sim_bundle
-from npu.models.sapiens2.model import deconv_gemm_input, deconv_scatter, rope_tables
+from npu.models.sapiens2.model import (
+    block_square_sums,
+    block_sums,
+    deconv_gemm_input,
+    deconv_scatter,
+    instance_norm_silu,
+    mean_of_blocks,
+    rope_tables,
+)
 from npu.models.sapiens2.npu import from_bundle
 
 torch.set_num_threads(1)
@@ -105,6 +113,24 @@ def test_four_phase_deconv_gemm_equals_conv_transpose():
         torch.from_numpy(x * g).permute(2, 0, 1)[None], torch.from_numpy(wt), stride=2, padding=1
     )[0].permute(1, 2, 0)
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_instance_norm_silu_matches_torch_and_its_variance_is_exact_to_float32():
+    # torch's InstanceNorm2d + SiLU in float32 within 1e-5; the block sums in float64 give
+    # the mean, and the variance of the float32 centred values, within one float32 rounding
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(900, 12)) * 3 + 1).astype(np.float32)  # 4 blocks, the last short
+    ours = instance_norm_silu(x, 1e-5)
+    t = torch.from_numpy(x.T.reshape(1, 12, 30, 30).copy())
+    ref = F.silu(F.instance_norm(t, eps=1e-5))[0].reshape(12, -1).T.numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    mean = mean_of_blocks(block_sums(x), 900)
+    exact_mean = np.mean(x.astype(np.float64), axis=0)
+    assert np.all(np.abs(mean - exact_mean) <= np.abs(exact_mean) * 2.0**-24)
+    centred = x - mean
+    exact = np.mean(centred.astype(np.float64) ** 2, axis=0)
+    var = mean_of_blocks(block_square_sums(centred), 900)
+    assert np.all(np.abs(var - exact) <= exact * 2.0**-24)
 
 
 def test_config_from_hf_and_from_params_agree(tiny_sapiens2_dir):

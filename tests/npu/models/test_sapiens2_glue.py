@@ -15,7 +15,7 @@ from sapiens2_torch_ref import tiny_sapiens2
 
 import npu.models.sapiens2.model as s2model
 from npu.bf16 import bf16_to_f32, f32_to_bf16, f32_to_bf16_into
-from npu.models.sapiens2 import glue
+from npu.models.sapiens2 import glue, kernels
 from npu.models.sapiens2.checkpoint import from_pretrained
 from npu.models.sapiens2.config import Config
 from npu.models.sapiens2.export import write_sim_bundle
@@ -252,17 +252,18 @@ def test_deconv_scatter_and_instance_norm_silu_into_pairs_equal_the_old_glue(poo
     h0, w0, co = 12, 10, 24
     bias = rng.normal(size=4 * co + 8).astype(np.float32) if biased else None
     c, n, want_y = _head_case(rng, h0, w0, 32, co, bias)
-    y = np.empty((2 * h0, 2 * w0, co), np.float32)
-    list(glue.scatter_into(pool, c, h0, w0, n, co, bias, y))
-    assert np.array_equal(y, want_y)
-    # InstanceNorm + SiLU into the next deconv's pairs, over stale bits in the mapping
+    # the scatter's rows, read in place from C: model.deconv_scatter's (with the bias)
+    offs, boffs = glue.deconv_rows(h0, w0, n, co)
+    y = np.empty((4 * h0 * w0, co), np.float32)
+    kernels.gather_rows(c, offs, np.empty(0, np.float32) if bias is None else bias, boffs, y)
+    assert np.array_equal(y, want_y.reshape(-1, co))
+    # InstanceNorm + SiLU of those rows into the next deconv's pairs, over stale bits
     want = f32_to_bf16(deconv_pairs(instance_norm_silu(want_y.reshape(-1, co), 1e-5)
                                     .reshape(2 * h0, 2 * w0, co)))  # fmt: skip
     a = np.full(want.size + 100, 0xBEEF, np.uint16)
     pairs = glue.pairs_view(a, 2 * h0, 2 * w0, co)
     glue.zero_pair_pads(pairs)
-    sq = np.empty((4 * h0 * w0, co), np.float32)
-    list(glue.instance_norm_silu_to(pool, y.reshape(-1, co), 1e-5, sq, 2 * w0,
+    list(glue.instance_norm_silu_to(pool, c, offs, bias, boffs, co, 1e-5, 2 * w0,
                                     glue.pair_writer(pairs)))  # fmt: skip
     assert np.array_equal(a[: want.size], want.reshape(-1))
     assert (a[want.size :] == 0xBEEF).all()
@@ -275,16 +276,39 @@ def test_conv_rows_instance_norm_silu_and_heatmaps_equal_the_old_glue(pool):
     view = np.lib.stride_tricks.as_strided(c, (px, co), (c_stride * 2, 2))
     old_y = bf16_to_f32(view)
     want = f32_to_bf16(instance_norm_silu(old_y, 1e-5))
-    y, sq = np.empty((px, co), np.float32), np.empty((px, co), np.float32)
+    y = np.empty((px, co), np.float32)
     list(glue.read_rows(pool, view, y))
     assert np.array_equal(y, old_y)
     a = np.full(px * co + 10, 0xBEEF, np.uint16)
-    list(glue.instance_norm_silu_to(pool, y, 1e-5, sq, 1, glue.dense_writer(a, co)))
+    offs = glue.conv_rows(px, c_stride)
+    list(glue.instance_norm_silu_to(pool, c, offs, None, None, co, 1e-5, 1,
+                                    glue.dense_writer(a, co)))  # fmt: skip
     assert np.array_equal(a[: px * co], want.reshape(-1)) and (a[px * co :] == 0xBEEF).all()
     hm = np.empty((k, px), np.float32)
     list(glue.heatmaps_into(pool, c, px, c_stride, hm))
     pred = np.lib.stride_tricks.as_strided(c, (px, k), (c_stride * 2, 2))
     assert np.array_equal(hm, bf16_to_f32(pred).T)
+
+
+def test_instance_norm_silu_over_many_chunks_equals_the_reference_on_any_thread_count(pool):
+    # 20000 px x 8 channels: chunks of 16384 rows (whole sum blocks), so two chunks, on
+    # one or two threads, the last block short; the same bits as model.instance_norm_silu
+    rng = np.random.default_rng(6)
+    c = _bf16_rows(rng, (20000 * 8,), 2.0)
+    want = f32_to_bf16(instance_norm_silu(bf16_to_f32(c).reshape(-1, 8), 1e-5))
+    a = np.full(c.size, 0xBEEF, np.uint16)
+    list(glue.instance_norm_silu_to(pool, c, glue.conv_rows(20000, 8), None, None, 8, 1e-5, 1,
+                                    glue.dense_writer(a, 8)))  # fmt: skip
+    assert np.array_equal(a, want.reshape(-1))
+
+
+def test_instance_norm_silu_refuses_rows_past_the_end_of_c(pool):
+    c = np.zeros(100 * 8 - 1, np.uint16)  # one value short of 100 rows of 8
+    a = np.zeros(100 * 8, np.uint16)
+    with pytest.raises(ValueError, match="offset 792 \\+ 8 of a C of 799"):
+        list(glue.instance_norm_silu_to(pool, c, glue.conv_rows(100, 8), None, None, 8, 1e-5,
+                                        1, glue.dense_writer(a, 8)))  # fmt: skip
+    assert not a.any()
 
 
 def test_final_norm_into_the_first_deconvs_pairs_equals_the_old_glue(pool):
@@ -351,8 +375,7 @@ def test_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
     # as many crops as the replay has slots (npu.device.INTERLEAVE) started together (no
     # staggering), host steps cut into pieces of a few values, so that each forward's head
     # resumes between the others' head pieces: each must still get its own heatmaps bit for
-    # bit (no host scratch shared between forwards in flight: the heads' scratch pool grows
-    # to one per head at once, and is reused after)
+    # bit (no host scratch shared between forwards in flight)
     from npu.device import INTERLEAVE, Interleaved
     from npu.sim import SimDevice
 
@@ -364,7 +387,6 @@ def test_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
         assert n == INTERLEAVE >= 3
         crops = np.random.default_rng(7).normal(size=(n, 3, cfg.H, cfg.W)).astype(np.float32)
         want = [model.heatmaps(c[None])[0] for c in crops]
-        assert len(model.ops._head_free) == 1  # one forward at a time: one head scratch
         monkeypatch.setattr(glue, "PIECE_ELEMS", 64)
         for _ in range(2):
             got: dict[int, np.ndarray] = {}
@@ -375,7 +397,6 @@ def test_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
             while len(active):
                 active.step()
             assert all(np.array_equal(got[i], want[i]) for i in range(n))
-            assert len(model.ops._head_free) == n
         assert not np.array_equal(want[0], want[1])
     finally:
         dev.close()

@@ -81,6 +81,22 @@ def test_white_noise_heatmaps_match_hf_evaluated_in_float64(monkeypatch):
     assert np.abs(kp[..., :2] - ref).max() <= 1e-3
 
 
+def test_blurred_maxima_match_hfs_float32_blur_of_the_zero_padded_maps():
+    # HF's gaussian_blur_preserve_max before its rescale: zero padding, torchvision's blur.
+    # Both blur in float32 (11 + 11 taps): relative error a few float32 ulps of the maximum
+    import torchvision.transforms.v2.functional as tvf
+
+    rng = np.random.default_rng(3)
+    flat = np.concatenate([_peaked(rng, 1, 5, 40, 30)[0], rng.normal(size=(3, 40, 30))])
+    flat = flat.astype(np.float32).reshape(8, -1)
+    rows = np.array([0, 2, 5, 6, 7])
+    padded = torch.nn.functional.pad(torch.from_numpy(flat[rows].reshape(-1, 40, 30)), (5,) * 4)
+    sigma = 0.3 * ((11 - 1) * 0.5 - 1) + 0.8
+    ref = tvf.gaussian_blur(padded, [11, 11], [sigma, sigma])[:, 5:-5, 5:-5].amax(dim=(1, 2))
+    top = post._blur_max(flat, rows, 40, 30, post.gaussian_taps())
+    np.testing.assert_allclose(top, ref.numpy(), rtol=1e-6)
+
+
 def test_first_maximum_wins_on_ties():
     hm = np.zeros((1, 1, 40, 30), np.float32)
     hm[0, 0, 10, 12] = hm[0, 0, 30, 20] = 1.0
