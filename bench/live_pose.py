@@ -96,6 +96,7 @@ def run_landmarks(
         face = p.face.xy if p.face is not None else None
         rows.append(
             (
+                p.track_id,
                 anchor_points(p.body.xy, hands.get("left"), hands.get("right"), face),
                 p.body.visibility,
             )
@@ -104,48 +105,53 @@ def run_landmarks(
 
 
 def evaluate(rows: list, frames: list[np.ndarray], fps: float, every: int, block: str) -> dict:
-    """Per method, the held-out points' errors (% of body height) with their keyframe ages."""
+    """Per method, the held-out points' errors (% of body height) with their keyframe ages.
+    Each track gets its own fusion, with a keyframe on its first frame and every `every`
+    frames after, carrying whatever the model found on that frame."""
     held, parts = HELD_OUT[block]
     held = np.array(held)
     k = NUM_ANCHORS
-    fusions = {
-        "fusion": KeyframeFusion(k, parts, history_s=1e9),
-        "fusion+flow": KeyframeFusion(k, parts, history_s=1e9, use_flow=True),
+    errs: dict[str, list[tuple[float, float]]] = {
+        m: [] for m in ("fusion", "fusion+flow", "flow only")
     }
-    errs: dict[str, list[tuple[float, float]]] = {m: [] for m in (*fusions, "flow only")}
-    flow_pts = None
-    prev_gray = None
-    last_kf = None
+    track = start = None
+    fusions: dict[str, KeyframeFusion] = {}
+    flow_pts = prev_gray = last_kf = None
     for i, (row, frame) in enumerate(zip(rows, frames, strict=True)):
         gray = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
         t = (i + 1) / fps
         if row is None:
+            track = None
             prev_gray = gray
             continue
-        truth, vis = row
+        track_id, truth, _ = row
+        if track_id != track:
+            track, start = track_id, i
+            fusions = {
+                "fusion": KeyframeFusion(k, parts, history_s=1e9),
+                "fusion+flow": KeyframeFusion(k, parts, history_s=1e9, use_flow=True),
+            }
+            flow_pts = None
         cpu = truth.copy()
         cpu[held] = np.nan
         score = np.ones(k)
         outs = {m: f.frame(t, cpu, score, cpu, gray) for m, f in fusions.items()}
-        if flow_pts is not None and prev_gray is not None:
+        if flow_pts is not None:
             flow_pts, _ = flow.track(prev_gray, gray, flow_pts)
-        if i % every == 0:  # a keyframe carries whatever the model found on its frame
+        if (i - start) % every == 0:
             for f in fusions.values():
                 f.keyframe(t, truth, score)
             flow_pts = truth[held].copy()
             last_kf = t
-        elif last_kf is not None:
-            body = truth[:33]
-            height = float(np.ptp(body[:, 1]))
+        else:
+            height = float(np.ptp(truth[:33, 1]))
             have = np.isfinite(truth[held]).all(axis=1)
             age = t - last_kf
             for m, out in outs.items():
-                got = out.xy[held][have]
-                e = np.linalg.norm(got - truth[held][have], axis=1) / height * 100
+                e = np.linalg.norm(out.xy[held][have] - truth[held][have], axis=1) / height * 100
                 errs[m] += [(age, v) for v in e]  # NaN where fusion left a point absent
-            if flow_pts is not None:
-                e = np.linalg.norm(flow_pts[have] - truth[held][have], axis=1) / height * 100
-                errs["flow only"] += [(age, v) for v in e]
+            e = np.linalg.norm(flow_pts[have] - truth[held][have], axis=1) / height * 100
+            errs["flow only"] += [(age, v) for v in e]
         prev_gray = gray
     return {m: np.array(v).reshape(-1, 2) for m, v in errs.items()}
 
@@ -163,11 +169,17 @@ def table(errs: dict, every_s: float) -> list[str]:
                 continue
             v = sel[:, 1]
             placed = np.isfinite(v)
+            if not placed.any():
+                cells.append(f"{lo:g}-{min(hi, 3):g}s: all absent")
+                continue
             cells.append(
                 f"{lo:g}-{min(hi, 3):g}s: {np.nanmean(v):.1f}/{np.nanpercentile(v, 95):.1f}"
                 + ("" if placed.all() else f" ({(~placed).mean():.0%} absent)")
             )
         allv = arr[:, 1]
+        if not np.isfinite(allv).any():
+            lines.append(f"    {method}: every held-out point absent [{'; '.join(cells)}]")
+            continue
         lines.append(
             f"    {method}: mean/p95 {np.nanmean(allv):.2f}/{np.nanpercentile(allv, 95):.2f}% "
             f"[{'; '.join(cells)}] n={len(allv)}"
@@ -203,7 +215,7 @@ def main() -> None:
         for block in ("hands", "face"):
             held = np.array(HELD_OUT[block][0])
             truth_frames = sum(
-                r is not None and np.isfinite(r[0][held]).all(axis=1).any() for r in rows
+                r is not None and np.isfinite(r[1][held]).all(axis=1).any() for r in rows
             )
             if truth_frames < 2:
                 print(
