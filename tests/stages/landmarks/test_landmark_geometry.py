@@ -3,6 +3,7 @@ MediaPipe's ROI arithmetic on hand-made cases."""
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
@@ -105,3 +106,17 @@ def test_previous_hand_roi_is_kept_only_while_close_to_the_new_one():
     assert not keep_previous(Rect(100.0, 100.0, 80.0, 80.0, 0.0), inside, recrop)  # grew 0.6
     assert not keep_previous(Rect(100.0, 100.0, 50.0, 50.0, 1.0), inside, recrop)  # turned 57deg
     assert not keep_previous(near, np.array([[124.0, 100.0]]), recrop)  # landmark near the edge
+
+
+def test_flow_follows_a_shifted_texture_and_drops_points_that_fail_the_round_trip():
+    from stages.landmarks import flow
+
+    rng = np.random.default_rng(3)
+    texture = cv2.GaussianBlur(rng.integers(0, 255, (240, 320), dtype=np.uint8), (5, 5), 1.5)
+    shifted = np.roll(texture, (2, 3), axis=(0, 1))  # 3 px right, 2 px down
+    shifted[:, 200:] = 128  # the texture on the right is gone: nothing to follow there
+    pts = np.array([[100.0, 100.0], [150.0, 120.0], [260.0, 120.0], [np.nan, np.nan]])
+    moved, ok = flow.track(texture, shifted, pts)
+    assert ok.tolist() == [True, True, False, False]
+    np.testing.assert_allclose(moved[:2], pts[:2] + [3, 2], atol=0.1)
+    assert moved[2].tolist() == [260.0, 120.0]  # an untracked point keeps its position
