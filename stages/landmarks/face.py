@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 
 from stages.landmarks.models import TfliteModel, face_landmark_model
-from stages.landmarks.rects import Rect, bounding_rect, normalize_radians
+from stages.landmarks.rects import Rect, axis_aligned_iou, bounding_rect, normalize_radians
 
 NUM_FACE = 468
 MIN_FACE_FLAG = 0.5
@@ -54,18 +54,6 @@ def roi_from_mesh(xy: np.ndarray) -> Rect:
     return bounding_rect(xy, rotation).transformed(FROM_MESH_SCALE)
 
 
-def _aabb_iou(a: Rect, b: Rect) -> float:
-    def box(r: Rect) -> np.ndarray:
-        corners = r.to_image(np.array([[0, 0], [1, 0], [1, 1], [0, 1]], np.float64), 1)
-        return np.concatenate([corners.min(axis=0), corners.max(axis=0)])
-
-    ba, bb = box(a), box(b)
-    lo, hi = np.maximum(ba[:2], bb[:2]), np.minimum(ba[2:], bb[2:])
-    inter = float(np.prod(np.clip(hi - lo, 0, None)))
-    union = float(np.prod(ba[2:] - ba[:2]) + np.prod(bb[2:] - bb[:2])) - inter
-    return inter / union if union > 0 else 0.0
-
-
 class FaceLandmarker:
     def __init__(self, model: TfliteModel | None = None) -> None:
         self.model = model or face_landmark_model()
@@ -98,7 +86,7 @@ class FaceTrack:
         roi = roi_from_body(body_xy)
         if self.previous is not None:
             tracked = roi_from_mesh(self.previous.xy)
-            if _aabb_iou(tracked, roi) >= MIN_TRACK_IOU:
+            if axis_aligned_iou(tracked, roi) >= MIN_TRACK_IOU:
                 roi = tracked
         self.previous = self.landmarker.landmarks(image, roi, colour_order)
         return self.previous

@@ -36,8 +36,8 @@ class TfliteModel:
             got = [tuple(d["shape"]) for d in inputs]
             raise DetectorError(f"{self.path}: expected one input [1,{size},{size},3], got {got}")
         self._input = inputs[0]["index"]
-        # several outputs can share a shape (hand presence and handedness): take them in the
-        # model's output order, which is the order MediaPipe's graphs split them in
+        # several outputs share a shape (hand presence and handedness): match them in the order
+        # of their names (Identity, Identity_1, ...), the order MediaPipe's graphs split them in
         details = sorted(self._interp.get_output_details(), key=lambda d: d["name"])
         self._outputs: dict[str, int] = {}
         used: set[int] = set()

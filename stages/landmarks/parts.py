@@ -51,8 +51,9 @@ def _is_hand(name: str) -> bool:
 
 
 def sapiens308_parts() -> tuple[Part, ...]:
-    """The parts of the 308 layout: head (the face and the body's face points), torso, upper
-    arms, forearms are not separate (elbow points follow the arm), thighs, feet, hands."""
+    """The parts of the 308 layout: head (the face and the body's face points), torso, each
+    arm (the elbow's points, moved by shoulder, elbow and wrist), each leg (the knee), each
+    foot, each hand."""
     body = tuple(range(33))
     hand_l, hand_r = _side_hand("left"), _side_hand("right")
     head_body = _idx("nose", "left_eye", "right_eye", "left_ear", "right_ear")

@@ -92,3 +92,17 @@ def bounding_rect(points: np.ndarray, rotation: float) -> Rect:
     centre = np.array([[c, -s], [s, c]]) @ centre_local
     size = hi - lo
     return Rect(float(centre[0]), float(centre[1]), float(size[0]), float(size[1]), rotation)
+
+
+def axis_aligned_iou(a: Rect, b: Rect) -> float:
+    """IoU of the axis-aligned boxes around two rotated rects."""
+
+    def box(r: Rect) -> np.ndarray:
+        corners = r.to_image(np.array([[0, 0], [1, 0], [1, 1], [0, 1]], np.float64), 1)
+        return np.concatenate([corners.min(axis=0), corners.max(axis=0)])
+
+    ba, bb = box(a), box(b)
+    lo, hi = np.maximum(ba[:2], bb[:2]), np.minimum(ba[2:], bb[2:])
+    inter = float(np.prod(np.clip(hi - lo, 0, None)))
+    union = float(np.prod(ba[2:] - ba[:2]) + np.prod(bb[2:] - bb[:2])) - inter
+    return inter / union if union > 0 else 0.0

@@ -20,7 +20,7 @@ from stages.detectors.detections import DetectorError, DetectorOutput
 from stages.landmarks.body import BodyLandmarker, BodyLandmarks, BodyTrack, roi_from_detection
 from stages.landmarks.face import FaceLandmarker, FaceLandmarks, FaceTrack
 from stages.landmarks.hands import HandLandmarker, HandLandmarks, HandTrack
-from stages.landmarks.rects import Rect
+from stages.landmarks.rects import axis_aligned_iou
 
 PARTS = ("body", "hands", "face")
 MIN_NEW_PERSON_IOU = 0.3
@@ -47,19 +47,6 @@ class _Track:
     body: BodyTrack
     hands: dict[str, HandTrack]
     face: FaceTrack | None
-
-
-def _aabb(r: Rect) -> np.ndarray:
-    c = r.to_image(np.array([[0, 0], [1, 0], [1, 1], [0, 1]], np.float64), 1)
-    return np.concatenate([c.min(axis=0), c.max(axis=0)])
-
-
-def _iou(a: Rect, b: Rect) -> float:
-    ba, bb = _aabb(a), _aabb(b)
-    lo, hi = np.maximum(ba[:2], bb[:2]), np.minimum(ba[2:], bb[2:])
-    inter = float(np.prod(np.clip(hi - lo, 0, None)))
-    union = float(np.prod(ba[2:] - ba[:2]) + np.prod(bb[2:] - bb[:2])) - inter
-    return inter / union if union > 0 else 0.0
 
 
 class LandmarkTracker:
@@ -108,7 +95,7 @@ class LandmarkTracker:
                 break
             roi = roi_from_detection(found.keypoints[i].astype(np.float64))
             live = [t.body.roi for t in self.tracks if t.body.roi is not None]
-            if any(_iou(roi, r) >= MIN_NEW_PERSON_IOU for r in live):
+            if any(axis_aligned_iou(roi, r) >= MIN_NEW_PERSON_IOU for r in live):
                 continue
             hands = (
                 {s: HandTrack(self.hand_model, s) for s in ("left", "right")}
