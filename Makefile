@@ -42,7 +42,8 @@ $(NODE_MODULES): docs/examples/package.json docs/examples/package-lock.json
 	cd docs/examples && npm ci --no-audit --no-fund
 
 # MediaPipe's own graphs, the independent reference for stages/landmarks, in a venv of their own
-# (bench/mediapipe-requirements.txt says why); npucam never imports mediapipe.
+# (bench/mediapipe-requirements.txt says why); npucam never imports mediapipe. Its wheels are
+# CPython 3.9-3.12 only.
 MP_VENV := .venv-mediapipe
 
 $(MP_VENV)/.made: bench/mediapipe-requirements.txt
