@@ -2,7 +2,8 @@
 (google-ai-edge/mediapipe mediapipe/modules/pose_landmark/pose_landmark_cpu.pbtxt,
 pose_landmark_by_roi_cpu.pbtxt, tensors_to_pose_landmarks_and_segmentation.pbtxt,
 pose_detection_to_roi.pbtxt, pose_landmarks_to_roi.pbtxt; the heatmap refinement of
-mediapipe/calculators/util/refine_landmarks_from_heatmap_calculator.cc).
+mediapipe/calculators/util/refine_landmarks_from_heatmap_calculator.cc), with the options the
+0.10.21 wheel's graph really sets where they differ from those files (bench/mediapipe_graph.py).
 
 The first ROI comes from the person detector's hip-centre and body-scale keypoints; every later
 one from the previous frame's two alignment landmarks, one-euro filtered as upstream. A pose
@@ -32,7 +33,7 @@ BODY_NAMES = (
 NUM_BODY = 33
 ROI_SCALE = 1.25  # pose_detection_to_roi / pose_landmarks_to_roi RectTransformation
 MIN_POSE_FLAG = 0.5  # ThresholdingCalculator in tensors_to_pose_landmarks_and_segmentation
-HEATMAP_KERNEL = 7
+HEATMAP_KERNEL = 9  # the options default: the 0.10.21 graph sets none (the .pbtxt says 7)
 HEATMAP_MIN_CONFIDENCE = 0.5  # RefineLandmarksFromHeatmapCalculatorOptions default
 
 
@@ -64,7 +65,7 @@ def roi_from_landmarks(aux: np.ndarray) -> Rect:
 
 
 def refine_from_heatmap(xy_norm: np.ndarray, heatmap: np.ndarray) -> np.ndarray:
-    """Each landmark [N, 2] (crop-normalised) moved to the sigmoid-weighted mean of its 7x7
+    """Each landmark [N, 2] (crop-normalised) moved to the sigmoid-weighted mean of its 9x9
     heatmap window when the window's peak is >= 0.5 (heatmap float32 [H, W, N], logits).
     The upstream bounds check tests the column against the height, kept as is."""
     hm_h, hm_w, n = heatmap.shape
@@ -126,11 +127,11 @@ class BodyTrack:
     ROI the previous frame gave (or the detector's) and returns None once the person is lost;
     the track then needs `restart(detector_keypoints)` before the next step. The next ROI is
     built from the alignment points after MediaPipe's one-euro filter (min cutoff 0.01, beta
-    1, derivative cutoff 1; t in seconds, > 0)."""
+    10, derivative cutoff 1, object scale twice their distance; t in seconds, > 0)."""
 
     def __init__(self, landmarker: BodyLandmarker, detector_keypoints: np.ndarray) -> None:
         self.landmarker = landmarker
-        self.filter = OneEuro(min_cutoff=0.01, beta=1.0, derivate_cutoff=1.0)
+        self.filter = OneEuro(min_cutoff=0.01, beta=10.0, derivate_cutoff=1.0)
         self.roi: Rect | None = roi_from_detection(np.asarray(detector_keypoints, np.float64))
 
     @property
@@ -148,5 +149,7 @@ class BodyTrack:
             self.roi = None
             self.filter.reset()
         else:
-            self.roi = roi_from_landmarks(self.filter.apply(t, body.aux))
+            # OBJECT_SCALE_ROI: the alignment square of the unfiltered points (side 2 x distance)
+            scale = 2.0 * float(np.linalg.norm(body.aux[1] - body.aux[0]))
+            self.roi = roi_from_landmarks(self.filter.apply(t, body.aux, scale))
         return body

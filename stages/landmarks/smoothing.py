@@ -1,6 +1,8 @@
 """The one-euro filter MediaPipe's pose graph always applies to the two alignment landmarks
 before it builds the next ROI (google-ai-edge/mediapipe
-mediapipe/modules/pose_landmark/pose_landmark_filtering.pbtxt, "auxiliary landmarks";
+mediapipe/modules/pose_landmark/pose_landmark_filtering.pbtxt, "auxiliary landmarks", with the
+0.10.21 wheel's options: min cutoff 0.01, beta 10, derivative cutoff 1, the alignment square as
+OBJECT_SCALE_ROI; bench/mediapipe_graph.py prints them;
 mediapipe/util/filtering/one_euro_filter.cc, low_pass_filter.cc and
 mediapipe/calculators/util/landmarks_smoothing_calculator.cc OneEuroFilterImpl), vectorised
 over points and axes.
@@ -20,13 +22,13 @@ class OneEuro:
     """Filters float [N, 2] pixel points: `apply(t_seconds, points)`, and `reset()` when the
     object is lost. Timestamps must be > 0 (as MediaPipe's, whose first frame is at 33.3 ms);
     the frequency is 30 Hz until two timestamps give it. Values are scaled by 1 / object
-    scale, the mean side of the points' bounding box, as LandmarksSmoothingCalculator does
-    without an object-scale ROI."""
+    scale: the caller's (LandmarksSmoothingCalculator's OBJECT_SCALE_ROI, the mean side of
+    that ROI), else the mean side of the points' bounding box."""
 
     def __init__(
         self,
         min_cutoff: float = 0.01,
-        beta: float = 1.0,
+        beta: float = 10.0,
         derivate_cutoff: float = 1.0,
         frequency: float = 30.0,
     ) -> None:
@@ -43,13 +45,15 @@ class OneEuro:
         self.value: np.ndarray | None = None
         self.dvalue: np.ndarray | None = None
 
-    def apply(self, t: float, points: np.ndarray) -> np.ndarray:
+    def apply(self, t: float, points: np.ndarray, object_scale: float | None = None) -> np.ndarray:
         x = np.asarray(points, np.float64)
         if t <= self.last_t:
             # upstream: a timestamp not after the last one (or not after 0) passes through
             return x.copy()
-        lo, hi = x.min(axis=0), x.max(axis=0)
-        scale = float((hi - lo).sum() / 2)
+        if object_scale is None:
+            lo, hi = x.min(axis=0), x.max(axis=0)
+            object_scale = float((hi - lo).sum() / 2)
+        scale = object_scale
         if scale < 1e-6:
             return x.copy()
         if self.last_t != 0:
