@@ -4,9 +4,10 @@ face_landmark_landmarks_to_roi.pbtxt, holistic_landmark/face_landmarks_from_pose
 
 Deviation from Holistic, on purpose: Holistic refines the ROI from the body with a short-range
 face detector run inside it; here the first ROI is the body's face points (eyes, ears, mouth)
-boxed along the eye line and doubled, and every later one is the previous mesh's ROI (the box
-of all 468 points rotated by the eye corners 33 -> 263, x1.5) while it still overlaps the ROI
-from the body (IoU >= 0.5 of the axis-aligned boxes). A face flag under 0.5 drops the face.
+boxed (axis-aligned, rotated by the eye line, as upstream's DetectionsToRects) and doubled, and
+every later one is the previous mesh's ROI (its box rotated by the eye corners 33 -> 263, x1.5)
+while it still overlaps the ROI from the body (IoU >= 0.5 of the axis-aligned boxes). A face
+flag under 0.5 drops the face.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import cv2
 import numpy as np
 
 from stages.landmarks.models import TfliteModel, face_landmark_model
-from stages.landmarks.rects import Rect, axis_aligned_iou, bounding_rect, normalize_radians
+from stages.landmarks.rects import Rect, axis_aligned_iou, normalize_radians
 
 NUM_FACE = 468
 MIN_FACE_FLAG = 0.5
@@ -43,15 +44,23 @@ def _eye_rotation(right_eye: np.ndarray, left_eye: np.ndarray) -> float:
     return normalize_radians(0.0 - np.arctan2(-d[1], d[0]))
 
 
+def _box_with_rotation(points: np.ndarray, rotation: float) -> Rect:
+    """DetectionsToRectsCalculator: the points' axis-aligned box, given a rotation."""
+    lo, hi = points.min(axis=0), points.max(axis=0)
+    c, size = (lo + hi) / 2, hi - lo
+    return Rect(float(c[0]), float(c[1]), float(size[0]), float(size[1]), rotation)
+
+
 def roi_from_body(body_xy: np.ndarray) -> Rect:
     pts = body_xy[list(BODY_FACE_POINTS)]
     rotation = _eye_rotation(body_xy[BODY_RIGHT_EYE], body_xy[BODY_LEFT_EYE])
-    return bounding_rect(pts, rotation).transformed(FROM_BODY_SCALE)
+    return _box_with_rotation(pts, rotation).transformed(FROM_BODY_SCALE)
 
 
 def roi_from_mesh(xy: np.ndarray) -> Rect:
+    """face_landmark_landmarks_to_roi: the mesh's box rotated by the eye corners, x1.5."""
     rotation = _eye_rotation(xy[MESH_RIGHT_EYE_OUTER], xy[MESH_LEFT_EYE_OUTER])
-    return bounding_rect(xy, rotation).transformed(FROM_MESH_SCALE)
+    return _box_with_rotation(xy, rotation).transformed(FROM_MESH_SCALE)
 
 
 class FaceLandmarker:
