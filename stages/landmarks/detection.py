@@ -5,7 +5,7 @@ weighted NMS of stages/detectors/anchors.py).
 
 stages/detectors/blazepose.py shrinks with INTER_AREA instead; its keypoints differ by tens of
 pixels on a partly visible person, and the landmark model, seeded from them, lands elsewhere
-(bikes frame 0: 18% of body height from MediaPipe's landmarks, against 0.5% from this one).
+(bikes frame 0: 18% of body height from MediaPipe's landmarks, against 0.05% from this one).
 """
 
 from __future__ import annotations
