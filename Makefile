@@ -41,7 +41,18 @@ $(NODE_MODULES): docs/examples/package.json docs/examples/package-lock.json
 	command -v npm >/dev/null || (apt-get update -q && apt-get install -y --no-install-recommends nodejs npm)
 	cd docs/examples && npm ci --no-audit --no-fund
 
-setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES)
+# MediaPipe's own graphs, the independent reference for stages/landmarks, in a venv of their own
+# (bench/mediapipe-requirements.txt says why); npucam never imports mediapipe. Its wheels are
+# CPython 3.9-3.12 only.
+MP_VENV := .venv-mediapipe
+
+$(MP_VENV)/.made: bench/mediapipe-requirements.txt
+	test -x $(MP_VENV)/bin/python || $(PYTHON) -m venv $(MP_VENV)
+	$(MP_VENV)/bin/python -m pip install -q --no-deps mediapipe==0.10.21
+	$(MP_VENV)/bin/python -m pip install -q -r bench/mediapipe-requirements.txt
+	touch $@
+
+setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)

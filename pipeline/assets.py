@@ -55,6 +55,38 @@ ASSETS: tuple[Asset, ...] = (
         "mediapipe==0.10.21",
         "mediapipe/modules/pose_detection/pose_detection.tflite",
     ),
+    # real 60 fps single-person clips (1080x1920 portrait, 100 frames) for the live-pose bench
+    Asset(
+        "pose2sim_single_cam01.mp4",
+        "pose2sim==0.10.49",
+        "Pose2Sim/Demo_SinglePerson/videos/cam01.mp4",
+    ),
+    Asset(
+        "pose2sim_single_cam03.mp4",
+        "pose2sim==0.10.49",
+        "Pose2Sim/Demo_SinglePerson/videos/cam03.mp4",
+    ),
+    # the per-frame landmark models (stages/landmarks/, docs/live-pose.md)
+    Asset(
+        "pose_landmark_full.tflite",
+        "mediapipe==0.10.21",
+        "mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
+    ),
+    Asset(
+        "hand_landmark_full.tflite",
+        "mediapipe==0.10.21",
+        "mediapipe/modules/hand_landmark/hand_landmark_full.tflite",
+    ),
+    Asset(
+        "hand_recrop.tflite",
+        "mediapipe==0.10.21",
+        "mediapipe/modules/holistic_landmark/hand_recrop.tflite",
+    ),
+    Asset(
+        "face_landmark.tflite",
+        "mediapipe==0.10.21",
+        "mediapipe/modules/face_landmark/face_landmark.tflite",
+    ),
     Asset(
         "bpe_simple_vocab_16e6.txt.gz",
         "open-clip-torch==3.3.0",
