@@ -129,6 +129,7 @@ class Rig3D(Stage):
         self.counts = {"published": 0, "timed_out": 0, "people": 0, "late_poses": 0}
         self._points_total = 0
         self._points_triangulated = 0
+        self._clock_states: dict[str, str] = {}
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
@@ -223,6 +224,7 @@ class Rig3D(Stage):
         """Publish the posed groups that are done, oldest capture first; a group not done
         and still within its wait holds the later ones back."""
         self.groups.expire()
+        self._report_clocks()
         plans = sorted(
             self.groups.posed_groups(), key=lambda g: min(v[1] for v in g.views.values())
         )
@@ -242,6 +244,17 @@ class Rig3D(Stage):
                 self.item_failed(results[0] if results else plan)
                 continue
             await out.send(result)
+
+    def _report_clocks(self) -> None:
+        """Each camera's clock against the rig's on the stats topic (this stage's info);
+        a camera whose times start or stop being corrected is logged."""
+        report = self.groups.clock_report()
+        self.metrics.add_info(self.name, {f"clock_{c}": v for c, v in report.items()})
+        for camera, text in report.items():
+            state = text.split(",")[0]
+            if state != self._clock_states.get(camera, "not judged yet"):
+                log.warning("stage %s: camera %r: %s", self.name, camera, text)
+            self._clock_states[camera] = state
 
     def _reconstruct(self, plan: PosedGroup, results: list[PoseResult]) -> Pose3DResult:
         """One released group -> its Pose3DResult (blocking)."""
