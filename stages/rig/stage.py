@@ -37,7 +37,7 @@ from stages.rig.trc import TrcError, write_trc
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.05  # while posed groups wait: how often their waits and the grouper are checked
+POLL_S = 0.05  # how often posed groups' waits, the grouper and the camera clocks are checked
 
 
 class Rig3DOptions(StageOptions):
@@ -193,8 +193,9 @@ class Rig3D(Stage):
             while True:
                 if getter is None:
                     getter = asyncio.ensure_future(inbox.get())
-                timeout = POLL_S if self.groups.posed_groups() else None
-                await asyncio.wait({getter}, timeout=timeout)
+                # polled even with no pose in flight: a group nobody is in gets no pose, and
+                # still gets its message (docs/protocol.md, pose3d)
+                await asyncio.wait({getter}, timeout=POLL_S)
                 if getter.done():
                     try:
                         item = getter.result()
