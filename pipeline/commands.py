@@ -21,7 +21,7 @@ import numpy as np
 from pipeline import security, wire
 from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
-from pipeline.jpeg import jpeg_size
+from pipeline.jpeg import JpegError, jpeg_info
 
 log = logging.getLogger(__name__)
 
@@ -148,21 +148,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def summarise(array: np.ndarray, desc: dict, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """A JSON-sized view of one binary part: dtype, shape, and its values or their range; a
-    JPEG is decoded only if its SOF segment claims at most max_pixels (else `refused`)."""
+    JPEG is decoded only if its SOF segment claims at most max_pixels and its markers pass
+    pipeline.jpeg.jpeg_info (scan count, coding), else `refused` says why."""
     out = {"dtype": desc["dtype"], "shape": desc["shape"]}
     if desc.get("encoding") == "jpeg":
         import cv2
 
         out["encoding"] = "jpeg"
         out["bytes"] = int(array.size)
-        size = jpeg_size(array.tobytes())
-        if size is not None and size[0] * size[1] > max_pixels:
+        try:
+            info = jpeg_info(array.tobytes())
+        except JpegError as exc:
+            out["refused"] = str(exc)
+            return out
+        if info.height * info.width > max_pixels:
             out["refused"] = (
-                f"JPEG claims {size[0]}x{size[1]} pixels, over the limit of {max_pixels} "
+                f"JPEG claims {info.height}x{info.width} pixels, over the limit of {max_pixels} "
                 "(--max-pixels)"
             )
             return out
-        image = None if size is None else cv2.imdecode(array, cv2.IMREAD_COLOR)
+        image = cv2.imdecode(array, cv2.IMREAD_COLOR)
         out["decoded"] = list(image.shape) if image is not None else "undecodable"
     elif array.size <= 16:
         out["values"] = array.tolist()
