@@ -44,7 +44,7 @@ class Rig3DOptions(StageOptions):
     rig: str = Field(pattern=NAME_PATTERN)  # the rig's name: topic pose3d/<rig>
     cameras: list[str] = Field(min_length=2, max_length=MAX_CAMERAS)
     calibration: str = Field(min_length=1)  # Pose2Sim / anipose TOML, relative to the config
-    fps: float = Field(30.0, gt=0)  # the rate of rig cameras whose [[cameras]] has no fps
+    fps: float = Field(30.0, ge=1e-3, le=1000)  # rate of rig cameras whose [[cameras]] has none
     tolerance_ms: float | None = Field(None, gt=0)  # group span; default half a frame period
     sync_wait_ms: float | None = Field(None, gt=0)  # wait for a view; default two periods
     pose_interval_ms: float = Field(0.0, ge=0)  # capture time between posed groups
