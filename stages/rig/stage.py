@@ -29,7 +29,7 @@ from pipeline.config import NAME_PATTERN, Config
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import PoseResult, now_ns
 from pipeline.queues import BoundedQueue, QueueClosed
-from stages.rig.calibration import MAX_CAMERAS, CalibrationError, read_calibration
+from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
 from stages.rig.pose3d import Pose3DResult
 from stages.rig.reconstruct import FilterParams, People3D, Reconstructor, View2D
@@ -160,6 +160,12 @@ class Rig3D(Stage):
                             f"{key}.cameras[{j}]: camera {cam!r} is not in the calibration "
                             f"{path} (it has {', '.join(map(repr, known))})"
                         )
+                rig = [calibration.camera(c) for c in dict.fromkeys(cameras) if c in known]
+                for a, b in coincident(rig):
+                    problems.append(
+                        f"{key}.calibration: cameras {a!r} and {b!r} are at one place in {path}: "
+                        "two views from one point triangulate nothing"
+                    )
         detects = [s.options.get("cameras") for s in config.stages if s.kind == "detect"]
         for j, cam in enumerate(cameras):
             if cam in names and not any(d is None or cam in d for d in detects):
