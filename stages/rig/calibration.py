@@ -336,7 +336,8 @@ def format_calibration(calibration: Calibration) -> str:
 
 
 def write_calibration(path: str | os.PathLike, calibration: Calibration) -> None:
-    """Write the calibration file (through a temporary file, so a reader never sees half)."""
+    """Write the calibration file (through a temporary file, so a reader never sees half; the
+    temporary file is removed when the write fails)."""
     path = Path(path)
     text = format_calibration(calibration)
     tmp = path.with_name(path.name + ".tmp")
@@ -344,4 +345,5 @@ def write_calibration(path: str | os.PathLike, calibration: Calibration) -> None
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a full disk left a 0-byte Calib.toml.tmp behind
         raise CalibrationError(f"{path}: cannot write: {exc.strerror or exc}") from None
