@@ -183,6 +183,7 @@ class ViewServer:
         self.malformed = 0
         self.oversized = 0  # messages over MAX_MESSAGE_BYTES, or meta over MAX_META_BYTES
         self.replaced = 0  # pages closed to make room for a new one
+        self.resets = 0  # connections a page reset while the view answered
         self.last_message = 0.0
         self.url = ""
         self._ctx: zmq.asyncio.Context | None = None
@@ -267,7 +268,13 @@ class ViewServer:
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"http://{host}":
             raise web.HTTPForbidden(text=f"view: Origin {origin!r} is not this page's")
-        return await handler(request)
+        try:
+            return await handler(request)
+        except ConnectionResetError:
+            # a page gone mid-answer: one line, not aiohttp's traceback of the failed write
+            self.resets += 1
+            log.info("view: %s reset the connection (%s)", request.remote, request.path)
+            return web.Response(status=499)
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})

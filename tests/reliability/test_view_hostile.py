@@ -12,14 +12,17 @@
   has gone longest without taking a message.
 - with a bind beyond loopback the Host allow-list was skipped (DNS rebinding): now a Host
   must be a loopback name, an IP address or a name given with --allow-host.
+- a connection reset while the view answered logged aiohttp's traceback; now one line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -220,3 +223,34 @@ def test_sigterm_ends_the_view_within_2_s_while_a_page_does_not_read(free_port):
             client.close()
         pub.close()
         ctx.term()
+
+
+def test_a_page_that_resets_mid_handshake_costs_one_log_line(caplog):
+    """A connection reset while the view answers (here: before the WebSocket's 101) logged
+    aiohttp's full traceback each time; now one line each."""
+
+    async def main():
+        view = ViewServer("tcp://127.0.0.1:1", port=0)
+        await view.start()
+        try:
+            for _ in range(3):
+                _, writer = await asyncio.open_connection("127.0.0.1", view.port)
+                writer.write(
+                    f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{view.port}\r\nUpgrade: websocket\r\n"
+                    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+                )
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()  # RST, before the view has answered
+                await asyncio.sleep(0.2)
+            return view
+        finally:
+            await view.close()
+
+    with caplog.at_level(logging.INFO):
+        view = asyncio.run(main())
+    lines = [r for r in caplog.records if r.name.startswith(("aiohttp", "pipeline.view"))]
+    assert not any(r.exc_info for r in lines)
+    assert [r.getMessage() for r in lines] == ["view: 127.0.0.1 reset the connection (/ws)"] * 3
+    assert view.resets == 3
