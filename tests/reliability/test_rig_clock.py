@@ -5,15 +5,32 @@ frames were then late for 8 s; a camera whose clock ran 1 s ahead stopped comple
 good. Now each camera's clock is checked against the rig's from arrival times
 (stages/rig/sync.py): a frame stamped ahead of its own camera's recent frames is refused, a
 camera whose clock is off beyond the wait has its times corrected and is reported with its
-offset, and the others never stop. Everything runs on an injected clock (the arrival time).
+offset (the rig3d stage's info and gauges on `stats`, a log line), and the others never stop.
+Everything runs on an injected clock (the arrival time).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
 import numpy as np
 
-from stages.rig.groups import RigGroups
-from stages.rig.sync import FrameGroup
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages" / "rig"))
+
+from rig_scenes import ring_cameras  # noqa: E402
+
+from pipeline.config import parse_config  # noqa: E402
+from pipeline.graph import Context, check_stages  # noqa: E402
+from pipeline.messages import now_ns  # noqa: E402
+from pipeline.metrics import Metrics  # noqa: E402
+from pipeline.queues import BoundedQueue  # noqa: E402
+from stages.rig.calibration import Calibration, write_calibration  # noqa: E402
+from stages.rig.groups import RigGroups, RigRegistry  # noqa: E402
+from stages.rig.stage import Rig3D  # noqa: E402
+from stages.rig.sync import FrameGroup  # noqa: E402
 
 MS = 1_000_000
 FPS = 30.0
@@ -111,3 +128,63 @@ def test_a_clock_40_ms_ahead_within_the_wait_still_groups_every_instant():
     assert instants_with(groups, ("a", "c")) == set(range(150))
     assert sum(not g.missing for g in groups) >= 145
     assert rig.grouper.late == 0 and rig.gauges()["clock_corrected_cameras"] == 0
+
+
+def test_the_rig3d_stage_reports_a_corrected_camera_on_stats_and_logs_it(tmp_path, caplog):
+    """Through the rig3d stage: the stats snapshot carries each camera's clock (the stage's
+    info `clock_<camera>`) and its gauges, and the change to `corrected` is logged once."""
+    names = ("cam0", "cam1", "cam2")
+    cams = ring_cameras(np.random.default_rng(0), n=3)
+    write_calibration(
+        tmp_path / "Calib.toml", Calibration({f"cam_{i + 1:02d}": c for i, c in enumerate(cams)})
+    )
+    config = parse_config(
+        {
+            "cameras": [{"name": n, "url": "synthetic:", "fps": 10.0} for n in names],
+            "stages": [
+                {"kind": "capture"},
+                {"kind": "detect", "person": "none", "face": "none"},
+                {"kind": "rig3d", "rig": "hall", "cameras": list(names),
+                 "calibration": "Calib.toml", "wait_ms": 200.0},
+            ],
+        },
+        tmp_path / "rig.toml",
+    )  # fmt: skip
+    (_, _, (_, opts)) = check_stages(config)
+
+    async def main():
+        metrics = Metrics()
+        context = Context(config, metrics)
+        stage = Rig3D("rig3d", opts, context)
+        groups = RigRegistry.of(context).of_camera("cam0")
+        arrival = [0]
+        groups.grouper.clock = lambda: arrival[0]
+        inbox = BoundedQueue("rig3d", 100, "block", metrics)
+        inbox.add_producer()
+
+        class Sink:
+            async def send(self, item) -> None:
+                pass
+
+        task = asyncio.create_task(stage.run(inbox, Sink()))
+        base = now_ns()
+        for step in range(20):
+            for v, name in enumerate(names):
+                true_ts = base + step * 100 * MS + v * 3 * MS
+                arrival[0] = true_ts + 10 * MS
+                ahead = 1000 * MS if name == "cam1" else 0
+                groups.place(name, step, true_ts + ahead, true_ts + 5000 * MS, cams[v].size)
+                groups.posed(name, step, [])
+        await asyncio.sleep(0.2)  # a few of the stage's polls
+        snapshot = metrics.snapshot()["stages"]["rig3d"]
+        inbox.producer_done()
+        await task
+        return snapshot
+
+    with caplog.at_level(logging.WARNING, logger="stages.rig.stage"):
+        snapshot = asyncio.run(main())
+    assert snapshot["info"]["clock_cam1"].startswith("corrected, clock +1000.0 ms")
+    assert snapshot["info"]["clock_cam0"].startswith("in step")
+    assert snapshot["gauges"]["clock_corrected_cameras"] == 1
+    logged = [r.getMessage() for r in caplog.records if "'cam1': corrected" in r.getMessage()]
+    assert len(logged) == 1
