@@ -21,12 +21,12 @@ import numpy as np
 from pipeline import security, wire
 from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
-from pipeline.jpeg import jpeg_size
+from pipeline.jpeg import JpegError, jpeg_info
 
 log = logging.getLogger(__name__)
 
-# The largest message part `subscribe` takes from a publisher (ZMQ_MAXMSGSIZE); npucam's
-# largest are preview JPEGs of a few hundred KB.
+# The largest message `subscribe` takes from a publisher, all its parts together (each part
+# also through ZMQ_MAXMSGSIZE); npucam's largest are preview JPEGs of a few hundred KB.
 SUBSCRIBE_MAX_MESSAGE_BYTES = 64 << 20
 
 
@@ -78,8 +78,9 @@ def register(subparsers) -> None:
         type=int,
         default=SUBSCRIBE_MAX_MESSAGE_BYTES,
         metavar="N",
-        help="drop the connection of a publisher that sends a larger message part "
-        f"(ZMQ_MAXMSGSIZE; default {SUBSCRIBE_MAX_MESSAGE_BYTES})",
+        help="skip a message whose parts add up to more (read part by part, none kept), and "
+        "drop the connection of a publisher that sends a larger part (ZMQ_MAXMSGSIZE; "
+        f"default {SUBSCRIBE_MAX_MESSAGE_BYTES})",
     )
     p.set_defaults(func=cmd_subscribe)
 
@@ -148,21 +149,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def summarise(array: np.ndarray, desc: dict, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """A JSON-sized view of one binary part: dtype, shape, and its values or their range; a
-    JPEG is decoded only if its SOF segment claims at most max_pixels (else `refused`)."""
+    JPEG is decoded only if its SOF segment claims at most max_pixels and its markers pass
+    pipeline.jpeg.jpeg_info (scan count, coding), else `refused` says why."""
     out = {"dtype": desc["dtype"], "shape": desc["shape"]}
     if desc.get("encoding") == "jpeg":
         import cv2
 
         out["encoding"] = "jpeg"
         out["bytes"] = int(array.size)
-        size = jpeg_size(array.tobytes())
-        if size is not None and size[0] * size[1] > max_pixels:
+        try:
+            info = jpeg_info(array.tobytes())
+        except JpegError as exc:
+            out["refused"] = str(exc)
+            return out
+        if info.height * info.width > max_pixels:
             out["refused"] = (
-                f"JPEG claims {size[0]}x{size[1]} pixels, over the limit of {max_pixels} "
+                f"JPEG claims {info.height}x{info.width} pixels, over the limit of {max_pixels} "
                 "(--max-pixels)"
             )
             return out
-        image = None if size is None else cv2.imdecode(array, cv2.IMREAD_COLOR)
+        image = cv2.imdecode(array, cv2.IMREAD_COLOR)
         out["decoded"] = list(image.shape) if image is not None else "undecodable"
     elif array.size <= 16:
         out["values"] = array.tolist()
@@ -190,6 +196,23 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def receive_bounded(sock, max_bytes: int) -> tuple[list[bytes] | None, int]:
+    """One message's parts and its size in bytes; None for the parts when they add up to more
+    than max_bytes: each part is then let go as it is read (libzmq has no limit per message,
+    only per part)."""
+    parts: list[bytes] | None = []
+    size = 0
+    while True:
+        frame = sock.recv(copy=False)
+        size += len(frame)
+        if parts is not None and size <= max_bytes:
+            parts.append(frame.bytes)
+        else:
+            parts = None
+        if not frame.more:
+            return parts, size
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
     import zmq
 
@@ -212,7 +235,15 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             if not sock.poll(timeout_ms):
                 print(f"npucam: no message for {args.timeout:g} s", file=sys.stderr)
                 return 1
-            parts = sock.recv_multipart()
+            parts, size = receive_bounded(sock, args.max_message_bytes)
+            if parts is None:
+                bad += 1
+                print(
+                    f"npucam: skipped a message of {size} bytes, over --max-message-bytes "
+                    f"{args.max_message_bytes}",
+                    file=sys.stderr,
+                )
+                continue
             try:
                 line = describe(wire.decode(parts), args.max_pixels)
                 text = json.dumps(line, separators=(",", ":"))

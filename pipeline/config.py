@@ -9,13 +9,14 @@ Options model by pipeline.graph (which imports stage classes lazily by kind).
 from __future__ import annotations
 
 import json
+import math
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from pipeline.errors import NpucamError
 
@@ -26,10 +27,40 @@ class ConfigError(NpucamError):
     """A config file that cannot be used; one line per problem, each naming file and key."""
 
 
+DAY_S = 86_400.0
+MAX_NUMBER = 1e15  # beyond any count, size or rate a config means
+
+
+def sane_number(value: Any, info: ValidationInfo) -> Any:
+    """Every number of a config: finite and at most MAX_NUMBER; a time (a key ending in _s or
+    _ms) at most a day and, unless 0, at least a microsecond. ValueError says which bound
+    (the key path is added by explain)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
+    if abs(value) > MAX_NUMBER:
+        raise ValueError(f"{value:g} is beyond any sane value (at most {MAX_NUMBER:g})")
+    name = info.field_name or ""
+    scale = 1e3 if name.endswith("_ms") else 1.0 if name.endswith("_s") else None
+    if scale is not None:
+        unit = "ms" if scale == 1e3 else "s"
+        if abs(value) > DAY_S * scale:
+            raise ValueError(f"{value:g} {unit} is over a day ({DAY_S * scale:g} {unit})")
+        if value and abs(value) < 1e-6 * scale:
+            raise ValueError(
+                f"{value:g} {unit} is under a microsecond (0 or at least {1e-6 * scale:g})"
+            )
+    return value
+
+
 class _Strict(BaseModel):
-    """TOML values are typed: no "5" for 5, and no key the model does not declare."""
+    """TOML values are typed: no "5" for 5, and no key the model does not declare; numbers are
+    sane (sane_number)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    _sane = field_validator("*")(sane_number)
 
 
 class InboxConfig(_Strict):
@@ -68,7 +99,7 @@ class CameraConfig(_Strict):
     url: str = Field(min_length=1)
     loop: bool = False
     realtime: bool = True
-    fps: float | None = Field(None, gt=0)
+    fps: float | None = Field(None, ge=1e-3, le=1000)  # from a frame in 1000 s to 1000 a second
     staleness_ms: float = Field(500.0, gt=0)
     stall_timeout_s: float = Field(5.0, gt=0)
     reconnect_min_s: float = Field(0.5, gt=0)
@@ -96,12 +127,23 @@ class StageConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+STATS_MIN_S = 0.05  # each stats message snapshots every stage and camera
+
+
 class PipelineSection(_Strict):
     drain_timeout_s: float = Field(3.0, ge=0)
 
 
 class MetricsSection(_Strict):
-    stats_interval_s: float = Field(5.0, ge=0)
+    stats_interval_s: float = Field(5.0, ge=0)  # 0: no stats; else at least STATS_MIN_S
+
+    @field_validator("stats_interval_s")
+    @classmethod
+    def _not_too_often(cls, value: float) -> float:
+        if 0 < value < STATS_MIN_S:
+            raise ValueError(f"{value:g} s is under {STATS_MIN_S} s (0 turns stats off)")
+        return value
+
     prometheus: str | None = Field(None, pattern=r"^[^:\s]*:\d{1,5}$")
 
 
@@ -263,6 +305,8 @@ def explain(exc: ValidationError, prefix: Sequence[str | int] = ()) -> list[str]
             what = "expected a non-empty string"
         elif kind == "too_short":
             what = f"expected at least {ctx.get('min_length')} item(s)"
+        elif kind == "value_error":
+            what = str(ctx.get("error", err["msg"]))
         else:
             what = err["msg"]
         lines.append(f"{key_path(loc)}: {what}{_got(err.get('input'))}")

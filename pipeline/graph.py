@@ -59,10 +59,10 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from pipeline import security
-from pipeline.config import Config, ConfigError, InboxConfig, explain, load_config
+from pipeline.config import Config, ConfigError, InboxConfig, explain, load_config, sane_number
 from pipeline.metrics import Metrics, start_prometheus
 from pipeline.queues import BoundedQueue, ThreadInbox, camera_of
 
@@ -83,9 +83,12 @@ ERROR_TRACEBACKS = 5
 
 
 class StageOptions(BaseModel):
-    """Base of a stage's Options: typed like TOML, unknown keys are errors."""
+    """Base of a stage's Options: typed like TOML, unknown keys are errors, every number sane
+    (pipeline.config.sane_number: finite, times within a microsecond and a day)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    _sane = field_validator("*")(sane_number)
 
 
 # a stage's Options type, so that `self.options` is typed by it

@@ -127,6 +127,11 @@ def decode_box_message(
             raise BoxMessageError(
                 f"{where}: boxes[{i}] = {_short(box)} needs finite float32 values and w, h > 0"
             )
+        # detect works in corners: x + w and y + h must fit float32 too (1e38 + 3e38 is inf)
+        if not (_fits_float32(box[0] + box[2]) and _fits_float32(box[1] + box[3])):
+            raise BoxMessageError(
+                f"{where}: boxes[{i}] = {_short(box)}: x + w or y + h is beyond float32"
+            )
         rows.append(box)
     scores = msg.get("scores", [1.0] * len(rows))
     if not (

@@ -55,7 +55,7 @@ import zmq
 from pipeline.bounded_json import JsonLimitError, JsonLimits, loads
 from pipeline.config import DEFAULT_MAX_PIXELS
 from pipeline.errors import NpucamError
-from pipeline.jpeg import jpeg_size
+from pipeline.jpeg import JpegError, jpeg_info
 from pipeline.messages import Frame
 
 WIRE_VERSION = 1
@@ -206,11 +206,13 @@ def _field(header: dict, key: str, kind: type):
 
 
 def _decode_jpeg(payload: memoryview, h: int, w: int, what: str) -> np.ndarray:
-    # The size is read from the SOF segment first so a hostile JPEG cannot make the decoder
-    # allocate a huge image the header did not announce.
-    size = jpeg_size(payload)
-    if size is None:
-        raise FrameWireError(f"{what}: payload is not a JPEG (no SOI/SOF marker)")
+    # The size and scans are read from the markers first so a hostile JPEG cannot make the
+    # decoder allocate a huge image the header did not announce, nor run scan after scan.
+    try:
+        info = jpeg_info(payload)
+    except JpegError as exc:
+        raise FrameWireError(f"{what}: {exc}") from None
+    size = (info.height, info.width)
     if size != (h, w):
         raise FrameWireError(f"{what}: JPEG is {size[0]}x{size[1]}, header shape says {h}x{w}")
     try:

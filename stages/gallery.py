@@ -27,6 +27,8 @@ import cv2
 import numpy as np
 
 from npu.models.adaface.preprocess import embedder_input
+from pipeline import bounded_json
+from pipeline.bounded_json import JsonLimitError, JsonLimits
 from pipeline.errors import NpucamError
 from pipeline.files import FileMissingError, FileRuleError, FileWatch, path_kind, read_regular
 from stages.align import ColourOrder, align_face, align_face_4pt, blazeface_alignment_points
@@ -40,6 +42,12 @@ ZIP_MAGIC = b"PK\x03\x04"  # every .npz np.savez writes is a zip archive
 # the largest gallery file read, and the most its arrays may unpack to (face_match's
 # `gallery_max_bytes`): 256 MiB holds about 130 000 512-d samples
 GALLERY_MAX_BYTES = 256 << 20
+
+
+# the gallery's `meta` JSON (format, version, model and what enrolment adds: a few hundred
+# bytes): bounded before parsing, so deep nesting or a 5000-digit number is a GalleryError
+# (json raised RecursionError and ValueError)
+META_LIMITS = JsonLimits(max_bytes=1 << 20, max_depth=16, max_string=64 << 10, max_int_digits=40)
 
 
 class GalleryError(NpucamError):
@@ -212,9 +220,9 @@ def decode_gallery(data: bytes, where: str, max_bytes: int = GALLERY_MAX_BYTES) 
             f"{where}: not a readable face gallery (.npz): {type(exc).__name__}: {exc}"
         ) from exc
     try:
-        meta = json.loads(meta_raw.tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GalleryError(f"{where}: field 'meta' is not JSON: {exc}") from exc
+        meta = bounded_json.loads(meta_raw.tobytes(), META_LIMITS)
+    except JsonLimitError as exc:
+        raise GalleryError(f"{where}: field 'meta' is not JSON within its limits: {exc}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise GalleryError(f"{where}: field 'meta.format' is not {FORMAT!r}")
     if meta.get("version") != VERSION:

@@ -542,6 +542,9 @@ class Infer(Stage[InferOptions]):
                 )
             return False
         rt = self.runtimes[model]
+        # a keyed job supersedes its track's queued one (latest crop wins); a `block` queue
+        # drops nothing, so there each job is its own
+        block = self.scheduler.profiles[model].queue_policy == "block"
         ok = self.scheduler.submit(
             QueuedJob(
                 model=model,
@@ -549,7 +552,7 @@ class Infer(Stage[InferOptions]):
                 payload=item,
                 deadline_ns=item.deadline_ns,
                 priority=rt.priority(item),
-                key=rt.schedule_key(item),
+                key=None if block else rt.schedule_key(item),
                 capture_ts_ns=item.capture_ts_ns,
                 group=item.group,
             )

@@ -30,6 +30,15 @@ def register(subparsers) -> None:
         metavar="HOST:PORT",
         help="where the page is served (default 127.0.0.1:8560; port 0 picks a free one)",
     )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name pages may use to reach the view, repeatable (loopback names and, "
+        "beyond a loopback bind, IP addresses are always allowed; other names are refused "
+        "against DNS rebinding)",
+    )
     security.add_client_key_args(p, "viewer")
     p.set_defaults(func=cmd_view)
 
@@ -39,7 +48,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     curve = security.curve_of_args(args, "view")
     host, port = parse_bind(args.bind)
-    server = ViewServer(args.endpoint, args.topic or [""], curve, host, port)
+    server = ViewServer(args.endpoint, args.topic or [""], curve, host, port, args.allow_host)
 
     async def main() -> None:
         stop = asyncio.Event()

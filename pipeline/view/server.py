@@ -7,11 +7,16 @@ endian), without face embeddings (the page draws no biometric vector). The socke
 to `meta` always, keeping its last value for each new page, and to the view's topics only
 while a page is open: a publisher sends preview/ frames only while someone watches.
 
-Bounded everywhere a peer reaches: pages (MAX_PAGES), each page's backlog (PAGE_BACKLOG,
-oldest dropped and counted), message part size (MAX_PART_BYTES) and the socket's receive
-queue (RCVHWM). A loopback bind answers only to loopback Host names and every request's
-Origin must be the page's own, so another web site open in the browser cannot read the
-stream (cross-site WebSocket hijacking, DNS rebinding).
+Bounded everywhere a peer reaches: pages (MAX_PAGES; a new page replaces the one that has
+gone longest without taking a message), each page's backlog (PAGE_BACKLOG messages and
+PAGE_BACKLOG_BYTES, oldest dropped and counted), each message (MAX_MESSAGE_BYTES over all its
+parts, read part by part and let go once over; `meta` kept only within MAX_META_BYTES) and the
+socket's receive queue (RCVHWM). Every request's Host must be a loopback name, an IP address
+(what a browser sends when the address was typed), the bind's own name or one named with
+`--allow-host`, and its Origin must be the page's own, so another web site open in the
+browser cannot read the stream (cross-site WebSocket hijacking, DNS rebinding), whatever the
+bind. close() ends within CLOSE_TIMEOUT_S however the pages behave (a page that does not read
+is dropped: waiting for its close handshake kept the view from exiting on SIGTERM).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from collections.abc import Sequence
 
 import zmq
 import zmq.asyncio
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline import security, wire
 from pipeline.errors import NpucamError
@@ -38,7 +43,11 @@ log = logging.getLogger(__name__)
 
 MAX_PAGES = 8
 PAGE_BACKLOG = 64  # messages waiting for one slow page; the oldest go first
+PAGE_BACKLOG_BYTES = 128 << 20  # and their bytes
 MAX_PART_BYTES = 64 << 20  # one part of a ZeroMQ message (a 4K preview JPEG is ~2 MB)
+MAX_MESSAGE_BYTES = 64 << 20  # all parts of one message
+MAX_META_BYTES = 1 << 20  # a `meta` message kept for new pages (a run's is a few KiB)
+CLOSE_TIMEOUT_S = 0.5  # close(): pages get half of it to take their close frame
 RCVHWM = 1000
 STATUS_INTERVAL_S = 1.0
 PAGE_MESSAGE_BYTES = 1024  # pages send nothing; anything larger closes the socket
@@ -93,19 +102,35 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-class Page:
-    """One open page: its WebSocket and a bounded backlog, sent by its own task."""
+def is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+    except ValueError:
+        return False
+    return True
 
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+
+class Page:
+    """One open page: its WebSocket and a backlog bounded in messages and bytes, sent by its
+    own task. active: monotonic time it opened or last took a message."""
+
+    def __init__(
+        self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None = None
+    ) -> None:
         self.ws = ws
-        self.backlog: deque[bytes | str] = deque(maxlen=PAGE_BACKLOG)
+        self.transport = transport
+        self.backlog: deque[bytes | str] = deque()
+        self.backlog_bytes = 0
         self.dropped = 0
+        self.active = time.monotonic()
         self._ready = asyncio.Event()
 
     def offer(self, data: bytes | str) -> None:
-        if len(self.backlog) == self.backlog.maxlen:
-            self.dropped += 1
         self.backlog.append(data)
+        self.backlog_bytes += len(data)
+        while len(self.backlog) > PAGE_BACKLOG or self.backlog_bytes > PAGE_BACKLOG_BYTES:
+            self.backlog_bytes -= len(self.backlog.popleft())
+            self.dropped += 1
         self._ready.set()
 
     async def send_all(self) -> None:
@@ -116,10 +141,22 @@ class Page:
                 self._ready.clear()
                 while self.backlog and not self.ws.closed:
                     data = self.backlog.popleft()
+                    self.backlog_bytes -= len(data)
                     if isinstance(data, str):
                         await self.ws.send_str(data)
                     else:
                         await self.ws.send_bytes(data)
+                    self.active = time.monotonic()
+
+    async def shut(self, message: str, timeout: float) -> None:
+        """Close with a close frame if the page takes it within timeout, else drop the
+        connection (a page that does not read never takes it)."""
+        with contextlib.suppress(TimeoutError, ConnectionError, asyncio.CancelledError):
+            await asyncio.wait_for(
+                self.ws.close(code=WSCloseCode.GOING_AWAY, message=message.encode()), timeout
+            )
+        if self.transport is not None:
+            self.transport.abort()  # close() waits to flush what a stuck page never reads
 
 
 class ViewServer:
@@ -132,15 +169,21 @@ class ViewServer:
         curve: security.Curve | None = None,
         host: str = "127.0.0.1",
         port: int = 8560,
+        allow_hosts: Sequence[str] = (),
     ) -> None:
         self.endpoint = endpoint
         self.topics = [t.encode() for t in dict.fromkeys(topics)]
         self.curve = curve
         self.host, self.port = host, port
+        named = [] if is_ip_address(host) or host in ("", "0.0.0.0", "::") else [host]
+        self.allow_hosts = {h.lower() for h in (*allow_hosts, *named)}
         self.pages: set[Page] = set()
         self.meta: bytes | None = None
         self.received = 0
         self.malformed = 0
+        self.oversized = 0  # messages over MAX_MESSAGE_BYTES, or meta over MAX_META_BYTES
+        self.replaced = 0  # pages closed to make room for a new one
+        self.resets = 0  # connections a page reset while the view answered
         self.last_message = 0.0
         self.url = ""
         self._ctx: zmq.asyncio.Context | None = None
@@ -166,7 +209,7 @@ class ViewServer:
         app.router.add_get("/", self._index)
         app.router.add_get("/ws", self._websocket)
         app.router.add_static("/static/", STATIC)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S / 2)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, self.host, self.port).start()
@@ -191,8 +234,9 @@ class ViewServer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for page in list(self.pages):
-            await page.ws.close()
+        await asyncio.gather(
+            *(p.shut("view: closing", CLOSE_TIMEOUT_S / 2) for p in list(self.pages))
+        )
         if self._runner is not None:
             await self._runner.cleanup()
         self._close_socket()
@@ -206,25 +250,45 @@ class ViewServer:
             self._ctx.term()
         self._sock = self._guard = self._ctx = None
 
+    def host_allowed(self, name: str) -> bool:
+        """A Host name a page may use: loopback names, names given to --allow-host (and a
+        named bind), and on a bind beyond loopback any IP address: a rebound name is refused."""
+        name = name.lower()
+        if name in LOOPBACK_NAMES or name in self.allow_hosts:
+            return True
+        return not is_loopback_host(self.host) and is_ip_address(name)
+
     @web.middleware
     async def _same_origin(self, request: web.Request, handler):
         host = request.host
-        if is_loopback_host(self.host) and host_name(host) not in LOOPBACK_NAMES:
-            raise web.HTTPForbidden(text=f"view: Host {host!r} is not this machine's")
+        if not self.host_allowed(host_name(host)):
+            raise web.HTTPForbidden(
+                text=f"view: Host {host!r} is not this machine's (name it with --allow-host)"
+            )
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"http://{host}":
             raise web.HTTPForbidden(text=f"view: Origin {origin!r} is not this page's")
-        return await handler(request)
+        try:
+            return await handler(request)
+        except ConnectionResetError:
+            # a page gone mid-answer: one line, not aiohttp's traceback of the failed write
+            self.resets += 1
+            log.info("view: %s reset the connection (%s)", request.remote, request.path)
+            return web.Response(status=499)
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
         if len(self.pages) >= MAX_PAGES:
-            raise web.HTTPServiceUnavailable(text=f"view: {MAX_PAGES} pages are open already")
+            idle = min(self.pages, key=lambda p: p.active)
+            self.pages.discard(idle)
+            self.replaced += 1
+            log.warning("view: %d pages open: closing the one idle longest", MAX_PAGES)
+            self._spawn(idle.shut("view: replaced by a newer page", CLOSE_TIMEOUT_S / 2))
         ws = web.WebSocketResponse(max_msg_size=PAGE_MESSAGE_BYTES, compress=False)
         await ws.prepare(request)
-        page = Page(ws)
+        page = Page(ws, request.transport)
         if self.meta is not None:
             page.offer(self.meta)
         page.offer(self._status(page))
@@ -245,11 +309,39 @@ class ViewServer:
                     self._sock.setsockopt(zmq.UNSUBSCRIBE, topic)
         return ws
 
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+
+    async def _receive(self) -> list[bytes] | None:
+        """One message's parts, or None if they add up to more than MAX_MESSAGE_BYTES: then
+        each part is let go as it is read and none is kept."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            frame = await self._sock.recv(copy=False)
+            size += len(frame)
+            if size <= MAX_MESSAGE_BYTES:
+                parts.append(frame.bytes)
+            elif parts:
+                parts = []
+            if not frame.more:
+                return parts if size <= MAX_MESSAGE_BYTES else None
+
+    def _oversized(self, what: str) -> None:
+        self.oversized += 1
+        if self.oversized <= MALFORMED_LOGGED:
+            log.warning("view: skipped %s", what)
+
     async def _relay(self) -> None:
         while True:
-            parts = await self._sock.recv_multipart()
+            parts = await self._receive()
             self.received += 1
             self.last_message = time.monotonic()
+            if parts is None:
+                self._oversized(f"a message over {MAX_MESSAGE_BYTES} bytes")
+                continue
             try:
                 msg = wire.decode(parts)
             except wire.WireError as exc:
@@ -259,6 +351,9 @@ class ViewServer:
                 continue
             packed = pack(for_page(msg, parts))
             if msg.topic == "meta":
+                if len(packed) > MAX_META_BYTES:
+                    self._oversized(f"a meta message of {len(packed)} bytes (not kept)")
+                    continue
                 self.meta = packed
             for page in self.pages:
                 page.offer(packed)
@@ -271,6 +366,8 @@ class ViewServer:
                     "endpoint": self.endpoint,
                     "received": self.received,
                     "malformed": self.malformed,
+                    "oversized": self.oversized,
+                    "replaced": self.replaced,
                     "dropped": page.dropped,
                     "pages": len(self.pages),
                     "last_message_age_s": age,

@@ -25,6 +25,10 @@ from pipeline.errors import NpucamError
 MAX_FILE_BYTES = 1 << 20
 MAX_CAMERAS = 64
 MAX_NAME_CHARS = 200
+FOCAL_PX = (1.0, 1e6)  # a focal length in pixels: under a pixel or over a million is no lens
+MAX_ROTATION_RAD = 100.0  # a Rodrigues vector's angle (OpenCV writes at most pi)
+MAX_TRANSLATION = 1e9  # in the calibration's unit (m or mm)
+ORTHONORMAL_TOLERANCE = 1e-9  # of R^T R - I, R from the Rodrigues vector
 _NOT_CAMERAS = ("metadata", "capture_volume", "charuco", "checkerboard")  # as Pose2Sim's computeP
 _REQUIRED = ("name", "size", "matrix", "distortions", "rotation", "translation")
 _PINHOLE_DISTORTIONS = (4, 5, 8, 12, 14)  # the lengths OpenCV's distortion vector may have
@@ -208,10 +212,12 @@ def _camera(table: dict, where: str) -> Camera:
             f"{where} size: expected two positive whole numbers of pixels, got {table['size']!r}"
         )
     matrix = _array(table, "matrix", where, ((3, 3),), "a 3x3 camera matrix")
-    if not (matrix[0, 0] > 0 and matrix[1, 1] > 0 and (matrix[2] == (0, 0, 1)).all()):
+    lo, hi = FOCAL_PX
+    focal_ok = lo <= matrix[0, 0] <= hi and lo <= matrix[1, 1] <= hi
+    if not (focal_ok and (matrix[2] == (0, 0, 1)).all() and (matrix[1, 0] == 0)):
         raise CalibrationError(
-            f"{where} matrix: expected [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, "
-            f"got {table['matrix']!r:.120}"
+            f"{where} matrix: expected [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy "
+            f"{lo:g}-{hi:g} px, got {table['matrix']!r:.120}"
         )
     fisheye = table.get("fisheye", False)
     if not isinstance(fisheye, bool):
@@ -229,9 +235,45 @@ def _camera(table: dict, where: str) -> Camera:
     # Pose2Sim's older files write rotation and translation as columns [[x], [y], [z]].
     rotation = _array(table, "rotation", where, ((3,), (3, 1)), "a Rodrigues vector [x, y, z]")
     translation = _array(table, "translation", where, ((3,), (3, 1)), "a vector [x, y, z]")
+    _check_pose(rotation.ravel(), translation.ravel(), where)
     return Camera(
         name, (int(size[0]), int(size[1])), matrix, distortions, rotation, translation, fisheye
     )
+
+
+def _check_pose(rotation: np.ndarray, translation: np.ndarray, where: str) -> None:
+    """A Rodrigues vector that gives a rotation (angle within MAX_ROTATION_RAD, R orthonormal
+    with det 1) and a translation within MAX_TRANSLATION."""
+    # max first: the norm of a 1e308 vector overflows
+    big = float(np.abs(rotation).max())
+    angle = big if big > MAX_ROTATION_RAD else float(np.linalg.norm(rotation))
+    if not angle <= MAX_ROTATION_RAD:
+        raise CalibrationError(
+            f"{where} rotation: a Rodrigues vector of {angle:g} rad, over {MAX_ROTATION_RAD:g}: "
+            "not a rotation this file could mean"
+        )
+    rot = cv2.Rodrigues(np.ascontiguousarray(rotation, np.float64))[0]
+    off = float(np.abs(rot.T @ rot - np.eye(3)).max())
+    if not (off <= ORTHONORMAL_TOLERANCE and np.linalg.det(rot) > 0):
+        raise CalibrationError(f"{where} rotation: not a rotation (R^T R - I up to {off:.3g})")
+    far = float(np.abs(translation).max())
+    if not (far <= MAX_TRANSLATION and np.linalg.norm(translation) <= MAX_TRANSLATION):
+        raise CalibrationError(
+            f"{where} translation: {far:g} from the origin, over {MAX_TRANSLATION:g}"
+        )
+
+
+def coincident(cameras: list[Camera]) -> list[tuple[str, str]]:
+    """Pairs of cameras whose optical centres coincide (within 1e-9 of the rig's extent):
+    two views from one place triangulate nothing."""
+    centres = np.array([c.centre for c in cameras]).reshape(-1, 3)
+    scale = max(1.0, float(np.abs(centres).max(initial=0.0)))
+    return [
+        (a.name, b.name)
+        for i, a in enumerate(cameras)
+        for j, b in enumerate(cameras[i + 1 :], i + 1)
+        if float(np.linalg.norm(centres[i] - centres[j])) <= 1e-9 * scale
+    ]
 
 
 def _metadata(value: object, source: str) -> dict[str, object]:
@@ -294,7 +336,8 @@ def format_calibration(calibration: Calibration) -> str:
 
 
 def write_calibration(path: str | os.PathLike, calibration: Calibration) -> None:
-    """Write the calibration file (through a temporary file, so a reader never sees half)."""
+    """Write the calibration file (through a temporary file, so a reader never sees half; the
+    temporary file is removed when the write fails)."""
     path = Path(path)
     text = format_calibration(calibration)
     tmp = path.with_name(path.name + ".tmp")
@@ -302,4 +345,5 @@ def write_calibration(path: str | os.PathLike, calibration: Calibration) -> None
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a full disk left a 0-byte Calib.toml.tmp behind
         raise CalibrationError(f"{path}: cannot write: {exc.strerror or exc}") from None

@@ -125,7 +125,8 @@ class RigGroups:
             tag = None
             plan = None if group is None else self._posed.get(group.id)
             if plan is not None:
-                plan.views[camera] = (seq, capture_ts_ns, deadline_ns)
+                # the capture time on the rig's clock (corrected when the camera's is off)
+                plan.views[camera] = (seq, group.views[camera].capture_ts, deadline_ns)
                 self._group_of[camera, seq] = plan.id
                 tag = RigTag(self.name, plan.id)
             self._closed(closed)
@@ -178,9 +179,13 @@ class RigGroups:
 
     def gauges(self) -> dict[str, float]:
         """Sync numbers for the stats topic: groups formed, complete and posed, frames too
-        late for their group, mean and max skew (ms)."""
+        late for their group, mean and max skew (ms); the largest camera clock offset from
+        the rig's (ms), the cameras whose times are corrected by it, frames refused as
+        stamped ahead of their camera's own (stages.rig.sync)."""
         with self._lock:
             s = self.stats
+            clocks = self.grouper.clocks
+            offsets = [v for v in self.grouper.offsets().values() if v is not None]
             return {
                 "groups": s.groups,
                 "complete_groups": s.complete,
@@ -188,7 +193,26 @@ class RigGroups:
                 "late_frames": self.grouper.late,
                 "skew_mean_ms": s.skew_ns_sum / s.groups / 1e6 if s.groups else 0.0,
                 "skew_max_ms": s.skew_ns_max / 1e6,
+                "clock_offset_max_ms": max(map(abs, offsets), default=0) / 1e6,
+                "clock_corrected_cameras": sum(v != 0 for v in clocks.corrections.values()),
+                "clock_outliers": sum(clocks.outliers.values()),
             }
+
+    def clock_report(self) -> dict[str, str]:
+        """camera -> how its clock compares with the rig's (for the stats topic's info)."""
+        with self._lock:
+            clocks = self.grouper.clocks
+            out = {}
+            for camera, off in self.grouper.offsets().items():
+                if off is None:
+                    out[camera] = "not judged yet"
+                    continue
+                state = "corrected" if clocks.corrections[camera] else "in step"
+                out[camera] = (
+                    f"{state}, clock {off / 1e6:+.1f} ms against the rig's, "
+                    f"{clocks.outliers[camera]} frames stamped ahead refused"
+                )
+            return out
 
     def _opened(self, group: FrameGroup) -> None:
         last = self._last_posed_ts

@@ -29,7 +29,7 @@ from pipeline.config import NAME_PATTERN, Config
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import PoseResult, now_ns
 from pipeline.queues import BoundedQueue, QueueClosed
-from stages.rig.calibration import MAX_CAMERAS, CalibrationError, read_calibration
+from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
 from stages.rig.pose3d import Pose3DResult
 from stages.rig.reconstruct import FilterParams, People3D, Reconstructor, View2D
@@ -37,14 +37,14 @@ from stages.rig.trc import TrcError, write_trc
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.05  # while posed groups wait: how often their waits and the grouper are checked
+POLL_S = 0.05  # how often posed groups' waits, the grouper and the camera clocks are checked
 
 
 class Rig3DOptions(StageOptions):
     rig: str = Field(pattern=NAME_PATTERN)  # the rig's name: topic pose3d/<rig>
     cameras: list[str] = Field(min_length=2, max_length=MAX_CAMERAS)
     calibration: str = Field(min_length=1)  # Pose2Sim / anipose TOML, relative to the config
-    fps: float = Field(30.0, gt=0)  # the rate of rig cameras whose [[cameras]] has no fps
+    fps: float = Field(30.0, ge=1e-3, le=1000)  # rate of rig cameras whose [[cameras]] has none
     tolerance_ms: float | None = Field(None, gt=0)  # group span; default half a frame period
     sync_wait_ms: float | None = Field(None, gt=0)  # wait for a view; default two periods
     pose_interval_ms: float = Field(0.0, ge=0)  # capture time between posed groups
@@ -129,6 +129,7 @@ class Rig3D(Stage[Rig3DOptions]):
         self.counts = {"published": 0, "timed_out": 0, "people": 0, "late_poses": 0}
         self._points_total = 0
         self._points_triangulated = 0
+        self._clock_states: dict[str, str] = {}
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:  # noqa: C901
@@ -159,6 +160,12 @@ class Rig3D(Stage[Rig3DOptions]):
                             f"{key}.cameras[{j}]: camera {cam!r} is not in the calibration "
                             f"{path} (it has {', '.join(map(repr, known))})"
                         )
+                rig = [calibration.camera(c) for c in dict.fromkeys(cameras) if c in known]
+                for a, b in coincident(rig):
+                    problems.append(
+                        f"{key}.calibration: cameras {a!r} and {b!r} are at one place in {path}: "
+                        "two views from one point triangulate nothing"
+                    )
         detects = [s.options.get("cameras") for s in config.stages if s.kind == "detect"]
         for j, cam in enumerate(cameras):
             if cam in names and not any(d is None or cam in d for d in detects):
@@ -192,8 +199,9 @@ class Rig3D(Stage[Rig3DOptions]):
             while True:
                 if getter is None:
                     getter = asyncio.ensure_future(inbox.get())
-                timeout = POLL_S if self.groups.posed_groups() else None
-                await asyncio.wait({getter}, timeout=timeout)
+                # polled even with no pose in flight: a group nobody is in gets no pose, and
+                # still gets its message (docs/protocol.md, pose3d)
+                await asyncio.wait({getter}, timeout=POLL_S)
                 if getter.done():
                     try:
                         item = getter.result()
@@ -223,6 +231,7 @@ class Rig3D(Stage[Rig3DOptions]):
         """Publish the posed groups that are done, oldest capture first; a group not done
         and still within its wait holds the later ones back."""
         self.groups.expire()
+        self._report_clocks()
         plans = sorted(
             self.groups.posed_groups(), key=lambda g: min(v[1] for v in g.views.values())
         )
@@ -242,6 +251,17 @@ class Rig3D(Stage[Rig3DOptions]):
                 self.item_failed(results[0] if results else plan)
                 continue
             await out.send(result)
+
+    def _report_clocks(self) -> None:
+        """Each camera's clock against the rig's on the stats topic (this stage's info);
+        a camera whose times start or stop being corrected is logged."""
+        report = self.groups.clock_report()
+        self.metrics.add_info(self.name, {f"clock_{c}": v for c, v in report.items()})
+        for camera, text in report.items():
+            state = text.split(",")[0]
+            if state != self._clock_states.get(camera, "not judged yet"):
+                log.warning("stage %s: camera %r: %s", self.name, camera, text)
+            self._clock_states[camera] = state
 
     def _reconstruct(self, plan: PosedGroup, results: list[PoseResult]) -> Pose3DResult:
         """One released group -> its Pose3DResult (blocking)."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.jpeg import jpeg_size
+from pipeline.jpeg import JpegError, jpeg_info, jpeg_size
 
 RNG = np.random.default_rng(3)
 IMAGE = RNG.integers(0, 256, (37, 53, 3), np.uint8)
@@ -58,3 +58,22 @@ def test_jpeg_size_is_pillows(name):
 )
 def test_no_sof_before_the_data_ends_or_the_scan_starts_is_none(data):
     assert jpeg_size(data) is None
+
+
+@pytest.mark.parametrize("name", JPEGS)
+def test_jpeg_info_counts_the_scans_each_encoder_writes(name):
+    data = JPEGS[name]
+    info = jpeg_info(data)
+    assert (info.height, info.width) == pillow_size(data)
+    # libjpeg's progressive scripts: 10 scans for colour, 6 for grey; sequential: 1
+    assert info.scans == (10 if "progressive" in name else 1)
+    assert info.sof == (0xC2 if "progressive" in name else 0xC0)
+
+
+def test_a_scan_limit_counts_stuffed_and_restart_bytes_as_scan_data():
+    # restart markers (FF D0-D7) and stuffed FF 00 inside a scan are not scan ends
+    data = cv2_jpeg(RNG.integers(0, 256, (64, 64, 3), np.uint8), cv2.IMWRITE_JPEG_RST_INTERVAL, 1)
+    assert b"\xff\xd0" in data and b"\xff\x00" in data
+    assert jpeg_info(data).scans == 1
+    with pytest.raises(JpegError, match="more than 0 scans"):
+        jpeg_info(data, max_scans=0)

@@ -74,6 +74,24 @@ class ModelJobs(FaceJobs):
         ]
 
 
+class TrackedJobs(FaceJobs):
+    """Frame -> FaceJobs' face job and a ClipJob over the whole frame, both of track 1: as
+    detect sends them for one person seen in every frame."""
+
+    kind = "tracked_jobs"
+
+    def process(self, item: Frame):
+        (face,) = super().process(item)
+        face.track_id = 1
+        h, w = item.image.shape[:2]
+        clip = ClipJob(
+            camera=item.camera, seq=item.seq, capture_ts_ns=item.capture_ts_ns,
+            deadline_ns=item.deadline_ns, frame_size=(w, h),
+            box_xywh=np.array([0, 0, w, h], np.float32), image=item.image, track_id=1,
+        )  # fmt: skip
+        return [face, clip]
+
+
 class Timed(Stage):
     """Keeps (arrival wall time ns, item) of everything it receives."""
 

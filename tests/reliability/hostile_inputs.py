@@ -1,6 +1,6 @@
 """Inputs a hostile peer sends, built once for the reliability tests: a JPEG whose header
-claims a huge frame, frame headers that are huge, deep or hold giant integers, and a sampler
-of a process's RSS while an attack runs."""
+claims a huge frame, a progressive JPEG whose last scan is repeated, frame headers that are
+huge, deep or hold giant integers, and a sampler of a process's RSS while an attack runs."""
 
 from __future__ import annotations
 
@@ -24,6 +24,24 @@ def jpeg_claiming(height: int, width: int) -> bytes:
     data[i + 5 : i + 7] = height.to_bytes(2, "big")
     data[i + 7 : i + 9] = width.to_bytes(2, "big")
     return bytes(data)
+
+
+def scan_bomb(image: np.ndarray, repeats: int) -> bytes:
+    """A progressive JPEG of `image` (Pillow's encoder) whose last scan's 12-byte SOS header
+    (one component, no entropy data) is repeated `repeats` more times before EOI: libjpeg
+    runs every repeat over the whole image (a repeated refinement scan, its data missing, is
+    only a warning to it)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image[..., ::-1]).save(buf, "JPEG", progressive=True, quality=90)
+    data = buf.getvalue()
+    last = data.rindex(b"\xff\xda")  # the last SOS: its segment runs to EOI
+    assert data.endswith(b"\xff\xd9")
+    scan = data[last : last + 2 + int.from_bytes(data[last + 2 : last + 4], "big")]
+    return data[:-2] + scan * repeats + b"\xff\xd9"
 
 
 def with_fields(header: bytes, **fields) -> bytes:

@@ -10,6 +10,10 @@
    refused, and the tracker's assignment is solved per group of overlapping boxes in C
    (stages.tracker.match_by_iou), so 256 identical boxes cost milliseconds: the other camera
    keeps its rate throughout.
+
+Issue 33: a box [1e38, 1e38, 3e38, 3e38] has values float32 holds, but x + w and y + h do not
+(inf): it was accepted and every frame of its camera failed in detect, uncounted. Now the
+corners are checked too and the message is refused like any malformed one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 import zmq
 from engine_stages import start
 from rel_helpers import Recorder
@@ -205,3 +210,18 @@ def test_a_message_far_over_the_byte_limit_drops_the_link_and_the_receiver_recon
     assert code == 0
     gauges = last["stages"]["detect"]["gauges"]
     assert gauges["boxes_reconnects"] >= 1 and gauges["box_receiver_alive"] == 1
+
+
+def test_a_box_whose_corner_overflows_float32_is_refused_and_counted(free_port):
+    malformed = []
+    receiver = BoxReceiver(f"tcp://127.0.0.1:{free_port}", ["card"], malformed.append)
+    try:
+        overflow = json.dumps({"camera": "card", "boxes": [[1e38, 1e38, 3e38, 3e38]]}).encode()
+        assert receiver.handle(overflow) is None
+        assert receiver.malformed == 1 and malformed == ["card"]
+        good = receiver.handle(box_message())
+        assert good is not None and receiver.received == 1
+        corners = good.boxes[:, :2] + good.boxes[:, 2:]
+        assert np.isfinite(corners).all()
+    finally:
+        receiver.close()

@@ -114,3 +114,53 @@ def test_subscribe_reports_hostile_messages_and_keeps_printing_without_a_traceba
     assert "JPEG claims 16384x16384 pixels, over the limit of 8294400" in err
     assert "malformed message(s)" in err.splitlines()[-1]
     assert int(hwm.read_text()) < 400 * 1024  # KiB: the 805 MB frame was never decoded
+
+
+def test_subscribe_skips_a_message_whose_parts_together_pass_the_limit(free_port):
+    """Issue 33: `--max-message-bytes` bounded each part (ZMQ_MAXMSGSIZE), not the message: 20
+    parts of 50 MB took it to 1.1 GB. Now the parts are added up as they are read and a
+    message over the limit is skipped, reported, and none of its parts kept (scaled down
+    here: 20 parts of 256 KiB against a 1 MiB limit)."""
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    det = Detections.without_detector(Frame("cam", 3, 10, 20, np.zeros((4, 6, 3), np.uint8)))
+    good = wire.encode_result(det, 30)
+    blob = np.zeros(256 << 10, np.uint8)
+    big = wire.encode("meta", {"kind": "meta", "camera": "", "seq": 0, "capture_ts": 1,
+                               "publish_ts": 1, "backend": "none", "model": "none",
+                               "synthetic": False},
+                      [(f"p{i}", blob) for i in range(20)])  # fmt: skip
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    args = [sys.executable, "-m", "pipeline", "subscribe", endpoint, "--count", "3"]
+    proc = subprocess.Popen(
+        [*args, "--timeout", "10", "--max-message-bytes", str(1 << 20)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    stop = threading.Event()
+
+    def keep_publishing():
+        while not stop.is_set():
+            pub.send_multipart(big)
+            pub.send_multipart(good)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=keep_publishing)
+    t.start()
+    try:
+        out, err = proc.communicate()
+    finally:
+        stop.set()
+        t.join()
+        pub.close()
+        ctx.term()
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [x["topic"] for x in lines] == ["det/cam"] * 3
+    size = sum(len(p) for p in big)
+    assert f"skipped a message of {size} bytes, over --max-message-bytes {1 << 20}" in err
+    assert "Traceback" not in err
