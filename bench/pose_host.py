@@ -306,7 +306,7 @@ def old_parts(old_mod: types.ModuleType, dev: XrtDevice) -> Parts:
     return parts
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", nargs="+", default=["0.4b", "1b"], choices=["0.4b", "1b"])
     ap.add_argument("--boxes", type=int, default=3)

@@ -124,7 +124,7 @@ class RigGroups:
                 self._opened(group)
             tag = None
             plan = None if group is None else self._posed.get(group.id)
-            if plan is not None:
+            if group is not None and plan is not None:
                 # the capture time on the rig's clock (corrected when the camera's is off)
                 plan.views[camera] = (seq, group.views[camera].capture_ts, deadline_ns)
                 self._group_of[camera, seq] = plan.id

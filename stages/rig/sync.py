@@ -83,7 +83,7 @@ class ClockCheck:
 
     def __init__(self, cameras: tuple[str, ...], max_offset_ns: int) -> None:
         self.max_offset_ns = max_offset_ns
-        self._delays = {c: deque(maxlen=CLOCK_WINDOW) for c in cameras}
+        self._delays: dict[str, deque[int]] = {c: deque(maxlen=CLOCK_WINDOW) for c in cameras}
         self._baseline: dict[str, int] = {}
         self.corrections: dict[str, int] = dict.fromkeys(cameras, 0)
         self.outliers: dict[str, int] = dict.fromkeys(cameras, 0)
