@@ -503,7 +503,9 @@ def run_gemm(
     device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat
 ) -> Launch:
     """Start one dispatch of a GEMM over all its rows: (A view of a_elems, B, C view of
-    c_elems); its Launch (wait() it; a chained dispatch may be started before that)."""
+    c_elems); its Launch. A dispatch that reads this one's C, or writes its A or C, may be
+    started before this one is waited for only on the same hardware context: the driver
+    orders runs within a context and not across them (docs/device.md, "Ordering")."""
     return device.start(kernel, [a.view(rec.a_elems), b, c.view(rec.c_elems)])
 
 
