@@ -23,8 +23,9 @@ there; pyxrt's `run.start()` passes no dependency):
   writing them, is a hazard: the device could read before the producer wrote, or write
   under the consumer's feet. It is appended to `hazards` (a Hazard: both runs, their
   xclbins, the root BO and byte range) and the run started ends in ERT_CMD_STATE_ERROR, so
-  npucam fails the job loudly. The model is happens-before, not timing: it flags the same
-  runs however fast the emulated device is.
+  npucam fails the job loudly (unless `fail_hazards` is off: a benchmark's reference run of
+  the unordered chaining, whose hazards are then only recorded). The model is
+  happens-before, not timing: it flags the same runs however fast the emulated device is.
 - A kernel writes its last BO argument (IRON's convention: a GEMM's C, an MHA's o, a conv's
   output) unless `writes` names other positions among its BO arguments (negative: from the
   end) for a substring of its xclbin path; CLIP's `addln` (X, D, Y, H) writes Y and H.
@@ -34,7 +35,9 @@ there; pyxrt's `run.start()` passes no dependency):
 Timing, as the bindings behave (none of these calls releases the GIL):
 - `run.start()` returns at once; a run executes after the runs before it on its context,
   for `dispatch_time(xclbin path)` seconds (`dispatch_s`, first matching substring, else
-  `default_dispatch_s`; 0 by default, so plain tests run instantly).
+  `default_dispatch_s`; 0 by default, so plain tests run instantly). With `serial` on, every
+  context shares one timeline instead (one array time-slicing contexts that each take all
+  its columns, as a throughput model); ordering and hazards are the same either way.
 - `run.state()` is NEW (1) before a start, SUBMITTED (7) while queued behind another run,
   RUNNING (3) while it runs, then its final state (COMPLETED, or the next of `next_states`).
   pyxrt's enum has no RUNNING member: 3 comes back as an unnamed value (`int()` of it is 3).
@@ -82,6 +85,9 @@ hang_file: str | None = None  # a start while this file exists hangs (and remove
 tdr_s: float | None = None  # a hung run ends in TIMEOUT after this long (None: never)
 state_calls = 0
 timeline: list[tuple[int, float, float]] = []  # (run id, begin, end) of every start
+serial = False  # every context on one timeline (a throughput model), not one each
+fail_hazards = True  # a run that races another ends in ERROR (off: hazards only recorded)
+_serial_until = 0.0  # with `serial`: when the last run queued on the device ends
 DEFAULT_WRITES: dict[str, tuple[int, ...]] = {"addln": (-2, -1)}
 writes: dict[str, tuple[int, ...]] = dict(DEFAULT_WRITES)  # xclbin substring -> BO args written
 # started runs the host has not yet seen finish, by id; weak, so that dropping a run (and its
@@ -116,7 +122,7 @@ FOREVER_US = 4_000_000_000  # one usleep of ~67 minutes
 
 def reset(hwctx_limit: int = 16) -> None:
     global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s
-    global state_calls, record
+    global state_calls, record, serial, _serial_until, fail_hazards
     calls.clear()
     counts.clear()
     record = True
@@ -131,6 +137,7 @@ def reset(hwctx_limit: int = 16) -> None:
     tdr_s = None
     state_calls = 0
     timeline.clear()
+    serial, _serial_until, fail_hazards = False, 0.0, True
     writes.clear()
     writes.update(DEFAULT_WRITES)
     hazards.clear()
@@ -140,10 +147,10 @@ def reset(hwctx_limit: int = 16) -> None:
 
 def configure(settings: dict[str, Any]) -> None:
     """Set the timing knobs from a dict: dispatch_s ({substring: s}), default_dispatch_s,
-    hang_next, hang_file, tdr_s, limit, writes ({substring: [positions]}); timeline_file:
+    hang_next, hang_file, tdr_s, limit, serial, writes ({substring: [positions]}); timeline_file:
     where to write `timeline` (JSON) at exit; record_calls (default off: a subprocess's call
     log is never read)."""
-    global default_dispatch_s, hang_next, hang_file, tdr_s, limit, record
+    global default_dispatch_s, hang_next, hang_file, tdr_s, limit, record, serial
     record = bool(settings.get("record_calls", False))
     if settings.get("timeline_file"):
         atexit.register(_write_timeline, settings["timeline_file"])
@@ -154,6 +161,7 @@ def configure(settings: dict[str, Any]) -> None:
     tdr_s = settings.get("tdr_s", tdr_s)
     limit = int(settings.get("limit", limit))
     writes.update({k: tuple(v) for k, v in settings.get("writes", {}).items()})
+    serial = bool(settings.get("serial", serial))
 
 
 def _write_timeline(path: str) -> None:
@@ -441,6 +449,7 @@ class run:  # noqa: N801
         return state
 
     def start(self) -> None:
+        global _serial_until
         if self.in_flight():
             raise RuntimeError(f"run {self.id} started while in flight")
         _log("start", self.id)
@@ -456,7 +465,8 @@ class run:  # noqa: N801
         found = self._hazards()
         if found:
             hazards.extend(found)
-            self.final = ert_cmd_state.ERT_CMD_STATE_ERROR
+            if fail_hazards:
+                self.final = ert_cmd_state.ERT_CMD_STATE_ERROR
         _unseen[self.id] = self
         behind_hung = ctx.hung is not None and ctx.hung.in_flight()
         self.hung = _take_hang() or behind_hung
@@ -466,9 +476,9 @@ class run:  # noqa: N801
                 ctx.hung = self
                 _log("hang", self.id)
             return
-        self.begin = max(now, ctx.busy_until)
+        self.begin = max(now, _serial_until if serial else ctx.busy_until)
         self.end = self.begin + dispatch_time(ctx.path)
-        ctx.busy_until = self.end
+        ctx.busy_until, _serial_until = self.end, max(_serial_until, self.end)
         timeline.append((self.id, self.begin, self.end))
 
     def _state(self) -> ert_cmd_state:

@@ -203,6 +203,19 @@ def test_runs_on_one_context_queue_and_contexts_are_separate_timelines():
     assert fake.hazards == []
 
 
+def test_serial_puts_every_context_on_one_timeline():
+    fake.default_dispatch_s, fake.serial = 0.02, True
+    runs = [_gemm(kernel(f"/b/ctx{i}.xclbin"), _root(), _root(), _root()) for i in range(2)]
+    for r in runs:
+        r.start()
+    (_, _, end), (_, begin, _) = fake.timeline
+    assert begin == end
+    for r in runs:
+        r.wait()
+    fake.reset()
+    assert fake.serial is False
+
+
 def test_a_consumer_on_another_context_started_before_its_producer_was_seen_faults():
     """o reads what mha writes: started before the host saw mha finish, the driver would not
     order them; the fake records the hazard and fails the consumer, whatever the timing."""
@@ -219,6 +232,12 @@ def test_a_consumer_on_another_context_started_before_its_producer_was_seen_faul
     assert (h.run, h.other, h.bo, h.lo, h.hi) == (consumer.id, producer.id, ao.id, 256, 768)
     assert h.xclbin == "/b/gemm_k64.xclbin" and h.other_xclbin == "/b/mha.xclbin"
     assert "reads" in h.what and "writes" in h.what
+    fake.fail_hazards = False  # a benchmark's reference run: recorded, the run completes
+    producer.start()
+    again = _gemm(o, fake.bo(ao, 512, 256), w, c)
+    again.start()
+    assert again.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    assert [h.run for h in fake.hazards] == [consumer.id, again.id]
 
 
 @pytest.mark.parametrize("seen", ["wait", "state"])
