@@ -801,7 +801,9 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
 
     def _unretired(self, but: str | None = None) -> Iterator[SimLaunch]:
         """Launches not yet seen finished (waited for, or retired by finished()), on every
-        context but `but`."""
+        context but `but` (none to look for when nothing is in flight: the common case)."""
+        if not self._in_flight:
+            return
         for key, kernels in self._users.items():
             if key != but:
                 for kernel in kernels:
