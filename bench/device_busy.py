@@ -15,14 +15,17 @@ always queued (2 cameras x 2 tracks, a frame every 0.1 s).
 
 Busy = the union of the fake's emulated run intervals over `--seconds` after two boxes were
 published, independent of the stage's counters; the process CPU time a box over the same
-window says whether the host kept up (on a shared machine it is the first suspect). The old
+window says whether the host kept up (on a shared machine it is the first suspect). The
+cost of the added waits is the device idle right before each `o` and `down` (the gap between
+the run before it on the device's timeline and its start), a box, against the same gap in
+the reference run, where they were queued behind their producers. The old
 chaining is replayed by wrapping each forward's steps so that an attention or gate-up step
 and the step after it are started before either is waited for (what `_backbone` yielded
 before), with the fake's hazards only recorded (`fail_hazards` off), so that it runs; it is
 the reference the cost of the added waits is measured against, and its hazard count says
 how often it raced.
 
-Run: .venv/bin/python bench/device_busy.py [--seconds 60] [--no-reference]
+Run: .venv/bin/python bench/device_busy.py [--seconds 60] [--layers 24] [--no-reference]
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ import npu.models.sapiens2.npu as s2npu  # noqa: E402
 import npu.xrt  # noqa: E402
 from npu.device import Launch, Steps  # noqa: E402
 from npu.models.sapiens2 import npu2  # noqa: E402
+from npu.models.sapiens2.config import Config  # noqa: E402
 from npu.sim_cost import NPU2  # noqa: E402
 from pipeline.assets import cache_dir  # noqa: E402
 from pipeline.messages import now_ns  # noqa: E402
@@ -69,26 +73,32 @@ from pipeline.metrics import Metrics  # noqa: E402
 from stages.infer import Infer, InferOptions  # noqa: E402
 from stages.jobs import PoseJob  # noqa: E402
 
-CONFIG = dataclasses.replace(npu2.RELEASED["0.4b"], flip_pairs=((1, 2),))
+RELEASED = dataclasses.replace(npu2.RELEASED["0.4b"], flip_pairs=((1, 2),))
 PRODUCERS = {"mha", "gu"}  # the steps the old chaining did not wait for before the next
+CONSUMERS = {"o", "down"}  # the dispatches that now wait for them
 FRAME = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
 
 
-def bundle_path() -> Path:
-    path = cache_dir() / "bench" / "sapiens2-0.4b-released-per-record-v2"
+def config(layers: int) -> Config:
+    """The released 0.4b layout, its first `layers` layers (24: all)."""
+    return dataclasses.replace(RELEASED, layers=layers, kv_heads=RELEASED.kv_heads[:layers])
+
+
+def bundle_path(cfg: Config) -> Path:
+    path = cache_dir() / "bench" / f"sapiens2-0.4b-released-{cfg.layers}l-per-record-v2"
     if not (path / "manifest.txt").is_file():
         print(f"writing {path} (once) ...", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        bundles.write_random_bundle(CONFIG, path, per_record=True)
+        bundles.write_random_bundle(cfg, path, per_record=True)
     return path
 
 
-def dispatch_times() -> tuple[dict[str, float], float]:
+def dispatch_times(cfg: Config) -> tuple[dict[str, float], float]:
     """NPU2 seconds per dispatch by xclbin path (one context per record, named after its
     key) and the device seconds of one box."""
     times: dict[str, float] = {}
     box = 0.0
-    for d in npu2.dispatches(CONFIG):
+    for d in npu2.dispatches(cfg):
         s = NPU2.dispatch_s(d)
         times[f"/{d.key}.xclbin"] = s
         box += s
@@ -109,6 +119,21 @@ def old_chaining(steps: Steps) -> Generator[list[Launch], None, object]:
         return stop.value
 
 
+def idle_before(start: float, end: float) -> dict[str, float]:
+    """Device idle seconds within [start, end] by the record key of the run that ended each
+    idle gap (the fake's serial timeline: runs never overlap)."""
+    idle: dict[str, float] = {}
+    reach = None
+    for run_id, begin, stop in sorted(fake.timeline, key=lambda span: span[1]):
+        if reach is not None:
+            lo, hi = max(reach, start), min(begin, end)
+            if hi > lo:
+                key = Path(fake.run_xclbin[run_id]).stem
+                idle[key] = idle.get(key, 0.0) + hi - lo
+        reach = stop if reach is None else max(reach, stop)
+    return idle
+
+
 def pose(camera: str, seq: int, track: int) -> PoseJob:
     t = now_ns()
     return PoseJob(camera=camera, seq=seq, capture_ts_ns=t, deadline_ns=t + 600 * 10**9,
@@ -116,11 +141,12 @@ def pose(camera: str, seq: int, track: int) -> PoseJob:
                    np.float32), score=0.9, image=FRAME)  # fmt: skip
 
 
-def device_busy(bundle: Path, seconds: float, chaining: str, tmp: Path) -> dict:
+def device_busy(cfg: Config, seconds: float, chaining: str, tmp: Path) -> dict:
     fake.reset()
     fake.record, fake.serial = False, True
     fake.fail_hazards = chaining == "ordered"
-    times, box_s = dispatch_times()
+    times, box_s = dispatch_times(cfg)
+    bundle = bundle_path(cfg)
     fake.dispatch_s.update(times)
     node = tmp / "accel0"
     node.write_bytes(b"")
@@ -166,12 +192,17 @@ def device_busy(bundle: Path, seconds: float, chaining: str, tmp: Path) -> dict:
     start, end = window
     spans = [(b, e) for _, b, e in fake.timeline]
     boxes = published[1] - published[0]
+    idle = idle_before(start, end)
     return {
         "chaining": chaining,
         "busy": intervals.union_s(spans, start, end) / (end - start),
         "boxes": boxes,
         "s_per_box": (end - start) / boxes if boxes else float("inf"),
         "cpu_per_box": (cpu[1] - cpu[0]) / boxes if boxes else float("inf"),
+        "idle_per_box": sum(idle.values()) / boxes if boxes else float("inf"),
+        "consumer_idle_per_box": (
+            sum(v for k, v in idle.items() if k in CONSUMERS) / boxes if boxes else float("inf")
+        ),
         "box_device_s": box_s,
         "errors": stage.errors["sapiens2"],
         "hazards": len(fake.hazards),
@@ -181,31 +212,35 @@ def device_busy(bundle: Path, seconds: float, chaining: str, tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--layers", type=int, default=24, help="the first n layers (24: full depth)")
     ap.add_argument("--no-reference", action="store_true", help="skip the old chaining's run")
     args = ap.parse_args()
     import tempfile
 
     print(f"load average before: {os.getloadavg()}", flush=True)
-    bundle = bundle_path()
+    cfg = config(args.layers)
+    bundle_path(cfg)
     runs = ["ordered"] if args.no_reference else ["ordered", "old"]
     got = []
     for chaining in runs:
         with tempfile.TemporaryDirectory() as tmp:
-            r = device_busy(bundle, args.seconds, chaining, Path(tmp))
+            r = device_busy(cfg, args.seconds, chaining, Path(tmp))
         got.append(r)
         print(
             f"{r['chaining']:>8}: device busy {r['busy']:.3f} over {args.seconds:.0f} s, "
             f"{r['boxes']} boxes ({r['s_per_box']:.2f} s and {r['cpu_per_box']:.2f} s of "
             f"process CPU a box; NPU2 device time {r['box_device_s']:.2f} s a box), "
-            f"{r['errors']} errors, {r['hazards']} hazards",
+            f"{r['errors']} errors, {r['hazards']} hazards; device idle {r['idle_per_box']:.3f} "
+            f"s a box, {r['consumer_idle_per_box']:.3f} s of it right before o / down",
             flush=True,
         )
     if len(got) == 2:
         new, old = got
         print(
-            f"ordered / old busy: {new['busy'] / old['busy']:.3f}; the added waits cost "
-            f"{new['s_per_box'] - old['s_per_box']:+.3f} s a box of wall time "
-            f"({(old['busy'] - new['busy']) * new['s_per_box']:+.3f} s of device idle a box)"
+            f"ordered / old busy: {new['busy'] / old['busy']:.3f}; device idle right before "
+            f"o / down: {new['consumer_idle_per_box'] - old['consumer_idle_per_box']:+.3f} s "
+            f"a box more ordered (the added waits' cost); wall a box "
+            f"{new['s_per_box'] - old['s_per_box']:+.3f} s"
         )
     print(f"load average after: {os.getloadavg()}")
 

@@ -85,6 +85,7 @@ hang_file: str | None = None  # a start while this file exists hangs (and remove
 tdr_s: float | None = None  # a hung run ends in TIMEOUT after this long (None: never)
 state_calls = 0
 timeline: list[tuple[int, float, float]] = []  # (run id, begin, end) of every start
+run_xclbin: dict[int, str] = {}  # run id -> the xclbin path of its context (every start)
 serial = False  # every context on one timeline (a throughput model), not one each
 fail_hazards = True  # a run that races another ends in ERROR (off: hazards only recorded)
 _serial_until = 0.0  # with `serial`: when the last run queued on the device ends
@@ -137,6 +138,7 @@ def reset(hwctx_limit: int = 16) -> None:
     tdr_s = None
     state_calls = 0
     timeline.clear()
+    run_xclbin.clear()
     serial, _serial_until, fail_hazards = False, 0.0, True
     writes.clear()
     writes.update(DEFAULT_WRITES)
@@ -480,6 +482,7 @@ class run:  # noqa: N801
         self.end = self.begin + dispatch_time(ctx.path)
         ctx.busy_until, _serial_until = self.end, max(_serial_until, self.end)
         timeline.append((self.id, self.begin, self.end))
+        run_xclbin[self.id] = ctx.path
 
     def _state(self) -> ert_cmd_state:
         if not self.started:
