@@ -511,6 +511,7 @@ def run_gemm(
 
 def run_mha(device: Device, kernel: Kernel, rec: MhaRecord, stage: Flat, o: Flat) -> Launch:
     """Start the attention: q, k and v three views of the staging buffer, all from offset 0,
-    and the o view (npu.rs `run_mha`); its Launch."""
+    and the o view (npu.rs `run_mha`); its Launch. A consumer of o on another hardware
+    context (Sapiens2's `o` GEMM) starts only once it has been waited for (run_gemm)."""
     views = [stage.view(rec.q_elems, 0), stage.view(rec.k_elems, 1), stage.view(rec.v_elems, 2)]
     return device.start(kernel, [*views, o.view(rec.o_elems)])

@@ -95,6 +95,7 @@ writes: dict[str, tuple[int, ...]] = dict(DEFAULT_WRITES)  # xclbin substring ->
 # context) still runs their destructors
 _unseen: weakref.WeakValueDictionary[int, run] = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
+_generation = 0  # reset() starts a new one: ids restart, so objects of an older one are stale
 
 
 class Hazard(NamedTuple):
@@ -122,7 +123,7 @@ FOREVER_US = 4_000_000_000  # one usleep of ~67 minutes
 
 
 def reset(hwctx_limit: int = 16) -> None:
-    global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s
+    global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s, _generation
     global state_calls, record, serial, _serial_until, fail_hazards
     calls.clear()
     counts.clear()
@@ -145,6 +146,7 @@ def reset(hwctx_limit: int = 16) -> None:
     hazards.clear()
     _unseen.clear()
     _ids = itertools.count(1)
+    _generation += 1
 
 
 def configure(settings: dict[str, Any]) -> None:
@@ -285,7 +287,7 @@ class hw_context:  # noqa: N801
             raise RuntimeError(
                 "DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-16): Device or resource busy"
             )
-        self.id = next(_ids)
+        self.id, self.generation = next(_ids), _generation
         self.path = id_.path
         self.hung: run | None = None  # a hung run in flight on this context
         self.busy_until = 0.0  # when the last run queued on this context ends
@@ -297,7 +299,8 @@ class hw_context:  # noqa: N801
         if hung is not None and hung.in_flight():
             _log("hw_context.free_blocked", self.path)
             block_forever()  # the driver waits for the outstanding job
-        if getattr(self, "id", None) in live_contexts:
+        # a context of before the last reset() (collected late) must not free a new one's id
+        if getattr(self, "generation", None) == _generation and self.id in live_contexts:
             live_contexts.discard(self.id)
             _log("hw_context.free", self.path)
 

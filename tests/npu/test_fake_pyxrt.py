@@ -198,6 +198,7 @@ def test_runs_on_one_context_queue_and_contexts_are_separate_timelines():
     one, two, other = (spans[r.id] for r in runs)
     assert two[0] == one[1]  # queued behind the first on its context
     assert other[0] < one[1]  # another context's run overlaps it
+    assert [fake.run_xclbin[r.id] for r in runs] == ["/b/ctx1.xclbin"] * 2 + ["/b/ctx2.xclbin"]
     for r in runs:
         assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
     assert fake.hazards == []
