@@ -2,7 +2,9 @@
 
 Since an xclbin cannot be executed, the simulator reads what a kernel computes from its
 manifest record (kind, shapes, tiling, epilogue: docs/device.md) and runs that in numpy
-with the NPU's number formats (bf16 operands, bfp16ebs8 GEMM weights, bf16 results). It
+with the NPU's number formats (bf16 operands, bfp16ebs8 GEMM weights, bf16 results), at
+start, after checking that it is ordered after what it shares bytes with on other hardware
+contexts (the driver orders runs only within one: docs/device.md, "Ordering"). It
 models device time (per dispatch from FLOPs and bytes, context creation and switches) and
 the machine-wide 16-context limit through a lock-file registry every process shares.
 Simulated times are labelled "sim" and are never hardware measurements.
@@ -640,6 +642,16 @@ class SimKernel:
         self.device.set_insts_words(self, words)
 
 
+Access = tuple[Buffer, int, int, bool]  # (root buffer, first byte, end byte, written)
+
+
+def footprint(model: SimKernelModel, buffers: Sequence[Buffer]) -> list[Access]:
+    """The bytes of their roots a dispatch's arguments cover, and which it writes."""
+    return [
+        (b.root, b.offset, b.offset + b.nbytes, i in model.writes) for i, b in enumerate(buffers)
+    ]
+
+
 class SimLaunch(DeviceLaunch):
     """A simulated run, computed at start. Its state (what run.state() would read) is
     SUBMITTED, then RUNNING until ready_at (the modelled end; at once without sleep), then
@@ -654,20 +666,11 @@ class SimLaunch(DeviceLaunch):
         final: int,
         hung: bool,
         ready_at: float,
+        accesses: list[Access],
     ) -> None:
         super().__init__(device, kernel, buffers, t0)
         self.final, self.hung, self.ready_at = final, hung, ready_at
-        self.footprint = footprint(kernel.model, buffers)
-
-
-Access = tuple[Buffer, int, int, bool]  # (root buffer, first byte, end byte, written)
-
-
-def footprint(model: SimKernelModel, buffers: Sequence[Buffer]) -> list[Access]:
-    """The bytes of their roots a dispatch's arguments cover, and which it writes."""
-    return [
-        (b.root, b.offset, b.offset + b.nbytes, i in model.writes) for i, b in enumerate(buffers)
-    ]
+        self.footprint = accesses  # what it reads and writes (footprint())
 
 
 class SimDevice(DeviceCore[SimKernel, SimBuffer]):
@@ -864,7 +867,8 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
                         f"{kernel.spec.key}: argument {i} is {b.nbytes} bytes,"
                         f" the kernel reads {need}"
                     )
-            self._check_order(kernel, footprint(model, buffers))
+            accesses = footprint(model, buffers)
+            self._check_order(kernel, accesses)
             self._resident(kernel)
             assert kernel.words is not None
             key = kernel.spec.key
@@ -898,7 +902,7 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
             if self.sleep and not hung:  # a hung run holds no place on the device clock
                 ready_at = max(t0, self._busy_until) + expected
                 self._busy_until = ready_at
-            launch = SimLaunch(self, kernel, buffers, t0, state, hung, ready_at)
+            launch = SimLaunch(self, kernel, buffers, t0, state, hung, ready_at, accesses)
             if hung and behind is None:
                 self._hung_runs[ctx_key] = launch
             begin = ready_at - expected if self.sleep and not hung else launch.t_start
