@@ -503,12 +503,15 @@ def run_gemm(
     device: Device, kernel: Kernel, rec: GemmRecord, a: Flat, b: Buffer, c: Flat
 ) -> Launch:
     """Start one dispatch of a GEMM over all its rows: (A view of a_elems, B, C view of
-    c_elems); its Launch (wait() it; a chained dispatch may be started before that)."""
+    c_elems); its Launch. A dispatch that reads this one's C, or writes its A or C, may be
+    started before this one is waited for only on the same hardware context: the driver
+    orders runs within a context and not across them (docs/device.md, "Ordering")."""
     return device.start(kernel, [a.view(rec.a_elems), b, c.view(rec.c_elems)])
 
 
 def run_mha(device: Device, kernel: Kernel, rec: MhaRecord, stage: Flat, o: Flat) -> Launch:
     """Start the attention: q, k and v three views of the staging buffer, all from offset 0,
-    and the o view (npu.rs `run_mha`); its Launch."""
+    and the o view (npu.rs `run_mha`); its Launch. A consumer of o on another hardware
+    context (Sapiens2's `o` GEMM) starts only once it has been waited for (run_gemm)."""
     views = [stage.view(rec.q_elems, 0), stage.view(rec.k_elems, 1), stage.view(rec.v_elems, 2)]
     return device.start(kernel, [*views, o.view(rec.o_elems)])

@@ -2,7 +2,9 @@
 
 Since an xclbin cannot be executed, the simulator reads what a kernel computes from its
 manifest record (kind, shapes, tiling, epilogue: docs/device.md) and runs that in numpy
-with the NPU's number formats (bf16 operands, bfp16ebs8 GEMM weights, bf16 results). It
+with the NPU's number formats (bf16 operands, bfp16ebs8 GEMM weights, bf16 results), at
+start, after checking that it is ordered after what it shares bytes with on other hardware
+contexts (the driver orders runs only within one: docs/device.md, "Ordering"). It
 models device time (per dispatch from FLOPs and bytes, context creation and switches) and
 the machine-wide 16-context limit through a lock-file registry every process shares.
 Simulated times are labelled "sim" and are never hardware measurements.
@@ -232,6 +234,7 @@ class SimKernelModel(Protocol):
     """What the simulator knows of one kernel record: operand sizes, work, and semantics."""
 
     arg_bytes: tuple[int, ...]  # the bytes each argument buffer must hold at least
+    writes: tuple[int, ...]  # the arguments it writes (IRON's convention: the last)
     flops: int
 
     def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:
@@ -388,6 +391,7 @@ class SimGemm:
             self.c_stride, self.n_out,
         )  # fmt: skip
         self.arg_bytes = (a_elems * 2, self.b_bytes, c_elems * 2)
+        self.writes = (2,)
         self.flops = 2 * self.rows * k * self.b_cols
         self._weights: tuple[tuple[int, int], np.ndarray, np.ndarray | None] | None = None
 
@@ -494,6 +498,7 @@ class SimStagedMha:
                 )
             sizes.append(2 * elems)
         self.arg_bytes = tuple(sizes)
+        self.writes = (3,)
         self.flops = 4 * p.heads * p.tokens * p.tokens * p.hd
 
     def _heads(self, buf: Buffer, col: int) -> np.ndarray:
@@ -570,6 +575,7 @@ class SimMha:
         q_bytes = self.heads * self.seq_pad * self.d * 2
         kv_bytes = self.kv_heads * self.seq_pad * self.d * 2
         self.arg_bytes = (q_bytes, kv_bytes, kv_bytes, q_bytes)
+        self.writes = (3,)
         self.flops = 4 * self.heads * self.seq_pad * self.seq_pad * self.d
 
     def _operand(self, buf: Buffer, heads: int) -> np.ndarray:
@@ -636,6 +642,16 @@ class SimKernel:
         self.device.set_insts_words(self, words)
 
 
+Access = tuple[Buffer, int, int, bool]  # (root buffer, first byte, end byte, written)
+
+
+def footprint(model: SimKernelModel, buffers: Sequence[Buffer]) -> list[Access]:
+    """The bytes of their roots a dispatch's arguments cover, and which it writes."""
+    return [
+        (b.root, b.offset, b.offset + b.nbytes, i in model.writes) for i, b in enumerate(buffers)
+    ]
+
+
 class SimLaunch(DeviceLaunch):
     """A simulated run, computed at start. Its state (what run.state() would read) is
     SUBMITTED, then RUNNING until ready_at (the modelled end; at once without sleep), then
@@ -650,9 +666,11 @@ class SimLaunch(DeviceLaunch):
         final: int,
         hung: bool,
         ready_at: float,
+        accesses: list[Access],
     ) -> None:
         super().__init__(device, kernel, buffers, t0)
         self.final, self.hung, self.ready_at = final, hung, ready_at
+        self.footprint = accesses  # what it reads and writes (footprint())
 
 
 class SimDevice(DeviceCore[SimKernel, SimBuffer]):
@@ -773,10 +791,59 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
 
     def to_device(self, buf: Buffer) -> None:
         buf.check_live()
+        with self._lock:
+            self._check_sync(buf, to_device=True)
         buf.root.version += 1  # type: ignore[attr-defined]
 
     def from_device(self, buf: Buffer) -> None:
         buf.check_live()
+        with self._lock:
+            self._check_sync(buf, to_device=False)
+
+    # ordering, as the driver orders runs (docs/device.md, "Ordering")
+
+    def _unretired(self, but: str | None = None) -> Iterator[SimLaunch]:
+        """Launches not yet seen finished (waited for, or retired by finished()), on every
+        context but `but` (none to look for when nothing is in flight: the common case)."""
+        if not self._in_flight:
+            return
+        for key, kernels in self._users.items():
+            if key != but:
+                for kernel in kernels:
+                    yield from kernel.pending  # type: ignore[misc]
+
+    def _check_order(self, kernel: SimKernel, accesses: list[Access]) -> None:
+        """DeviceError unless the dispatch is ordered after every unretired launch on another
+        hardware context whose bytes it shares, one of the two writing them: the driver
+        orders runs only within a context (a hazard the sim would otherwise hide by
+        executing each dispatch at its start)."""
+        for other in self._unretired(but=kernel.spec.context_key):
+            for root, lo, hi, written in accesses:
+                for o_root, o_lo, o_hi, o_written in other.footprint:
+                    if root is o_root and lo < o_hi and o_lo < hi and (written or o_written):
+                        raise DeviceError(
+                            f"{kernel.spec.where()}: {kernel.spec.key} "
+                            f"{'writes' if written else 'reads'} bytes [{max(lo, o_lo)}, "
+                            f"{min(hi, o_hi)}) of buffer {root.id} that {other.kernel.spec.key}"
+                            f" ({other.kernel.spec.where()}), started on another hardware "
+                            f"context and not yet waited for, "
+                            f"{'writes' if o_written else 'reads'}: the driver does not "
+                            "order runs across contexts; wait for it first"
+                        )
+
+    def _check_sync(self, buf: Buffer, to_device: bool) -> None:
+        """DeviceError for a sync of bytes an unretired launch writes (or, to the device,
+        reads): the host would race the device."""
+        lo, hi = buf.offset, buf.offset + buf.nbytes
+        for other in self._unretired():
+            for root, o_lo, o_hi, written in other.footprint:
+                if root is buf.root and lo < o_hi and o_lo < hi and (written or to_device):
+                    raise DeviceError(
+                        f"a sync {'to' if to_device else 'from'} the device of bytes "
+                        f"[{max(lo, o_lo)}, {min(hi, o_hi)}) of buffer {root.id} that "
+                        f"{other.kernel.spec.key} ({other.kernel.spec.where()}), not yet "
+                        f"waited for, {'writes' if written else 'reads'}"
+                    )
 
     # runs
 
@@ -800,6 +867,8 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
                         f"{kernel.spec.key}: argument {i} is {b.nbytes} bytes,"
                         f" the kernel reads {need}"
                     )
+            accesses = footprint(model, buffers)
+            self._check_order(kernel, accesses)
             self._resident(kernel)
             assert kernel.words is not None
             key = kernel.spec.key
@@ -833,7 +902,7 @@ class SimDevice(DeviceCore[SimKernel, SimBuffer]):
             if self.sleep and not hung:  # a hung run holds no place on the device clock
                 ready_at = max(t0, self._busy_until) + expected
                 self._busy_until = ready_at
-            launch = SimLaunch(self, kernel, buffers, t0, state, hung, ready_at)
+            launch = SimLaunch(self, kernel, buffers, t0, state, hung, ready_at, accesses)
             if hung and behind is None:
                 self._hung_runs[ctx_key] = launch
             begin = ready_at - expected if self.sleep and not hung else launch.t_start

@@ -86,6 +86,7 @@ class SimClipMha:
             (span + self.v_col + width) * 2,
             ((self.rows - 1) * self.o_ld + width) * 2,
         )
+        self.writes = (3,)
         self.flops = 4 * self.heads * self.rows * self.block * self.d
 
     def _operand(self, buf: Buffer, col: int) -> np.ndarray:
@@ -123,6 +124,7 @@ class SimAddLn:
             raise DeviceError(f"{spec.where()}: rows and dim must be > 0")
         self.eps = np.float32(_float_field(spec, "eps"))
         self.arg_bytes = (self.rows * self.dim * 2,) * 4
+        self.writes = (2, 3)
         self.flops = 8 * self.rows * self.dim
 
     def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:

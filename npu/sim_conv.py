@@ -89,6 +89,7 @@ class SimAdafaceConv:
                 raise DeviceError(f"{spec.where()}: conv geometry: {what}")
         self.k, self.h, self.wp, self.icg, self.oc = k, h, wp, icg, oc
         self.arg_bytes = (h * icg * wp * 2, oc * icg * k * k * 2, h * oc * wp * 2)
+        self.writes = (2,)
         self.flops = 2 * h * wp * oc * icg * k * k
 
     def execute(self, args: Sequence[Buffer], insts: np.ndarray) -> None:

@@ -54,12 +54,12 @@ class Sapiens2Runtime(Runtime[ModelOptions, PoseJob]):
 
     def output_rows(self) -> np.ndarray | None:
         """A stepped pass's heatmaps, faulted in on the prepare thread: float32
-        [batch, K, 4·gh, 4·gw] (60 MB a box at 0.4b; a fresh array's first touch stalled the
-        device thread 100-180 ms a box in huge-page compaction)."""
+        [batch, K, Hh, Wh] (Config.heatmap_size; 60 MB a box at 0.4b; a fresh array's first
+        touch stalled the device thread 100-180 ms a box in huge-page compaction)."""
         if not self.stepped:
             return None
         cfg = self.model.config
-        return faulted((self.batch_size, cfg.K, 4 * cfg.gh, 4 * cfg.gw))
+        return faulted((self.batch_size, cfg.K, *cfg.heatmap_size))
 
     def forward_steps(self, inputs: np.ndarray, outputs: np.ndarray | None = None) -> Steps:
         outs = []

@@ -11,10 +11,33 @@ run (a paced test, a bench, a subprocess through the shim, whose calls nobody re
 `limit` and free their slot when garbage-collected, as a released xrt::hw_context does; a
 full machine raises RuntimeError mentioning CREATE_HWCTX, as the amdxdna driver does.
 
+Ordering, as the amdxdna driver orders runs (torvalds/linux drivers/accel/amdxdna/aie2_ctx.c:
+`aie2_hwctx_init` gives every hardware context its own DRM scheduler, and `aie2_cmd_submit`
+adds a job's fence to its BOs' reservation objects without waiting on the fences already
+there; pyxrt's `run.start()` passes no dependency):
+- Runs on one hw_context execute in submission order, one after another; each context is its
+  own timeline, so runs on different contexts may overlap in time.
+- A run started on one context while a run on ANOTHER context that the host has not yet seen
+  finish (its wait() returned, or its state() read, a final state) touches the same bytes of
+  the same root BO (sub-BOs resolved to their root's byte ranges), at least one of the two
+  writing them, is a hazard: the device could read before the producer wrote, or write
+  under the consumer's feet. It is appended to `hazards` (a Hazard: both runs, their
+  xclbins, the root BO and byte range) and the run started ends in ERT_CMD_STATE_ERROR, so
+  npucam fails the job loudly (unless `fail_hazards` is off: a benchmark's reference run of
+  the unordered chaining, whose hazards are then only recorded). The model is
+  happens-before, not timing: it flags the same runs however fast the emulated device is.
+- A kernel writes its last BO argument (IRON's convention: a GEMM's C, an MHA's o, a conv's
+  output) unless `writes` names other positions among its BO arguments (negative: from the
+  end) for a substring of its xclbin path; CLIP's `addln` (X, D, Y, H) writes Y and H.
+- A host sync FROM_DEVICE of bytes a not-yet-seen-finished run writes, or TO_DEVICE of bytes
+  such a run reads or writes, is a hazard too: recorded, and the sync raises RuntimeError.
+
 Timing, as the bindings behave (none of these calls releases the GIL):
-- `run.start()` returns at once; runs execute one after another on one emulated device, each
+- `run.start()` returns at once; a run executes after the runs before it on its context,
   for `dispatch_time(xclbin path)` seconds (`dispatch_s`, first matching substring, else
-  `default_dispatch_s`; 0 by default, so plain tests run instantly).
+  `default_dispatch_s`; 0 by default, so plain tests run instantly). With `serial` on, every
+  context shares one timeline instead (one array time-slicing contexts that each take all
+  its columns, as a throughput model); ordering and hazards are the same either way.
 - `run.state()` is NEW (1) before a start, SUBMITTED (7) while queued behind another run,
   RUNNING (3) while it runs, then its final state (COMPLETED, or the next of `next_states`).
   pyxrt's enum has no RUNNING member: 3 comes back as an unnamed value (`int()` of it is 3).
@@ -41,8 +64,9 @@ import json
 import os
 import signal
 import time
+import weakref
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,8 +85,36 @@ hang_file: str | None = None  # a start while this file exists hangs (and remove
 tdr_s: float | None = None  # a hung run ends in TIMEOUT after this long (None: never)
 state_calls = 0
 timeline: list[tuple[int, float, float]] = []  # (run id, begin, end) of every start
-_busy_until = 0.0
+run_xclbin: dict[int, str] = {}  # run id -> the xclbin path of its context (every start)
+serial = False  # every context on one timeline (a throughput model), not one each
+fail_hazards = True  # a run that races another ends in ERROR (off: hazards only recorded)
+_serial_until = 0.0  # with `serial`: when the last run queued on the device ends
+DEFAULT_WRITES: dict[str, tuple[int, ...]] = {"addln": (-2, -1)}
+writes: dict[str, tuple[int, ...]] = dict(DEFAULT_WRITES)  # xclbin substring -> BO args written
+# started runs the host has not yet seen finish, by id; weak, so that dropping a run (and its
+# context) still runs their destructors
+_unseen: weakref.WeakValueDictionary[int, run] = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
+_generation = 0  # reset() starts a new one: ids restart, so objects of an older one are stale
+
+
+class Hazard(NamedTuple):
+    """Two device accesses to the same bytes not ordered by the driver or the host. `run`
+    started (or the host synced, `run` None) while `other` (a run on another context not yet
+    seen finished) was in flight; `what` says which side writes. bo: the root BO's id;
+    lo, hi: the overlapping byte range of its storage."""
+
+    what: str
+    run: int | None
+    xclbin: str
+    other: int
+    other_xclbin: str
+    bo: int
+    lo: int
+    hi: int
+
+
+hazards: list[Hazard] = []
 
 _libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held across the call, as in pyxrt
 _libc.usleep.argtypes = [ctypes.c_uint]
@@ -71,8 +123,8 @@ FOREVER_US = 4_000_000_000  # one usleep of ~67 minutes
 
 
 def reset(hwctx_limit: int = 16) -> None:
-    global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s
-    global state_calls, _busy_until, record
+    global limit, fail_contexts, _ids, default_dispatch_s, hang_next, hang_file, tdr_s, _generation
+    global state_calls, record, serial, _serial_until, fail_hazards
     calls.clear()
     counts.clear()
     record = True
@@ -87,15 +139,22 @@ def reset(hwctx_limit: int = 16) -> None:
     tdr_s = None
     state_calls = 0
     timeline.clear()
-    _busy_until = 0.0
+    run_xclbin.clear()
+    serial, _serial_until, fail_hazards = False, 0.0, True
+    writes.clear()
+    writes.update(DEFAULT_WRITES)
+    hazards.clear()
+    _unseen.clear()
     _ids = itertools.count(1)
+    _generation += 1
 
 
 def configure(settings: dict[str, Any]) -> None:
     """Set the timing knobs from a dict: dispatch_s ({substring: s}), default_dispatch_s,
-    hang_next, hang_file, tdr_s, limit; timeline_file: where to write `timeline` (JSON) at
-    exit; record_calls (default off: a subprocess's call log is never read)."""
-    global default_dispatch_s, hang_next, hang_file, tdr_s, limit, record
+    hang_next, hang_file, tdr_s, limit, serial, writes ({substring: [positions]}); timeline_file:
+    where to write `timeline` (JSON) at exit; record_calls (default off: a subprocess's call
+    log is never read)."""
+    global default_dispatch_s, hang_next, hang_file, tdr_s, limit, record, serial
     record = bool(settings.get("record_calls", False))
     if settings.get("timeline_file"):
         atexit.register(_write_timeline, settings["timeline_file"])
@@ -105,6 +164,8 @@ def configure(settings: dict[str, Any]) -> None:
     hang_file = settings.get("hang_file", hang_file)
     tdr_s = settings.get("tdr_s", tdr_s)
     limit = int(settings.get("limit", limit))
+    writes.update({k: tuple(v) for k, v in settings.get("writes", {}).items()})
+    serial = bool(settings.get("serial", serial))
 
 
 def _write_timeline(path: str) -> None:
@@ -181,6 +242,7 @@ class ert_cmd_state(enum.IntEnum):  # noqa: N801
 
 
 RUNNING = 3
+IN_FLIGHT = (1, 2, 3, 7)  # NEW, QUEUED, RUNNING, SUBMITTED: every other state is final
 
 
 class uuid:  # noqa: N801
@@ -225,9 +287,10 @@ class hw_context:  # noqa: N801
             raise RuntimeError(
                 "DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-16): Device or resource busy"
             )
-        self.id = next(_ids)
+        self.id, self.generation = next(_ids), _generation
         self.path = id_.path
         self.hung: run | None = None  # a hung run in flight on this context
+        self.busy_until = 0.0  # when the last run queued on this context ends
         live_contexts.add(self.id)
         _log("hw_context", id_.path)
 
@@ -236,7 +299,8 @@ class hw_context:  # noqa: N801
         if hung is not None and hung.in_flight():
             _log("hw_context.free_blocked", self.path)
             block_forever()  # the driver waits for the outstanding job
-        if getattr(self, "id", None) in live_contexts:
+        # a context of before the last reset() (collected late) must not free a new one's id
+        if getattr(self, "generation", None) == _generation and self.id in live_contexts:
             live_contexts.discard(self.id)
             _log("hw_context.free", self.path)
 
@@ -271,12 +335,12 @@ class bo:  # noqa: N801
         if isinstance(args[0], bo):
             parent, size, offset = args
             self.parent, self.offset = parent, offset
-            self.storage = parent.storage
+            self.storage, self.root = parent.storage, parent.root
             self.base = parent.base + offset  # a sub of a sub takes its host pointer this way
             _log("bo.sub", parent.id, size, offset, self.id)
         else:
             _, size, flags, group = args
-            self.parent, self.offset, self.base = None, 0, 0
+            self.parent, self.offset, self.base, self.root = None, 0, 0, self
             self.storage = np.full(size, 0xAB, np.uint8)  # not zeroed: the device must zero
             _log("bo", size, flags, group, self.id)
         self.nbytes = size
@@ -290,7 +354,28 @@ class bo:  # noqa: N801
         _log("bo.write", self.id, raw.size, offset)
 
     def sync(self, direction: xclBOSyncDirection, *rest: int) -> None:
-        _log("sync", self.id, xclBOSyncDirection(direction).name, *rest)
+        """rest: (size, offset) of a partial sync, as pyxrt's bo.sync(dir, size, offset)."""
+        name = xclBOSyncDirection(direction).name
+        _log("sync", self.id, name, *rest)
+        size, offset = (rest + (self.nbytes, 0)[len(rest) :])[:2]
+        lo = self.base + offset
+        from_device = direction == xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
+        for other in list(_unseen.values()):
+            for root, o_lo, o_hi, written in other.footprint:
+                if (
+                    root is self.root
+                    and o_lo < lo + size
+                    and lo < o_hi
+                    and (written or not from_device)
+                ):
+                    hazard = Hazard(
+                        f"host sync {name} of bytes run {other.id} "
+                        f"{'writes' if written else 'reads'}",
+                        None, "", other.id, other.kernel.ctx.path, root.id,
+                        max(lo, o_lo), min(lo + size, o_hi),
+                    )  # fmt: skip
+                    hazards.append(hazard)
+                    raise RuntimeError(f"fake pyxrt: {hazard}")
 
     def size(self) -> int:
         return self.nbytes
@@ -325,6 +410,7 @@ class run:  # noqa: N801
         self.started = False
         self.hung = False
         self.final = ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        self.footprint: list[tuple[bo, int, int, bool]] = []  # (root, lo, hi, written)
         _log("run", self.id, k.name)
 
     def set_arg(self, i: int, value: Any) -> None:
@@ -333,10 +419,42 @@ class run:  # noqa: N801
         _log("set_arg", self.id, i, type(value).__name__, shown)
 
     def in_flight(self) -> bool:
-        return self.started and int(self._state()) in (1, 2, 3, 7)
+        return self.started and int(self._state()) in IN_FLIGHT
+
+    def _footprint(self) -> list[tuple[bo, int, int, bool]]:
+        """The bytes each BO argument covers in its root, and whether the kernel writes it."""
+        bos = [v for _, v in sorted(self.args.items()) if isinstance(v, bo)]
+        path = self.kernel.ctx.path
+        positions = next((w for part, w in writes.items() if part in path), (-1,))
+        written = {p % len(bos) for p in positions} if bos else set()
+        return [(b.root, b.base, b.base + b.nbytes, i in written) for i, b in enumerate(bos)]
+
+    def _hazards(self) -> list[Hazard]:
+        """This run's accesses against those of unseen runs on other contexts."""
+        found = []
+        for other in _unseen.values():
+            if other.kernel.ctx is self.kernel.ctx:
+                continue  # one context: the driver runs them in submission order
+            for root, lo, hi, written in self.footprint:
+                for o_root, o_lo, o_hi, o_written in other.footprint:
+                    if root is o_root and lo < o_hi and o_lo < hi and (written or o_written):
+                        what = "writes" if written else "reads"
+                        found.append(Hazard(
+                            f"run {self.id} {what} bytes run {other.id} on another context "
+                            f"{'writes' if o_written else 'reads'}",
+                            self.id, self.kernel.ctx.path, other.id, other.kernel.ctx.path,
+                            root.id, max(lo, o_lo), min(hi, o_hi),
+                        ))  # fmt: skip
+        return found
+
+    def _seen(self, state: ert_cmd_state) -> ert_cmd_state:
+        """The host read `state`: a final one orders this run before what the host does next."""
+        if int(state) not in IN_FLIGHT:
+            _unseen.pop(self.id, None)
+        return state
 
     def start(self) -> None:
-        global _busy_until
+        global _serial_until
         if self.in_flight():
             raise RuntimeError(f"run {self.id} started while in flight")
         _log("start", self.id)
@@ -348,6 +466,13 @@ class run:  # noqa: N801
             if next_states
             else ert_cmd_state.ERT_CMD_STATE_COMPLETED
         )
+        self.footprint = self._footprint()
+        found = self._hazards()
+        if found:
+            hazards.extend(found)
+            if fail_hazards:
+                self.final = ert_cmd_state.ERT_CMD_STATE_ERROR
+        _unseen[self.id] = self
         behind_hung = ctx.hung is not None and ctx.hung.in_flight()
         self.hung = _take_hang() or behind_hung
         if self.hung:
@@ -356,10 +481,11 @@ class run:  # noqa: N801
                 ctx.hung = self
                 _log("hang", self.id)
             return
-        self.begin = max(now, _busy_until)
+        self.begin = max(now, _serial_until if serial else ctx.busy_until)
         self.end = self.begin + dispatch_time(ctx.path)
-        _busy_until = self.end
+        ctx.busy_until, _serial_until = self.end, max(_serial_until, self.end)
         timeline.append((self.id, self.begin, self.end))
+        run_xclbin[self.id] = ctx.path
 
     def _state(self) -> ert_cmd_state:
         if not self.started:
@@ -378,7 +504,7 @@ class run:  # noqa: N801
     def state(self) -> ert_cmd_state:
         global state_calls
         state_calls += 1
-        return self._state()
+        return self._seen(self._state())
 
     def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
         """wait() is wait(0): no timeout. wait(t) gives up after t ms with TIMEOUT (8)."""
@@ -388,7 +514,9 @@ class run:  # noqa: N801
         remaining = (self.t_start + tdr_s if self.hung else self.end) - time.perf_counter()
         gil_sleep(remaining if timeout_ms == 0 else min(remaining, timeout_ms / 1000))
         state = self._state()
-        return ert_cmd_state.ERT_CMD_STATE_TIMEOUT if int(state) in (1, 2, 3, 7) else state
+        if int(state) in IN_FLIGHT:
+            return ert_cmd_state.ERT_CMD_STATE_TIMEOUT
+        return self._seen(state)
 
     def __del__(self) -> None:
         if getattr(self, "hung", False) and self.in_flight():

@@ -171,3 +171,137 @@ def test_a_hung_run_blocks_its_wait_and_destructors_forever_holding_the_gil(tmp_
         out, _ = proc.communicate()
     assert "handler ran" not in out
     assert os.WIFSIGNALED(proc.returncode) or proc.returncode < 0
+
+
+# -- ordering: per hardware context, as the amdxdna driver (aie2_ctx.c) -------------------
+
+
+def _gemm(k, a, b, c):
+    """A run of k over (A, B, C) as XrtDevice sets it up: opcode, insts BO, count, buffers."""
+    r = fake.run(k)
+    for i, value in enumerate((3, fake.bo(fake.device(0), 64, 0, 0), 16, a, b, c)):
+        r.set_arg(i, value)
+    return r
+
+
+def _root(nbytes: int = 4096):
+    return fake.bo(fake.device(0), nbytes, fake.bo.host_only, 0)
+
+
+def test_runs_on_one_context_queue_and_contexts_are_separate_timelines():
+    fake.default_dispatch_s = 0.05
+    k1, k2 = kernel("/b/ctx1.xclbin"), kernel("/b/ctx2.xclbin")
+    runs = [_gemm(k, _root(), _root(), _root()) for k in (k1, k1, k2)]
+    for r in runs:
+        r.start()
+    spans = {run_id: (begin, end) for run_id, begin, end in fake.timeline}
+    one, two, other = (spans[r.id] for r in runs)
+    assert two[0] == one[1]  # queued behind the first on its context
+    assert other[0] < one[1]  # another context's run overlaps it
+    assert [fake.run_xclbin[r.id] for r in runs] == ["/b/ctx1.xclbin"] * 2 + ["/b/ctx2.xclbin"]
+    for r in runs:
+        assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    assert fake.hazards == []
+
+
+def test_serial_puts_every_context_on_one_timeline():
+    fake.default_dispatch_s, fake.serial = 0.02, True
+    runs = [_gemm(kernel(f"/b/ctx{i}.xclbin"), _root(), _root(), _root()) for i in range(2)]
+    for r in runs:
+        r.start()
+    (_, _, end), (_, begin, _) = fake.timeline
+    assert begin == end
+    for r in runs:
+        r.wait()
+    fake.reset()
+    assert fake.serial is False
+
+
+def test_a_consumer_on_another_context_started_before_its_producer_was_seen_faults():
+    """o reads what mha writes: started before the host saw mha finish, the driver would not
+    order them; the fake records the hazard and fails the consumer, whatever the timing."""
+    mha, o = kernel("/b/mha.xclbin"), kernel("/b/gemm_k64.xclbin")
+    ao, w, c = _root(), _root(), _root()
+    stage = _root()
+    producer = _gemm(mha, stage, stage, fake.bo(ao, 1024, 0))  # writes ao [0, 1024)
+    consumer = _gemm(o, fake.bo(ao, 512, 256), w, c)  # reads ao [256, 768)
+    producer.start()
+    consumer.start()
+    assert consumer.wait() == fake.ert_cmd_state.ERT_CMD_STATE_ERROR
+    assert producer.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    [h] = fake.hazards
+    assert (h.run, h.other, h.bo, h.lo, h.hi) == (consumer.id, producer.id, ao.id, 256, 768)
+    assert h.xclbin == "/b/gemm_k64.xclbin" and h.other_xclbin == "/b/mha.xclbin"
+    assert "reads" in h.what and "writes" in h.what
+    fake.fail_hazards = False  # a benchmark's reference run: recorded, the run completes
+    producer.start()
+    again = _gemm(o, fake.bo(ao, 512, 256), w, c)
+    again.start()
+    assert again.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    assert [h.run for h in fake.hazards] == [consumer.id, again.id]
+
+
+@pytest.mark.parametrize("seen", ["wait", "state"])
+def test_a_consumer_started_after_the_host_saw_its_producer_finish_runs(seen):
+    mha, o = kernel("/b/mha.xclbin"), kernel("/b/gemm_k64.xclbin")
+    ao, stage = _root(), _root()
+    producer = _gemm(mha, stage, stage, ao)
+    producer.start()
+    if seen == "wait":
+        producer.wait()
+    else:
+        assert producer.state() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    consumer = _gemm(o, ao, _root(), _root())
+    consumer.start()
+    assert consumer.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    assert fake.hazards == []
+
+
+def test_same_context_disjoint_bytes_and_shared_reads_are_not_hazards():
+    k1, k2 = kernel("/b/ctx1.xclbin"), kernel("/b/ctx2.xclbin")
+    a, w, c = _root(), _root(), _root()
+    runs = [
+        _gemm(k1, a, w, fake.bo(c, 512, 0)),
+        _gemm(k1, fake.bo(c, 512, 0), w, fake.bo(c, 512, 512)),  # same context: ordered
+        _gemm(k2, a, w, fake.bo(c, 512, 1024)),  # reads what the others read, writes apart
+    ]
+    for r in runs:
+        r.start()
+    assert [int(r.wait()) for r in runs] == [4, 4, 4] and fake.hazards == []
+
+
+def test_the_written_arguments_follow_the_last_bo_or_the_writes_table():
+    """CLIP's addln (X, D, Y, H) writes Y and H: a run reading Y on another context races it,
+    while one reading X does not."""
+    ln, gemm = kernel("/b/kernels/addln.xclbin"), kernel("/b/gemm.xclbin")
+    x, d, y, h = _root(), _root(), _root(), _root()
+    addln = fake.run(ln)
+    for i, value in enumerate((3, _root(), 16, x, d, y, h)):
+        addln.set_arg(i, value)
+    addln.start()
+    reads_x, reads_y = _gemm(gemm, x, _root(), _root()), _gemm(gemm, y, _root(), _root())
+    reads_x.start()
+    reads_y.start()
+    assert [int(r.wait()) for r in (addln, reads_x, reads_y)] == [4, 4, 5]
+    assert [h.run for h in fake.hazards] == [reads_y.id]
+    fake.reset()
+    assert fake.writes == {"addln": (-2, -1)}
+
+
+def test_host_syncs_of_bytes_an_unseen_run_touches_raise_and_are_recorded():
+    k = kernel("/b/ctx1.xclbin")
+    a, c = _root(), _root()
+    r = _gemm(k, a, _root(), c)
+    r.start()
+    with pytest.raises(RuntimeError, match="FROM_DEVICE"):
+        c.sync(fake.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE)
+    with pytest.raises(RuntimeError, match="TO_DEVICE of bytes run .* reads"):
+        fake.bo(a, 64, 64).sync(fake.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
+    a.sync(fake.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE)  # reading what it reads: fine
+    assert [(h.run, h.other, h.bo, h.lo, h.hi) for h in fake.hazards] == [
+        (None, r.id, c.id, 0, 4096),
+        (None, r.id, a.id, 64, 128),
+    ]
+    r.wait()
+    c.sync(fake.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE)
+    assert len(fake.hazards) == 2

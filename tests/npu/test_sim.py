@@ -593,3 +593,52 @@ def test_taconite_form_gemm_runs_all_its_rows_in_one_dispatch(tmp_path, reg):
     with pytest.raises(DeviceError, match=f"`a_elems={a_elems - 1}` is smaller than its 600 rows"):
         dev.load(small)
     dev.close()
+
+
+def _two_context_gemms(path, rng):
+    """Two [M, 512] x [512, 512] GEMMs, `p` and `q`, on contexts `ctx_p` and `ctx_q`, and a
+    third, `p2`, on `ctx_p`: (bundle, {key: spec}, {key: B tensor name})."""
+    w = rng.standard_normal((K, K)).astype(np.float32) * 0.05
+    with BundleWriter(path, 1) as bw:
+        write_xclbin(bw, "ctx_p")
+        write_xclbin(bw, "ctx_q")
+        names = {key: write_gemm(bw, key, w, ctx=ctx) for key, ctx in
+                 (("p", "ctx_p"), ("q", "ctx_q"), ("p2", "ctx_p"))}  # fmt: skip
+    bundle = Bundle.open(path, version=1)
+    specs = {kernel_spec(bundle, r).key: kernel_spec(bundle, r) for r in bundle.tagged("gemm")}
+    return bundle, specs, names
+
+
+def test_a_dispatch_racing_an_unretired_launch_on_another_context_is_a_named_error(tmp_path, reg):
+    """q reads the C that p, still unretired on another context, writes: the driver would
+    not order them, so the sim refuses to start q, naming both records; on p's own context
+    (p2) or once p was waited for, the same dispatch runs."""
+    bundle, specs, names = _two_context_gemms(tmp_path / "b", np.random.default_rng(0))
+    dev = SimDevice(registry_dir=reg)
+    try:
+        k = {key: dev.load(spec) for key, spec in specs.items()}
+        bufs = {}
+        for key, name in names.items():
+            blob = np.asarray(bundle.view(name, "u8"))
+            bufs[key] = dev.alloc(blob.nbytes)
+            bufs[key].write(blob)
+            dev.to_device(bufs[key])
+        a, c = dev.alloc(M * K * 2), dev.alloc(2 * M * K * 2)
+        c_p, c_q = dev.sub(c, 0, M * K * 2), dev.sub(c, M * K * 2, M * K * 2)
+        p = dev.start(k["p"], [a, bufs["p"], c_p])
+        with pytest.raises(DeviceError) as err:
+            dev.start(k["q"], [dev.sub(c, 256, M * K * 2), bufs["q"], c_q])
+        msg = str(err.value)
+        assert msg.startswith(f"{specs['q'].where()}: q reads bytes [256, {M * K * 2})")
+        assert f"that p ({specs['p'].where()}), started on another hardware context" in msg
+        with pytest.raises(DeviceError, match=r"a sync from the device of bytes .* p \("):
+            dev.from_device(c_p)
+        with pytest.raises(DeviceError, match=r"a sync to the device of bytes .* p .* reads"):
+            dev.to_device(a)
+        dev.start(k["q"], [a, bufs["q"], c_q]).wait()  # shares only what both read
+        dev.start(k["p2"], [c_p, bufs["p2"], c_q]).wait()  # p's context: ordered after p
+        p.wait()
+        dev.from_device(c_p)
+        dev.start(k["q"], [c_p, bufs["q"], c_q]).wait()
+    finally:
+        dev.close()

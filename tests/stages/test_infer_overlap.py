@@ -81,6 +81,7 @@ def device_busy(tmp_path, monkeypatch, layers: int | None, seconds: float) -> di
     busy fraction over that window, and what ran."""
     fake = fake_pyxrt()
     fake.record = False  # ~20k calls a box: only counted (fake.timeline has the runs)
+    fake.serial = True  # one device time-slicing the contexts, as this busy figure assumes
     monkeypatch.setitem(sys.modules, "pyxrt", fake)
     node = tmp_path / "accel0"
     node.write_bytes(b"")

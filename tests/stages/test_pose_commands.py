@@ -289,3 +289,41 @@ def test_pose_image_without_a_model_names_the_synthetic_option(image, capsys):
     _, img = image
     assert main(["pose", "image", str(img), "--box", "5,5,40,60"]) == 2
     assert "--synthetic" in capsys.readouterr().err
+
+
+def test_a_head_of_three_transposed_convs_checks_and_runs_pose_image_on_sim(
+    tmp_path, monkeypatch, capsys
+):
+    """Heatmaps are gh·2^len(up) x gw·2^len(up) (taconite-sapiens2 lib.rs `Config::heatmap`):
+    a bundle whose head has three transposed convs gives 32 x 24 heatmaps from 4 x 3 patches
+    (not 4·gh x 4·gw), passes `pose check` against HF's torch model and runs `pose image`,
+    whose keypoints are the cpu forward's within bf16 rounding (1% of the box, the check's
+    keypoint gate)."""
+    from sapiens2_torch_ref import blob_image, peaked_heatmaps
+    from sapiens2_torch_ref import tiny_sapiens2 as build
+
+    monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))
+    head = {"upsample_out_channels": [32, 16, 16], "conv_out_channels": [16]}
+    torch_model = peaked_heatmaps(build(0, head_config=head), 40)
+    torch_model.save_pretrained(tmp_path / "hf")
+    cpu = from_pretrained(tmp_path / "hf")
+    assert len(cpu.config.up) == 3 and cpu.config.heatmap_size == (32, 24)
+    rgb = blob_image()
+    refs = {case: _hf_ref(torch_model, rgb, box) for case, box in LAYOUT_BOXES.items()}
+    assert refs["near"]["heatmaps"].shape == (17, 32, 24)
+    bundle = write_sim_bundle(cpu, tmp_path / "bundle", refs=refs)
+    assert main(["pose", "check", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 ref cases pass on sim" in out and "FAIL" not in out
+
+    img, kp = tmp_path / "blob.png", tmp_path / "kp.json"
+    cv2.imwrite(str(img), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    box = LAYOUT_BOXES["near"]
+    argv = ["pose", "image", str(img), "--box", ",".join(map(str, box)), "--model", str(bundle)]
+    assert main([*argv, "--backend", "sim", "-o", str(kp)]) == 0
+    [person] = json.loads(kp.read_text())
+    assert person["backend"] == "sim" and len(person["keypoints"]) == 17
+    crops, windows = crop_persons(rgb, np.array([box], np.float32), output_size=(64, 48))
+    want = dark_keypoints(cpu.heatmaps(crops), windows)[0]
+    err = np.linalg.norm(np.array(person["keypoints"])[:, :2] - want[:, :2], axis=1)
+    assert err.mean() <= 0.01 * max(box[2], box[3])

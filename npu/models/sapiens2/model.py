@@ -1,4 +1,4 @@
-"""Sapiens2-Pose forward: 3 x H x W crops -> K x H/4 x W/4 heatmaps, over the steps a backend runs.
+"""Sapiens2-Pose forward: 3 x H x W crops -> K x Hh x Wh heatmaps, over the steps a backend runs.
 
 Backbone (docs/pose.md): patch GEMM, CLS + registers, pre-norm blocks with q/k RMSNorm, 2-D
 RoPE on patch tokens, (GQA) attention, SwiGLU MLP, final RMSNorm. Head (docs/pose.md,
@@ -314,7 +314,9 @@ class Sapiens2Pose:
             close()
 
     def heatmaps(self, crops: np.ndarray) -> np.ndarray:
-        """crops: float32 [N, 3, H, W] normalised -> heatmaps float32 [N, K, Hh, Wh]."""
+        """crops: float32 [N, 3, H, W] normalised -> heatmaps float32 [N, K, Hh, Wh]
+        (Config.heatmap_size: gh·2^len(up) x gw·2^len(up), taconite-sapiens2 lib.rs
+        `Config::heatmap`)."""
         cfg = self.config
         crops = np.asarray(crops)
         if crops.ndim != 4 or crops.shape[1:] != (3, cfg.H, cfg.W) or crops.dtype != np.float32:
@@ -324,7 +326,7 @@ class Sapiens2Pose:
             )
         steps = getattr(self.ops, "heatmap_steps", None)
         if steps is not None:
-            out = np.empty((len(crops), cfg.K, 4 * cfg.gh, 4 * cfg.gw), np.float32)
+            out = np.empty((len(crops), cfg.K, *cfg.heatmap_size), np.float32)
             for crop, hm in zip(crops, out, strict=True):
                 run_steps(steps(crop, out=hm))
             return out

@@ -5,13 +5,15 @@ records and the dispatches), at commits 93506d7 / 465946c (docs/bundles.md).
 
 Only the fields taconite reads are read: `gemm <key> M K N lda c_stride rows a_elems c_elems
 ctx insts`, `mha q_elems k_elems v_elems o_elems ctx insts`; heads, head dim, KV heads,
-tokens and the SwiGLU width come from the params. The record's view sizes are the truth: each
-is checked to cover what its rows need and what the host writes or reads, and an error names
-the manifest line.
+tokens and the SwiGLU width come from the params. A record whose layout (K, N, rows, lda,
+c_stride) does not fit what the host writes or reads is refused, naming its manifest line; a
+view shorter than its rows' span is only warned about, naming the line, since taconite runs
+it (what the host writes or reads past a flat buffer fails at run time, as in taconite).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from npu.rows import row_pool
 
 VERSION = 2  # format 2 leaves biases to the host; format 1 (0.4b) is read too
 OWNER = "sapiens2"
+log = logging.getLogger(__name__)
 
 
 def qkv_width(cfg: Config, i: int) -> int:
@@ -104,7 +107,9 @@ def _is_deconv(key: str) -> bool:
 
 
 def _check_gemm(rec: GemmRecord, use: HostUse, where: str) -> None:
-    """BundleError naming the record's manifest line unless it fits its HostUse."""
+    """BundleError naming the record's manifest line unless its layout fits its HostUse; a
+    warning naming it when its views are shorter than its rows' span (taconite checks only
+    that the host's writes and reads fit the flat buffers, as Flat does here at run time)."""
     checks = [
         (use.lda is None or rec.lda == use.lda, f"lda={rec.lda}, but A is written at row "
                                                 f"stride {use.lda}"),
@@ -116,20 +121,26 @@ def _check_gemm(rec: GemmRecord, use: HostUse, where: str) -> None:
          f"c_stride={rec.c_stride}, but the host reads C at row stride {use.c_stride}"),
         (not _is_deconv(rec.key) or rec.c_stride == rec.n,
          f"c_stride={rec.c_stride} != N={rec.n}: taconite reads a deconv's C at row stride N"),
-        (rec.a_elems >= (rec.rows - 1) * rec.lda + rec.k,
-         f"a_elems={rec.a_elems} is smaller than its {rec.rows} rows at lda={rec.lda}, "
-         f"K={rec.k} span ({(rec.rows - 1) * rec.lda + rec.k})"),
-        (rec.c_elems >= (rec.rows - 1) * rec.c_stride + rec.n,
-         f"c_elems={rec.c_elems} is smaller than its {rec.rows} rows at c_stride="
-         f"{rec.c_stride}, N={rec.n} span ({(rec.rows - 1) * rec.c_stride + rec.n})"),
     ]  # fmt: skip
     for ok, what in checks:
         if not ok:
             raise BundleError(f"{where}/{rec.where}: gemm {rec.key}: {what}")
+    spans = [
+        (rec.a_elems, (rec.rows - 1) * rec.lda + rec.k,
+         f"a_elems={rec.a_elems} is smaller than its {rec.rows} rows at lda={rec.lda}, K={rec.k}"),
+        (rec.c_elems, (rec.rows - 1) * rec.c_stride + rec.n,
+         f"c_elems={rec.c_elems} is smaller than its {rec.rows} rows at c_stride="
+         f"{rec.c_stride}, N={rec.n}"),
+    ]  # fmt: skip
+    for elems, need, what in spans:
+        if elems < need:
+            log.warning("%s/%s: gemm %s: %s span (%d)", where, rec.where, rec.key, what, need)
 
 
 def _check_mha(rec: MhaRecord, cfg: Config, where: str) -> None:
-    """The staged rows [T, 3D] and the output [T, D] must fit the record's views."""
+    """A warning naming the record's line for each view shorter than the staged rows
+    [T, 3D] or the output [T, D] it covers (taconite checks none: its flat buffers are sized
+    from the views, and the host's writes are checked against those at run time)."""
     t, d = cfg.tokens, cfg.D
     for name, elems, need, what in (
         ("q_elems", rec.q_elems, (t - 1) * 3 * d + d, "q of the staged rows"),
@@ -138,10 +149,10 @@ def _check_mha(rec: MhaRecord, cfg: Config, where: str) -> None:
         ("o_elems", rec.o_elems, t * d, "the attention output"),
     ):
         if elems < need:
-            raise BundleError(
-                f"{where}/{rec.where}: mha: {name}={elems}, but {what} ({t} tokens x "
-                f"{3 * d if name != 'o_elems' else d}) span {need} elements"
-            )
+            log.warning(
+                "%s/%s: mha: %s=%d, but %s (%d tokens x %d) span %d elements", where,
+                rec.where, name, elems, what, t, 3 * d if name != "o_elems" else d, need,
+            )  # fmt: skip
 
 
 class Sapiens2Replay:
@@ -152,7 +163,9 @@ class Sapiens2Replay:
     `c` (max c_elems of every gemm), `gu` (max of gu.c_elems, down.a_elems), one `qkv<w>`
     per width (its c_elems), `stage` (max of q/k/v_elems), `ao` (max of o_elems, o.a_elems);
     one buffer per weight tensor. Every argument is a view from offset 0; each GEMM runs once
-    over all its rows; gu -> down and mha -> o stay on the device.
+    over all its rows; gu -> down and mha -> o stay on the device, each consumer started only
+    once its producer has finished (they run on different hardware contexts, which the
+    driver does not order: docs/device.md, "Ordering"), as taconite's launch-and-wait does.
 
     `slots` sets of the flat buffers (and residual streams; default the passes a device
     thread interleaves, npu.device.INTERLEAVE) let that many forwards be in flight at once
@@ -332,12 +345,15 @@ class Sapiens2Replay:
             qkv = flats[f"qkv{w}"].bits(t * w).reshape(t, w)
             yield from glue.stage_rows(pool, qkv, stage_rows, self._stager(i))
             stage.written(t * 3 * d)
-            attention = run_mha(dev, self.kernels["mha"], self.mha, stage, flats["ao"])
-            yield [attention, self._gemm(flats, "o", f"{i}.o")]
+            # a consumer on another hardware context starts only once its producer has
+            # finished: the driver orders runs within a context, not across (docs/device.md)
+            yield [run_mha(dev, self.kernels["mha"], self.mha, stage, flats["ao"])]
+            yield [self._gemm(flats, "o", f"{i}.o")]
             o_rows = self._c_rows(flats, self.gemms["o"], t, d)
             glue.add_put_rms(pool, x, o_rows, None, cfg.eps, a_rows)
             a.written(t * d)
-            yield [self._gemm(flats, "gu", f"{i}.gu"), self._gemm(flats, "down", f"{i}.down")]
+            yield [self._gemm(flats, "gu", f"{i}.gu")]
+            yield [self._gemm(flats, "down", f"{i}.down")]
             down_rows = self._c_rows(flats, self.gemms["down"], t, d)
             bias = self.host.get(f"{i}.down.bias")
             if i + 1 < cfg.layers:

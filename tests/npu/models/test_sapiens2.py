@@ -287,7 +287,6 @@ def _set_field(b, key: str, name: str, value: str) -> None:
         ("d0", "lda", "96", "gemm d0: lda=96, but A is written at row stride 128"),
         ("qkv192", "c_stride", "200", "c_stride=200, but the host reads C at row stride 192"),
         ("d0", "c_stride", "192", "taconite reads a deconv's C at row stride N"),
-        ("o", "a_elems", "100", "a_elems=100 is smaller than its 15 rows at lda=64"),
         ("down", "lda", "64", "gemm down: lda=64, but gu writes its C"),
         ("pred", "rows", "10", "rows=10, the host needs 192"),
     ],

@@ -327,6 +327,32 @@ def test_finding_5_gate_up_needs_no_epilogue_field_and_lda_below_k_is_accepted(
 # -- finding 6: gate+up -> down and attention -> o stay on the device ------------------------
 
 
+@pytest.mark.parametrize(
+    ("tag", "key", "name", "needle"),
+    [
+        ("gemm", "o ", "a_elems", "gemm o: a_elems=100 is smaller than its"),
+        ("gemm", "down ", "c_elems", "gemm down: c_elems=100 is smaller than its"),
+        ("mha", "", "k_elems", "mha: k_elems=100, but k of the staged rows"),
+    ],
+)
+def test_views_shorter_than_their_rows_span_load_with_a_warning_naming_the_line(
+    bundle, tmp_path, fake, caplog, tag, key, name, needle
+):
+    """taconite checks only that the host's writes and reads fit its flat buffers, so such a
+    record loads (on hardware; the simulator's kernel model refuses to read past a view)."""
+    b = tmp_path / "b"
+    shutil.copytree(bundle, b)
+    lines = (b / "manifest.txt").read_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith(f"{tag} {key}"))
+    lines[at] = re.sub(rf"\b{name}=\d+", f"{name}=100", lines[at])
+    (b / "manifest.txt").write_text("\n".join(lines) + "\n")
+    with caplog.at_level("WARNING", logger="npu.models.sapiens2.npu"):
+        model = from_bundle(b, fake[0])
+    assert model.ops.config.layers == 2
+    [warning] = [r.getMessage() for r in caplog.records if needle in r.getMessage()]
+    assert f"/manifest.txt:{at + 1}: " in warning
+
+
 def test_finding_6_the_gu_and_attention_outputs_never_cross_to_the_host(bundle, crops, fake):
     dev, mod = fake
     model = from_bundle(bundle, dev)
