@@ -26,7 +26,8 @@ import numpy as np
 
 from npu.bf16 import bf16_to_f32, f32_to_bf16
 from npu.device import Buffer, DeviceError, KernelSpec
-from npu.sim import sim_kernel, write_xclbin
+from npu.sim_bundle import write_xclbin
+from npu.sim_kernels import sim_kernel
 
 if TYPE_CHECKING:
     from npu.bundle_writer import BundleWriter

@@ -8,7 +8,8 @@ import pytest
 from npu.bundle import Bundle
 from npu.bundle_writer import BundleWriter
 from npu.ops import DeviceOps, GemmWeights, NumpyOps, OpsError
-from npu.sim import SimDevice, write_gemm, write_mha, write_xclbin
+from npu.sim import SimDevice
+from npu.sim_bundle import write_gemm, write_mha, write_xclbin
 
 K, N = 512, 128
 

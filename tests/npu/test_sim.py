@@ -17,15 +17,8 @@ from npu.bundle import Bundle
 from npu.bundle_writer import BundleWriter
 from npu.device import DeviceError, DeviceTimeout, kernel_spec
 from npu.ops import LOG2E
-from npu.sim import (
-    ContextRegistry,
-    CostModel,
-    SimDevice,
-    SimFaults,
-    write_gemm,
-    write_mha,
-    write_xclbin,
-)
+from npu.sim import ContextRegistry, CostModel, SimDevice, SimFaults
+from npu.sim_bundle import write_gemm, write_mha, write_xclbin
 
 torch.set_num_threads(1)
 M, K, N = 256, 512, 128
@@ -515,7 +508,7 @@ def test_finding_9_the_device_views_its_context_budget_per_model(tmp_path, reg, 
 
 
 def _staged_mha(path, tokens, heads, hd, q_elems=None):
-    from npu.sim import MhaProgram
+    from npu.sim_kernels import MhaProgram
 
     d = heads * hd
     with BundleWriter(path, 1) as bw:
@@ -561,7 +554,7 @@ def test_staged_mha_view_sizes_must_cover_what_the_kernel_reads(tmp_path, reg):
 def test_taconite_form_gemm_runs_all_its_rows_in_one_dispatch(tmp_path, reg):
     """rows > M in one dispatch, A at lda < K (overlapping rows), C at c_stride > N, view
     sizes from the record (a_elems too small is refused at load)."""
-    from npu.sim import GemmProgram, pack_gemm_b
+    from npu.sim_kernels import GemmProgram, pack_gemm_b
 
     rows, k, n, lda, c_stride = 600, 512, 64, 96, 80
     rng = np.random.default_rng(6)

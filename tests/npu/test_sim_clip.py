@@ -20,8 +20,10 @@ from npu.bundle_writer import BundleWriter
 from npu.device import DeviceError, kernel_spec
 from npu.models.clip.export import BIAS_CARRIER, _mlp_weights, gemm_tiling
 from npu.ops import GemmWeights, gelu
-from npu.sim import SimDevice, pack_gemm_b, write_xclbin
+from npu.sim import SimDevice
+from npu.sim_bundle import write_xclbin
 from npu.sim_clip import write_addln, write_clip_mha
+from npu.sim_kernels import pack_gemm_b
 
 torch.set_num_threads(1)
 BF16_REL = 2.0**-8

@@ -11,7 +11,7 @@ import numpy as np
 from npu.bundle import Bundle
 from npu.bundle_writer import BundleWriter
 from npu.ops import DeviceOps
-from npu.sim import write_gemm, write_xclbin
+from npu.sim_bundle import write_gemm, write_xclbin
 
 K, N, OUT = 512, 128, 4  # the GEMM's padded shape and the outputs kept
 

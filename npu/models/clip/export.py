@@ -34,8 +34,9 @@ from npu.models.clip.preprocess import (
 )
 from npu.models.clip.tokenizer import Tokenizer
 from npu.ops import GemmWeights, NumpyOps
-from npu.sim import CT_MAX_K_FOR_N, pack_gemm_b, write_xclbin
+from npu.sim_bundle import write_xclbin
 from npu.sim_clip import write_addln, write_clip_mha
+from npu.sim_kernels import CT_MAX_K_FOR_N, pack_gemm_b
 
 GEMM_M = 256  # rows per GEMM dispatch: a tower's rows are a multiple of it
 MHA_ROW_ALIGN = 64  # an MHA dispatch spans its tokens rounded up to this (IRON's B_q)

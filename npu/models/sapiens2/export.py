@@ -4,7 +4,7 @@ simulated NPU runs (docs/bundles.md, docs/pose.md).
 Records carry only what taconite reads (`gemm <key> M K N lda c_stride rows a_elems c_elems
 ctx insts`, `mha q_elems k_elems v_elems o_elems ctx insts`); what a real kernel has compiled
 in (B's tile order, bias, epilogue, the attention's geometry) goes into the sim's own
-instruction words (npu.sim.GemmProgram / MhaProgram), which no runtime reads.
+instruction words (npu.sim_kernels.GemmProgram / MhaProgram), which no runtime reads.
 """
 
 from __future__ import annotations
@@ -108,13 +108,14 @@ def write_sim_bundle(
     which GEMMs leave their bias to the host: "down" and / or "deconv" (`d{j}.bias`, which
     taconite also reads when present). One xclbin per distinct K (as the 0.4b bundle's
     contexts, one per flm.GEMM K) plus one for the attention. Weights are packed with
-    npu.sim.pack_gemm_b (bfp16ebs8, bias bf16 after it); IRON's real packing is unpublished.
+    npu.sim_kernels.pack_gemm_b (bfp16ebs8, bias bf16 after it); IRON's real packing is unpublished.
     refs: validation cases {name: {rgb uint8 [h, w, 3], box [4], pixels [3, H, W], features
     [gh*gw, D], heatmaps [K, Hh, Wh], keypoints [K, 2], scores [K]}} as `ref <name> w= h=`
     records and ref.<name>.* tensors.
     """
     from npu.bundle_writer import BundleWriter
-    from npu.sim import CT_MAX_K_FOR_N, GemmProgram, MhaProgram, pack_gemm_b, write_xclbin
+    from npu.sim_bundle import write_xclbin
+    from npu.sim_kernels import CT_MAX_K_FOR_N, GemmProgram, MhaProgram, pack_gemm_b
 
     cfg, gemms = model.config, model.weights
     if gemms is None:

@@ -163,7 +163,7 @@ def write_random_bundle(cfg, path: Path, host_bias: bool = False, per_record: bo
     from npu.models.sapiens2.export import record_layout
     from npu.models.sapiens2.model import rope_tables
     from npu.models.sapiens2.npu import gemm_keys, qkv_width
-    from npu.sim import write_xclbin
+    from npu.sim_bundle import write_xclbin
 
     rng = np.random.default_rng(0)
     layout = record_layout(cfg)

@@ -376,8 +376,9 @@ def test_forwards_interleaved_in_small_pieces_each_equal_the_forward_alone(
     # staggering), host steps cut into pieces of a few values, so that each forward's head
     # resumes between the others' head pieces: each must still get its own heatmaps bit for
     # bit (no host scratch shared between forwards in flight)
-    from npu.device import INTERLEAVE, Interleaved
+    from npu.device import INTERLEAVE
     from npu.sim import SimDevice
+    from stages.device_thread import Interleaved
 
     dev = SimDevice(registry_dir=tmp_path / "hwctx")
     try:

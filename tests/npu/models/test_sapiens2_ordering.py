@@ -18,10 +18,11 @@ import torch
 from sapiens2_recording import fake_pyxrt
 from sapiens2_torch_ref import tiny_sapiens2
 
-from npu.device import DeviceError, Interleaved, Steps, run_steps, wait_all
+from npu.device import DeviceError, Steps, run_steps, wait_all
 from npu.models.sapiens2.checkpoint import from_pretrained
 from npu.models.sapiens2.export import write_sim_bundle
 from npu.models.sapiens2.npu import from_bundle
+from stages.device_thread import Interleaved
 
 torch.set_num_threads(1)
 
