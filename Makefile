@@ -92,9 +92,11 @@ SOAK_MINUTES ?= 30
 soak: setup
 	$(PY) bench/soak.py --minutes $(SOAK_MINUTES) --path sim
 
+# ruff, then .ci/no_host_speed_asserts.py: no default-run test bounds a wall-clock duration
 lint: setup-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) .ci/no_host_speed_asserts.py
 
 format: setup-test
 	$(VENV)/bin/ruff format .
