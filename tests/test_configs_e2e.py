@@ -20,6 +20,9 @@ from pipeline import wire
 
 REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"
+# These run a shipped config as is, on its fixed port (configs/*.toml): `make test` keeps them
+# on one xdist worker (--dist loadgroup), so two never bind the same port at once.
+SHIPPED_PORTS = pytest.mark.xdist_group("shipped-config-ports")
 
 
 def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 60.0):
@@ -94,6 +97,7 @@ def test_configs_validate(config):
     assert "ok" in out.stdout
 
 
+@SHIPPED_PORTS
 def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses():
     code, err, got, arrays = run_and_collect(
         "configs/multicam-pose.toml", "tcp://127.0.0.1:5561", duration=10
@@ -107,6 +111,7 @@ def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_po
     assert all(a["keypoints"].shape == (308, 3) for _, a in arrays["pose"])
 
 
+@SHIPPED_PORTS
 def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic():
     code, err, got, arrays = run_and_collect(
         "configs/face-kiosk.toml", "tcp://127.0.0.1:5562", duration=8
@@ -196,6 +201,7 @@ def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_ki
     rt.close()
 
 
+@SHIPPED_PORTS
 def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
     capture = subprocess.Popen(
         [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "40"],

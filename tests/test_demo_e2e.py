@@ -10,12 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from pipeline import wire
 
 REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"
+# These run a shipped config as is, on its fixed port (configs/*.toml): `make test` keeps them
+# on one xdist worker (--dist loadgroup), so two never bind the same port at once.
+SHIPPED_PORTS = pytest.mark.xdist_group("shipped-config-ports")
 
 
 def sub_socket(endpoint: str, topic: str = "") -> tuple[zmq.Context, zmq.Socket]:
@@ -27,6 +31,7 @@ def sub_socket(endpoint: str, topic: str = "") -> tuple[zmq.Context, zmq.Socket]
     return ctx, sub
 
 
+@SHIPPED_PORTS
 def test_demo_config_publishes_both_sample_cameras_and_exits_0():
     ctx, sub = sub_socket("tcp://127.0.0.1:5560", "det/")
     proc = subprocess.Popen(
@@ -114,6 +119,7 @@ inbox = {{ size = 8, policy = "block" }}
         sub.close()
         ctx.term()
     assert code == 0, err
+    # wall-clock-ok: the documented SIGTERM bound (docs/reliability.md), the drain's own timer
     assert elapsed < 5, err
     assert "SIGTERM: stopping" in err
     assert final is not None, err
@@ -164,6 +170,7 @@ inbox = { size = 2, policy = "block" }
     finally:
         proc.kill()
     assert code == 0, err
+    # wall-clock-ok: the documented SIGTERM bound (docs/reliability.md), the drain's own timer
     assert elapsed < 5, err
     assert "did not drain within 1.0 s" in err
     assert "exiting without waiting for npucam-worker" in err

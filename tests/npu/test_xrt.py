@@ -364,6 +364,7 @@ def test_evicting_a_context_waits_for_its_launches_in_flight(monkeypatch, node):
     k0 = dev.load(spec("a", "/b/a.xclbin"))
     launch = dev.start(k0, [dev.alloc(16)])
     dev.load(spec("b", "/b/b.xclbin"))  # evicts a's context with the launch still running
+    # wall-clock-ok: the order of two reads of one clock (now, the fake run's end), no bound
     assert time.perf_counter() >= fake.timeline[-1][2]  # freed only after the run ended
     assert ("hw_context.free", "/b/a.xclbin") in fake.calls
     assert launch.wait() >= 0.05  # the state was collected at eviction
@@ -466,6 +467,7 @@ def test_a_queued_run_reads_submitted_and_is_not_taken_for_done(dev):
     assert int(first.run.state()) == 3 and first.run.state().name == "???"
     t0 = time.perf_counter()
     second.wait()
+    # wall-clock-ok: a lower bound (two 50 ms runs): a loaded host only makes it longer
     assert time.perf_counter() - t0 >= 0.08  # behind the first one's 50 ms, then its own
     first.wait()
 
@@ -517,8 +519,11 @@ def test_a_hung_dispatch_times_out_parks_its_context_and_the_kernel_is_reloaded(
     with pytest.raises(DeviceTimeout, match=r"dispatch of g0 not done .* context was parked"):
         launch.wait()
     late = time.perf_counter() - deadline
-    assert 0 <= late < 0.25  # given up at its deadline, not a deadline later
-    assert deadline - launch.begin < 0.25  # max(8 x ~2 ms, ~2 ms + 200 ms)
+    span = deadline - launch.begin
+    assert span == pytest.approx(dev.waits.deadline_after(launch.expected_s))
+    # wall-clock-ok: given up at its deadline, not a deadline later: bounded by the run's own
+    # deadline span (~0.2 s), which the 1 ms polls after the deadline cannot come near
+    assert 0 <= late < span
     assert fake.of("wait") == [] and dev.stats.timeouts == 1 and dev.parked_contexts == 1
     # reloaded at once: a fresh context and instruction BO, its patch re-applied
     assert len(fake.of("hw_context")) == contexts + 1
@@ -563,10 +568,10 @@ def test_a_kernel_that_hangs_again_after_its_reload_marks_the_device_failed(dev,
     assert not isinstance(first.value, DeviceFailed) and dev.failed is None
     with pytest.raises(DeviceFailed, match="marked failed: g0 hung again after its context"):
         dev.run(k, [a])
-    t0 = time.perf_counter()
+    calls = sum(fake.counts.values())
     with pytest.raises(DeviceFailed, match="^the xrt device is marked failed: g0 hung again"):
         dev.run(k, [a])  # every later dispatch fails at once
-    assert time.perf_counter() - t0 < 0.05
+    assert sum(fake.counts.values()) == calls  # without one pyxrt call: nothing is dispatched
     dev.close()
 
 
@@ -615,7 +620,8 @@ def test_interrupt_gives_up_a_wait_at_once_and_parks_its_context(dev, frozen_gua
     t0 = time.perf_counter()
     with pytest.raises(DeviceInterrupted, match=r"^g0: dispatch abandoned in flight \(stopping"):
         launch.wait()
-    assert time.perf_counter() - t0 < 0.5
+    # wall-clock-ok: a hang guard: without the interrupt the wait ends at its 3600 s deadline
+    assert time.perf_counter() - t0 < 60
     assert dev.parked_contexts == 1 and dev.stats.timeouts == 0
     with pytest.raises(DeviceInterrupted, match="is stopping"):
         dev.run(k, [a])
