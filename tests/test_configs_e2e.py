@@ -6,6 +6,8 @@ stage on the received frames and keep the sender's seq."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,8 +27,11 @@ NPUCAM = Path(sys.executable).parent / "npucam"
 SHIPPED_PORTS = pytest.mark.xdist_group("shipped-config-ports")
 
 
-def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 60.0):
-    """Run `npucam run config --duration`, SUBscribed to everything on endpoint.
+def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 60.0, until=None):
+    """Run `npucam run config --duration`, SUBscribed to everything on endpoint; with `until`
+    (a predicate of the collected {kind: {camera: [headers]}}) SIGTERM it as soon as that
+    holds, so how long a loaded host takes to warm the models up does not decide what
+    arrives (`duration` is then only the longest run).
     Returns (returncode, stderr, {kind: {camera: [headers]}}, {kind: [(header, arrays)]})."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -49,6 +54,9 @@ def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 
                 msg = wire.decode(sub.recv_multipart())
                 got[msg.header["kind"]][msg.header["camera"]].append(msg.header)
                 arrays[msg.header["kind"]].append((msg.header, msg.arrays))
+                if until is not None and until(got):
+                    proc.send_signal(signal.SIGTERM)
+                    until = None
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
@@ -98,9 +106,17 @@ def test_configs_validate(config):
 
 
 @SHIPPED_PORTS
-def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses():
+def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses(
+    tmp_path, unpaced
+):
+    config = tmp_path / "multicam-pose.toml"  # its bundle path finds nothing here either
+    shutil.copy(REPO / "configs" / "multicam-pose.toml", config)
+    unpaced(config)  # poses in seconds: what is published is under test, not the NPU's speed
     code, err, got, arrays = run_and_collect(
-        "configs/multicam-pose.toml", "tcp://127.0.0.1:5561", duration=10
+        str(config),
+        "tcp://127.0.0.1:5561",
+        duration=90,
+        until=lambda got: len(got["det"]) == 4 and sum(map(len, got["pose"].values())) >= 2,
     )
     assert code == 0, err
     assert set(got["det"]) == {"bikes", "carphone", "bunny", "bikes2"}, err
@@ -114,7 +130,10 @@ def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_po
 @SHIPPED_PORTS
 def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic():
     code, err, got, arrays = run_and_collect(
-        "configs/face-kiosk.toml", "tcp://127.0.0.1:5562", duration=8
+        "configs/face-kiosk.toml",
+        "tcp://127.0.0.1:5562",
+        duration=90,
+        until=lambda got: sum(map(len, got["face"].values())) >= 3,
     )
     assert code == 0, err
     assert set(got["face"]) == {"kiosk"}, err
@@ -201,10 +220,16 @@ def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_ki
     rt.close()
 
 
+SPLIT_KINDS = ("pose", "face", "clip")
+
+
 @SHIPPED_PORTS
-def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
+def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path, unpaced):
+    infer = tmp_path / "split-infer.toml"
+    shutil.copy(REPO / "configs" / "split-infer.toml", infer)
+    unpaced(infer)  # every kind within seconds: the split is under test, not the NPU's speed
     capture = subprocess.Popen(
-        [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "40"],
+        [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "150"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -212,14 +237,17 @@ def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(
     )
     try:
         code, err, got, arrays = run_and_collect(
-            "configs/split-infer.toml", "tcp://127.0.0.1:5560", duration=25
+            str(infer),
+            "tcp://127.0.0.1:5560",
+            duration=90,
+            until=lambda got: len(got["det"]) == 2 and all(got[k] for k in SPLIT_KINDS),
         )
     finally:
         capture.terminate()
         capture.communicate(timeout=30)
     assert code == 0, err
     assert set(got["det"]) == {"bikes", "carphone"}, err
-    for kind in ("pose", "face", "clip"):
+    for kind in SPLIT_KINDS:
         assert got[kind], f"no {kind} message from the split infer side\n{err}"
     for camera, headers in got["det"].items():
         for h in headers:  # the sender's camera and seq: `source` names both
