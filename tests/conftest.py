@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import shutil
 import socket
 import sys
@@ -95,24 +94,3 @@ def demo_config(tmp_path, free_port) -> tuple[Path, str]:
     path = tmp_path / "demo.toml"
     path.write_text(text.replace(bind, f'bind = "{endpoint}"'))
     return path, endpoint
-
-
-@pytest.fixture
-def unpaced():
-    """unpaced(path): the config at path rewritten so its simulated NPU runs at the synthetic
-    models' own speed ([stages.sim] pacing = "stand-in", milliseconds a pass) instead of
-    NPU2's (2.4 s a pose): for tests of what is published, not how fast, which then see every
-    kind within seconds however loaded the host is. Returns path."""
-
-    def rewrite(path: Path) -> Path:
-        text = path.read_text()
-        paced, sapiens2 = re.compile(r'^pacing = "npu2"', re.M), "[stages.sapiens2]\n"
-        if len(paced.findall(text)) == 1:
-            text = paced.sub('pacing = "stand-in"', text)
-        else:  # no [stages.sim] table (npu2 is the default): one beside the sapiens2 table
-            assert not paced.search(text) and text.count(sapiens2) == 1, path
-            text = text.replace(sapiens2, '[stages.sim]\npacing = "stand-in"\n\n' + sapiens2)
-        path.write_text(text)
-        return path
-
-    return rewrite

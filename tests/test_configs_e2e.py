@@ -6,7 +6,6 @@ stage on the received frames and keep the sender's seq."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -106,14 +105,9 @@ def test_configs_validate(config):
 
 
 @SHIPPED_PORTS
-def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses(
-    tmp_path, unpaced
-):
-    config = tmp_path / "multicam-pose.toml"  # its bundle path finds nothing here either
-    shutil.copy(REPO / "configs" / "multicam-pose.toml", config)
-    unpaced(config)  # poses in seconds: what is published is under test, not the NPU's speed
+def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses():
     code, err, got, arrays = run_and_collect(
-        str(config),
+        "configs/multicam-pose.toml",
         "tcp://127.0.0.1:5561",
         duration=90,
         until=lambda got: len(got["det"]) == 4 and sum(map(len, got["pose"].values())) >= 2,
@@ -224,10 +218,7 @@ SPLIT_KINDS = ("pose", "face", "clip")
 
 
 @SHIPPED_PORTS
-def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path, unpaced):
-    infer = tmp_path / "split-infer.toml"
-    shutil.copy(REPO / "configs" / "split-infer.toml", infer)
-    unpaced(infer)  # every kind within seconds: the split is under test, not the NPU's speed
+def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
     capture = subprocess.Popen(
         [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "150"],
         cwd=REPO,
@@ -237,7 +228,7 @@ def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(
     )
     try:
         code, err, got, arrays = run_and_collect(
-            str(infer),
+            "configs/split-infer.toml",
             "tcp://127.0.0.1:5560",
             duration=90,
             until=lambda got: len(got["det"]) == 2 and all(got[k] for k in SPLIT_KINDS),

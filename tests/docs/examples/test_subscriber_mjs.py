@@ -227,13 +227,12 @@ def check_pose3d(msg: wire.Message) -> None:
 
 @pytest.mark.timeout(150)
 def test_multicam_3d_publishes_pose3d_that_the_node_subscriber_decodes(
-    multicam_3d_config, tmp_path, unpaced
+    multicam_3d_config, tmp_path
 ):
     node = shutil.which("node")
     assert node, "no node: run `make setup-test`"
     assert (EXAMPLE.parent / "node_modules" / "zeromq").is_dir(), "run `make setup-test`"
     config, endpoint = multicam_3d_config
-    unpaced(config)  # a pose a frame, not one per 2.4 s: pose3d groups within seconds
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
