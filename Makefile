@@ -61,8 +61,8 @@ $(KEYS)/.made: | $(VENV)/.runtime
 	touch $@
 
 # The default suite on WORKERS parallel pytest-xdist workers (docs/architecture.md "Testing":
-# the count measured best on 2 cores, most tests wait on sleeps and sockets), printing the 20
-# slowest tests. loadgroup keeps the tests that run a shipped config (its fixed port) on one
+# most tests wait on sleeps, sockets and subprocesses, so 4 on 2 cores; the runs measured are
+# in docs/benchmarks.md, "test suite"), printing the 20 slowest tests. loadgroup keeps the tests that run a shipped config (its fixed port) on one
 # worker, one after another.
 WORKERS ?= 4
 PYTEST_PARALLEL := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --durations=20
