@@ -62,10 +62,9 @@ $(KEYS)/.made: | $(VENV)/.runtime
 
 # The default suite on WORKERS parallel pytest-xdist workers (docs/architecture.md "Testing":
 # most tests wait on sleeps, sockets and subprocesses, so 4 on 2 cores; the runs measured are
-# in docs/benchmarks.md, "test suite"), printing the 20 slowest tests. loadgroup keeps the tests that run a shipped config (its fixed port) on one
-# worker, one after another.
+# in docs/benchmarks.md, "test suite"), printing the 20 slowest tests.
 WORKERS ?= 4
-PYTEST_PARALLEL := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --durations=20
+PYTEST_PARALLEL := $(PY) -m pytest -q -n $(WORKERS) --durations=20
 
 test: setup-test
 	$(PYTEST_PARALLEL)

@@ -6,7 +6,9 @@ stage on the received frames and keep the sender's seq."""
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,9 +23,30 @@ from pipeline import wire
 
 REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"
-# These run a shipped config as is, on its fixed port (configs/*.toml): `make test` keeps them
-# on one xdist worker (--dist loadgroup), so two never bind the same port at once.
-SHIPPED_PORTS = pytest.mark.xdist_group("shipped-config-ports")
+
+
+def on_free_ports(tmp_path: Path, *names: str) -> tuple[list[str], dict[int, int]]:
+    """Copies of configs/<name> in tmp_path/configs with each loopback port moved to a free
+    one (the same one in every copy, so split-capture still feeds split-infer): parallel
+    workers and other runs on the machine never meet on a shipped port. Their relative
+    bundle and gallery paths find nothing there, as on a fresh clone. (paths, {old: new})."""
+    texts = {n: (REPO / "configs" / n).read_text() for n in names}
+    ports: dict[int, int] = {}
+    for text in texts.values():
+        for old in map(int, re.findall(r"tcp://127\.0\.0\.1:(\d+)", text)):
+            if old not in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    ports[old] = s.getsockname()[1]
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    paths = []
+    for name, text in texts.items():
+        text = re.sub(
+            r"tcp://127\.0\.0\.1:(\d+)", lambda m: f"tcp://127.0.0.1:{ports[int(m[1])]}", text
+        )
+        (tmp_path / "configs" / name).write_text(text)
+        paths.append(str(tmp_path / "configs" / name))
+    return paths, ports
 
 
 def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 60.0, until=None):
@@ -104,11 +127,11 @@ def test_configs_validate(config):
     assert "ok" in out.stdout
 
 
-@SHIPPED_PORTS
-def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses():
+def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses(tmp_path):
+    (config,), ports = on_free_ports(tmp_path, "multicam-pose.toml")
     code, err, got, arrays = run_and_collect(
-        "configs/multicam-pose.toml",
-        "tcp://127.0.0.1:5561",
+        config,
+        f"tcp://127.0.0.1:{ports[5561]}",
         duration=90,
         until=lambda got: len(got["det"]) == 4 and sum(map(len, got["pose"].values())) >= 2,
     )
@@ -121,11 +144,11 @@ def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_po
     assert all(a["keypoints"].shape == (308, 3) for _, a in arrays["pose"])
 
 
-@SHIPPED_PORTS
-def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic():
+def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic(tmp_path):
+    (config,), ports = on_free_ports(tmp_path, "face-kiosk.toml")
     code, err, got, arrays = run_and_collect(
-        "configs/face-kiosk.toml",
-        "tcp://127.0.0.1:5562",
+        config,
+        f"tcp://127.0.0.1:{ports[5562]}",
         duration=90,
         until=lambda got: sum(map(len, got["face"].values())) >= 3,
     )
@@ -217,10 +240,12 @@ def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_ki
 SPLIT_KINDS = ("pose", "face", "clip")
 
 
-@SHIPPED_PORTS
 def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
+    (capture_config, infer_config), ports = on_free_ports(
+        tmp_path, "split-capture.toml", "split-infer.toml"
+    )
     capture = subprocess.Popen(
-        [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "150"],
+        [str(NPUCAM), "run", capture_config, "--duration", "150"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -228,8 +253,8 @@ def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(
     )
     try:
         code, err, got, arrays = run_and_collect(
-            "configs/split-infer.toml",
-            "tcp://127.0.0.1:5560",
+            infer_config,
+            f"tcp://127.0.0.1:{ports[5560]}",
             duration=90,
             until=lambda got: len(got["det"]) == 2 and all(got[k] for k in SPLIT_KINDS),
         )

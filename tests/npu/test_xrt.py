@@ -464,8 +464,9 @@ def test_waits_are_paced_by_the_measured_time_of_the_kernel(dev, monkeypatch):
     firsts = {r: min(t for q, t in polled if q == r) for r, _ in polled}
     print(f"\nfirst state() poll of each paced 20 ms dispatch: {sorted(firsts.values())}")
     assert len(firsts) == 5  # every paced run is polled at its end (nothing else ends it)
-    # paced: slept `pace` of the expected time before the first poll (a lower bound)
-    assert all(t >= dev.waits.pace * expected * 0.99 for t in firsts.values()), (expected, firsts)
+    # paced: slept `pace` of the expected time before the first poll (a lower bound); each
+    # run's expectation is its own (a running estimate), never under the 20 ms a run takes
+    assert all(t >= dev.waits.pace * 0.02 * 0.99 for t in firsts.values()), (expected, firsts)
     assert unpaced_first < min(firsts.values())  # the control: polled before any paced run
     launch = dev.start(k, [a])
     exp = launch.expected_s
