@@ -30,6 +30,7 @@ import asyncio
 import signal
 import time
 
+import pytest
 import zmq
 import zmq.asyncio
 from rel_helpers import NpucamRun, Recorder, percentile, seq_gaps
@@ -97,7 +98,14 @@ def raw_sub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return sock
 
 
-def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_config, free_port):
+@pytest.mark.parametrize(
+    "latency",
+    # the rate and latency against the baseline phase are the wall clock's: slow only
+    [pytest.param(False, id="drops"), pytest.param(True, id="latency", marks=pytest.mark.slow)],
+)
+def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(
+    write_config, free_port, latency
+):
     endpoint = f"tcp://127.0.0.1:{free_port}"
     run = NpucamRun(write_config(config_text(endpoint)))
 
@@ -166,11 +174,12 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
     # 960x720 cards costs CPU: on a loaded machine the cameras fall below FPS in both phases
     # alike, so the rate is compared with the baseline phase, not with FPS.)
     assert len(base_pipe) >= 20
-    assert len(fault_pipe) >= 0.8 * len(base_pipe)
-    b50, b95, _ = summary["baseline pipeline"]
-    f50, f95, _ = summary["faults pipeline"]
-    assert f50 <= b50 + P50_SLACK_MS, (b50, f50)
-    assert f95 <= b95 + P95_SLACK_MS, (b95, f95)
+    if latency:
+        assert len(fault_pipe) >= 0.8 * len(base_pipe)
+        b50, b95, _ = summary["baseline pipeline"]
+        f50, f95, _ = summary["faults pipeline"]
+        assert f50 <= b50 + P50_SLACK_MS, (b50, f50)
+        assert f95 <= b95 + P95_SLACK_MS, (b95, f95)
 
     # The pipeline's own drops, from the final stats message (sent after the drain).
     final = healthy.stats()[-1].header["stats"]["stages"]["publish"].get("drops", {})
