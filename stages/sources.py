@@ -2,8 +2,10 @@
 ZeroMQ feed or test pattern into timestamped Frames, and keeps itself alive.
 
 A CameraSpec names the camera and its url; CameraReader reads it on its own thread and hands
-each Frame to `emit`. The grab time (pipeline.messages.now_ns) is taken as the image leaves
-the source; seq counts frames per camera and keeps increasing across loops and reconnects.
+each Frame to `emit`. The grab time (the reader's clock, pipeline/clock.py: the host's
+pipeline.messages.now_ns unless a test passes a VirtualClock, which also runs the pacing,
+stall and backoff waits) is taken as the image leaves the source; seq counts frames per
+camera and keeps increasing across loops and reconnects.
 Live sources (usb, rtsp/http, zmq) are read as fast as they deliver, so OpenCV's and FFmpeg's
 buffers never hold old frames (opencv/opencv#13145: CAP_PROP_BUFFERSIZE is ignored for
 RTSP); keeping only the newest is the queue policy of whoever `emit` feeds. Files, image
@@ -60,9 +62,10 @@ import numpy as np
 import zmq
 
 from pipeline import assets
+from pipeline.clock import SYSTEM, Clock
 from pipeline.config import DEFAULT_MAX_PIXELS, DEFAULT_RECEIVE_BUFFER_BYTES
 from pipeline.errors import NpucamError
-from pipeline.messages import Frame, now_ns
+from pipeline.messages import Frame
 from pipeline.security import Curve, SocketSecurity
 from stages.frame_wire import FrameWireError, decode_frame
 
@@ -599,9 +602,12 @@ class CameraReader:
     HEALTH_STATES; stats() is a snapshot for metrics.
     """
 
-    def __init__(self, spec: CameraSpec, emit: Callable[[Frame], bool | None]) -> None:
+    def __init__(
+        self, spec: CameraSpec, emit: Callable[[Frame], bool | None], clock: Clock = SYSTEM
+    ) -> None:
         self.spec = spec
         self.emit = emit
+        self._clock = clock
         self._stop = threading.Event()
         self._source = make_source(spec, self._stop)
         self._thread: threading.Thread | None = None
@@ -663,7 +669,7 @@ class CameraReader:
         if (
             state == "online"
             and since is not None
-            and time.monotonic() - since > self.spec.stall_timeout_s
+            and self._clock.monotonic() - since > self.spec.stall_timeout_s
         ):
             return "stale"
         return state
@@ -672,7 +678,7 @@ class CameraReader:
         """frames, reconnects, bad_frames, bad_messages, size_changes, emit_errors, refused,
         clock_skews (frames re-stamped on arrival, see CameraSpec.max_clock_skew_ms), fps,
         last_grab_ns (and as a string), frame_size [H, W], health, last_error, source."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         with self._lock:
             grabs = [t for t in self._grabs if now - t <= FPS_WINDOW_S]
         fps = 0.0
@@ -733,7 +739,7 @@ class CameraReader:
                     break
                 # A stalled camera shows "stale" until the first reopen attempt begins.
                 self._state = "stale" if outcome == "stalled" else "reconnecting"
-                if self._stop.wait(self._backoff(attempt)):
+                if self._clock.wait(self._stop, self._backoff(attempt)):
                     break
                 attempt += 1
         except Exception as exc:
@@ -756,18 +762,18 @@ class CameraReader:
         rate = spec.fps or self._source.native_fps
         paced = spec.realtime and not spec.live and rate is not None
         period = 1.0 / rate if paced else 0.0
-        self._due = max(time.monotonic(), self._due)
+        self._due = max(self._clock.monotonic(), self._due)
         flowed = False
         failed_reads = 0
         while not self._stop.is_set():
             # A read that delivers nothing (the end of a file, before the next pass) leaves
             # its slot to the next read: a looping file does not pause at its end.
             if paced and not failed_reads:
-                delay = self._due - time.monotonic()
-                if delay > 0 and self._stop.wait(delay):
+                delay = self._due - self._clock.monotonic()
+                if delay > 0 and self._clock.wait(self._stop, delay):
                     break
-                self._due = max(self._due + period, time.monotonic() - period)
-            started = self._reading_since = time.monotonic()
+                self._due = max(self._due + period, self._clock.monotonic() - period)
+            started = self._reading_since = self._clock.monotonic()
             try:
                 item = self._source.read(self._seq)
             except _BadFrame as exc:
@@ -783,7 +789,7 @@ class CameraReader:
             if item is None:
                 if self._stop.is_set():
                     break
-                waited = time.monotonic() - started
+                waited = self._clock.monotonic() - started
                 if spec.live and waited >= 0.9 * spec.stall_timeout_s:
                     if failed_reads:  # frames FFmpeg could not decode, then the stall
                         self._skipped(
@@ -803,7 +809,7 @@ class CameraReader:
             # Reads that failed between two good frames were frames FFmpeg could not decode.
             self._counts["bad_frames"] += failed_reads
             failed_reads = 0
-            grab_ns = now_ns()
+            grab_ns = self._clock.now_ns()
             image, capture_ns, description, *own_seq = item
             capture_ns = grab_ns if capture_ns is None else self._trusted(capture_ns, grab_ns)
             seq = own_seq[0] if own_seq else self._seq
@@ -862,7 +868,7 @@ class CameraReader:
             )
 
     def _note_grab(self, image: np.ndarray, grab_ns: int) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._last_grab_ns = grab_ns
         self._counts["frames"] += 1
         size = image.shape[:2]

@@ -4,19 +4,34 @@ The checkout goes first on sys.path: pytest puts this file's folder (tests/) the
 without it `import stages` would find the namespace folder tests/stages instead of the
 package. tests/pipeline/ follows, so configs in any test can name the helper stages of
 tests/pipeline/engine_stages.py as `kind = "engine_stages:Collect"`.
+
+Each pytest process (one per xdist worker, docs/architecture.md "Testing") gets its own
+simulated-device context table: the table is machine-wide by design (npu/sim.py,
+ContextRegistry), so workers sharing it would see each other's contexts and hit the 16-context
+limit together. The directory is set in the environment before any test opens a SimDevice,
+so the `npucam` processes the tests start inherit it.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 # as the npucam command does (pipeline/cli.py): one BLAS thread per calling thread, set
 # before numpy loads, so in-process runs behave as the command runs
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+_HWCTX_DIR = tempfile.mkdtemp(
+    prefix=f"npucam-sim-hwctx-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"
+)
+os.environ["NPUCAM_SIM_HWCTX_DIR"] = _HWCTX_DIR  # npu.sim.REGISTRY_ENV, before npu loads
+atexit.register(shutil.rmtree, _HWCTX_DIR, ignore_errors=True)
 
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402

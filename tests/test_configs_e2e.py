@@ -6,6 +6,9 @@ stage on the received frames and keep the sender's seq."""
 
 from __future__ import annotations
 
+import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,8 +25,35 @@ REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"
 
 
-def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 60.0):
-    """Run `npucam run config --duration`, SUBscribed to everything on endpoint.
+def on_free_ports(tmp_path: Path, *names: str) -> tuple[list[str], dict[int, int]]:
+    """Copies of configs/<name> in tmp_path/configs with each loopback port moved to a free
+    one (the same one in every copy, so split-capture still feeds split-infer): parallel
+    workers and other runs on the machine never meet on a shipped port. Their relative
+    bundle and gallery paths find nothing there, as on a fresh clone. (paths, {old: new})."""
+    texts = {n: (REPO / "configs" / n).read_text() for n in names}
+    ports: dict[int, int] = {}
+    for text in texts.values():
+        for old in map(int, re.findall(r"tcp://127\.0\.0\.1:(\d+)", text)):
+            if old not in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    ports[old] = s.getsockname()[1]
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    paths = []
+    for name, text in texts.items():
+        text = re.sub(
+            r"tcp://127\.0\.0\.1:(\d+)", lambda m: f"tcp://127.0.0.1:{ports[int(m[1])]}", text
+        )
+        (tmp_path / "configs" / name).write_text(text)
+        paths.append(str(tmp_path / "configs" / name))
+    return paths, ports
+
+
+def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 60.0, until=None):
+    """Run `npucam run config --duration`, SUBscribed to everything on endpoint; with `until`
+    (a predicate of the collected {kind: {camera: [headers]}}) SIGTERM it as soon as that
+    holds, so how long a loaded host takes to warm the models up does not decide what
+    arrives (`duration` is then only the longest run).
     Returns (returncode, stderr, {kind: {camera: [headers]}}, {kind: [(header, arrays)]})."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -46,6 +76,9 @@ def run_and_collect(config: str, endpoint: str, duration: float, grace: float = 
                 msg = wire.decode(sub.recv_multipart())
                 got[msg.header["kind"]][msg.header["camera"]].append(msg.header)
                 arrays[msg.header["kind"]].append((msg.header, msg.arrays))
+                if until is not None and until(got):
+                    proc.send_signal(signal.SIGTERM)
+                    until = None
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
@@ -94,9 +127,13 @@ def test_configs_validate(config):
     assert "ok" in out.stdout
 
 
-def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses():
+def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses(tmp_path):
+    (config,), ports = on_free_ports(tmp_path, "multicam-pose.toml")
     code, err, got, arrays = run_and_collect(
-        "configs/multicam-pose.toml", "tcp://127.0.0.1:5561", duration=10
+        config,
+        f"tcp://127.0.0.1:{ports[5561]}",
+        duration=90,
+        until=lambda got: len(got["det"]) == 4 and sum(map(len, got["pose"].values())) >= 2,
     )
     assert code == 0, err
     assert set(got["det"]) == {"bikes", "carphone", "bunny", "bikes2"}, err
@@ -107,9 +144,13 @@ def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_po
     assert all(a["keypoints"].shape == (308, 3) for _, a in arrays["pose"])
 
 
-def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic():
+def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic(tmp_path):
+    (config,), ports = on_free_ports(tmp_path, "face-kiosk.toml")
     code, err, got, arrays = run_and_collect(
-        "configs/face-kiosk.toml", "tcp://127.0.0.1:5562", duration=8
+        config,
+        f"tcp://127.0.0.1:{ports[5562]}",
+        duration=90,
+        until=lambda got: sum(map(len, got["face"].values())) >= 3,
     )
     assert code == 0, err
     assert set(got["face"]) == {"kiosk"}, err
@@ -196,9 +237,15 @@ def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_ki
     rt.close()
 
 
+SPLIT_KINDS = ("pose", "face", "clip")
+
+
 def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
+    (capture_config, infer_config), ports = on_free_ports(
+        tmp_path, "split-capture.toml", "split-infer.toml"
+    )
     capture = subprocess.Popen(
-        [str(NPUCAM), "run", "configs/split-capture.toml", "--duration", "40"],
+        [str(NPUCAM), "run", capture_config, "--duration", "150"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -206,14 +253,17 @@ def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(
     )
     try:
         code, err, got, arrays = run_and_collect(
-            "configs/split-infer.toml", "tcp://127.0.0.1:5560", duration=25
+            infer_config,
+            f"tcp://127.0.0.1:{ports[5560]}",
+            duration=90,
+            until=lambda got: len(got["det"]) == 2 and all(got[k] for k in SPLIT_KINDS),
         )
     finally:
         capture.terminate()
         capture.communicate(timeout=30)
     assert code == 0, err
     assert set(got["det"]) == {"bikes", "carphone"}, err
-    for kind in ("pose", "face", "clip"):
+    for kind in SPLIT_KINDS:
         assert got[kind], f"no {kind} message from the split infer side\n{err}"
     for camera, headers in got["det"].items():
         for h in headers:  # the sender's camera and seq: `source` names both

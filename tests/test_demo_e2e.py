@@ -27,10 +27,14 @@ def sub_socket(endpoint: str, topic: str = "") -> tuple[zmq.Context, zmq.Socket]
     return ctx, sub
 
 
-def test_demo_config_publishes_both_sample_cameras_and_exits_0():
-    ctx, sub = sub_socket("tcp://127.0.0.1:5560", "det/")
+def test_demo_config_publishes_both_sample_cameras_and_exits_0(demo_config):
+    # demo.toml as shipped on a free port: on its own 5560 another run on the same machine
+    # (another checkout's tests) answered the subscriber, and the SIGTERM below hit a run
+    # that had not started
+    config, endpoint = demo_config
+    ctx, sub = sub_socket(endpoint, "det/")
     proc = subprocess.Popen(
-        [str(NPUCAM), "run", "configs/demo.toml", "--duration", "4"],
+        [str(NPUCAM), "run", str(config), "--duration", "60"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -38,12 +42,17 @@ def test_demo_config_publishes_both_sample_cameras_and_exits_0():
     )
     cameras: dict[str, list[int]] = {}
     try:
-        end = time.monotonic() + 15
+        # SIGTERM once both cameras sent 21 det messages: how long a loaded host takes to
+        # start the demo does not decide the count (60 s is only the longest run)
+        end = time.monotonic() + 75
         while time.monotonic() < end and proc.poll() is None:
             if sub.poll(200):
                 msg = wire.decode(sub.recv_multipart())
                 cameras.setdefault(msg.header["camera"], []).append(msg.header["seq"])
-        _, err = proc.communicate(timeout=10)
+                if len(cameras) == 2 and all(len(s) > 20 for s in cameras.values()):
+                    proc.send_signal(signal.SIGTERM)
+                    break
+        _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
         sub.close()
@@ -93,7 +102,7 @@ inbox = {{ size = 8, policy = "block" }}
     )
     det, final = 0, None
     try:
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60  # a loaded host can take seconds to start the interpreter
         while det < 30 and time.monotonic() < end and proc.poll() is None:
             if sub.poll(200):
                 det += wire.decode(sub.recv_multipart()).topic.startswith("det/")
@@ -114,6 +123,7 @@ inbox = {{ size = 8, policy = "block" }}
         sub.close()
         ctx.term()
     assert code == 0, err
+    # wall-clock-ok: the documented SIGTERM bound (docs/reliability.md), the drain's own timer
     assert elapsed < 5, err
     assert "SIGTERM: stopping" in err
     assert final is not None, err
@@ -164,6 +174,7 @@ inbox = { size = 2, policy = "block" }
     finally:
         proc.kill()
     assert code == 0, err
+    # wall-clock-ok: the documented SIGTERM bound (docs/reliability.md), the drain's own timer
     assert elapsed < 5, err
     assert "did not drain within 1.0 s" in err
     assert "exiting without waiting for npucam-worker" in err

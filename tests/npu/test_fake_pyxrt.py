@@ -61,14 +61,15 @@ def test_wait_holds_the_gil_for_the_device_time_and_state_does_not_block():
     assert int(r.state()) == 3 and r.state().name == "???"  # RUNNING, unbound in pyxrt
     t0 = time.perf_counter()
     assert r.wait() == fake.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+    # wall-clock-ok: a lower bound (a 0.5 s run): a loaded host only makes it longer
     assert time.perf_counter() - t0 >= 0.45
     # started inside the measured call: started before it, a loaded host could let the whole
     # device time pass while the spinning thread starts, and wait() would return at once
     assert stall_of_other_thread(lambda: (r.start(), r.wait())) > 0.3  # keeps the GIL
     r.start()
-    t0 = time.perf_counter()
     states = {int(r.state()) for _ in range(1000)}
-    assert time.perf_counter() - t0 < 0.1 and states == {3}  # reads, never waits
+    # reads, never waits: a read that waited for the 0.5 s run would see it COMPLETED (4)
+    assert states == {3}
 
 
 def test_wait_with_a_timeout_returns_timeout_while_the_run_goes_on():

@@ -336,7 +336,10 @@ def test_faults_kernel_error_hang_and_context_failure(tmp_path, reg):
     t0 = time.perf_counter()
     with pytest.raises(DeviceTimeout, match=r"dispatch of m1 not done .* past its deadline"):
         dev.run(k1, bufs)  # caught by the wait's deadline, long before the 10 s watchdog
-    assert 0.2 <= time.perf_counter() - t0 < 2.0
+    # wall-clock-ok: a lower bound (the 0.2 s deadline margin): a loaded host only lengthens it
+    assert time.perf_counter() - t0 >= 0.2
+    # the wait's deadline ended it, not the watchdog: that would be state 8 (the test below)
+    assert dev.stats.timeouts == 1
     assert dev.stats.timeouts == 1 and dev.parked_contexts == 1
     faults.error_kernels.clear()
     faults.hang_kernels.clear()
@@ -386,11 +389,16 @@ def test_a_paced_pass_takes_its_seconds_and_its_own_dispatches_none(tmp_path, re
         for _ in range(3):  # 3 x 0.2 s at the device's own rates, free inside the pass
             dev.run(kern, bufs)
     wall = time.perf_counter() - t0
-    assert 0.3 <= wall < 0.55
+    # wall-clock-ok: a lower bound (the pass's 0.3 s): a loaded host only makes it longer
+    assert wall >= 0.3
     assert dev.sim.paced_s == pytest.approx(0.3) and dev.sim.paced_passes == 1
     assert dev.sim.dispatch_s == 0.0 and dev.sim.device_time_s == pytest.approx(0.3)
     assert dev.cost is cost  # the device's own rates are back after the pass
-    assert dev.run(kern, bufs) >= 0.2
+    t0 = time.perf_counter()
+    for _ in range(3):  # the control, back to back: the same dispatches outside a pass
+        assert dev.run(kern, bufs) >= 0.2
+    control = time.perf_counter() - t0
+    assert wall < control - 0.15  # 0.3 s against 0.6 s: the dispatches inside were free
     with pytest.raises(RuntimeError), dev.paced(5.0):
         raise RuntimeError("a failed pass")
     assert dev.sim.paced_passes == 1 and dev.cost is cost  # not charged

@@ -147,7 +147,8 @@ def test_a_dying_stage_ends_the_pipeline_with_exit_1_and_names_it(write_config, 
     t0 = time.monotonic()
     code = asyncio.run(main())
     assert code == 1
-    assert time.monotonic() - t0 < 5
+    # wall-clock-ok: a hang guard: without the death the run lasts its 30 s duration
+    assert time.monotonic() - t0 < 10
     assert "stage broken died: RuntimeError: dies: the stage's loop broke" in caplog.text
 
 

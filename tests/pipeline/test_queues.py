@@ -214,7 +214,8 @@ def test_threadsafe_put_gives_up_promptly_when_the_producer_stops():
     result, alive = asyncio.run(main())
     assert not alive
     assert result["taken"] is False
-    assert result["waited"] < 1.0
+    # wall-clock-ok: a hang guard: without give_up the put waits for a consumer that never comes
+    assert result["waited"] < 2.0
 
 
 def test_a_woken_putter_that_is_cancelled_passes_the_wakeup_to_the_next_putter():

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
@@ -90,6 +91,16 @@ def seq_gaps(seqs: list[int]) -> int:
     return (seqs[-1] - seqs[0] + 1 - len(seqs)) if seqs else 0
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process pid has a handler for sig (Linux: SigCgt of /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
 class NpucamRun:
     """`python -m pipeline run CONFIG` as a subprocess (own process group); stop() sends a
     signal and waits for the exit code; kill() at teardown if it is still running."""
@@ -111,7 +122,15 @@ class NpucamRun:
             start_new_session=True,
         )
 
-    def signal(self, sig: int) -> None:
+    def signal(self, sig: int, ready_timeout: float = 60.0) -> None:
+        """Send sig once the process catches it (its handler is installed: bit sig - 1 of
+        SigCgt in /proc/PID/status), so a signal sent while a loaded host is still starting
+        the interpreter is not the default action (exit -sig)."""
+        end = time.monotonic() + ready_timeout
+        while self.proc.poll() is None and time.monotonic() < end:
+            if catches(self.proc.pid, sig):
+                break
+            time.sleep(0.05)
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 20.0) -> tuple[int, str]:

@@ -174,6 +174,7 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
         )
     print(f"DEVICE stop after the faults: {stop_s:.3f} s; contexts held at most {held_max}")
     assert code == 0 and pipeline.abandoned == []
+    # wall-clock-ok: a hang guard: past the drain timeout the runner cancels (abandoned above)
     assert stop_s < DRAIN_TIMEOUT_S  # no deadlock: inside the drain timeout, nothing cancelled
     for name, (_, recovered, last_error) in measured.items():
         text = {"kernel error": "state 5", "hung dispatch": "past its deadline"}.get(
@@ -188,7 +189,9 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
     )
     assert given_up, measured["hung dispatch"]
     waited, deadline = map(float, given_up.groups())
-    assert deadline < 0.3 and deadline <= waited < deadline + 0.1
+    # wall-clock-ok: the stage's own account (its message) against the deadline rule
+    # (npu/device.py, WaitPolicy): at least the 0.2 s margin; given up at it, not a deadline later
+    assert deadline >= 0.2 and deadline <= waited < 2 * deadline
     drops = snapshot["stages"]["infer/adaface"]["drops"]
     timeouts = sum(drops[c].get("device_timeout", 0) for c in CAMERAS if c in drops)
     assert timeouts == stats["runtimes"]["adaface"]["device_timeouts"] == 1

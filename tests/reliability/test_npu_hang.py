@@ -135,6 +135,7 @@ def test_a_hung_dispatch_fails_its_job_the_next_completes_and_sigterm_exits(tmp_
         f"SIGTERM -> exit {exit_s:.3f} s"
     )
     assert code == 0, err[-3000:]
+    # wall-clock-ok: the documented SIGTERM bound (docs/reliability.md), the drain's own timer
     assert exit_s < 5.0
     # the stage's own account: given up at the deadline of a ~2 ms dispatch (~0.2 s)
     given_up = re.search(

@@ -30,6 +30,7 @@ import asyncio
 import signal
 import time
 
+import pytest
 import zmq
 import zmq.asyncio
 from rel_helpers import NpucamRun, Recorder, percentile, seq_gaps
@@ -97,7 +98,14 @@ def raw_sub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return sock
 
 
-def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_config, free_port):
+@pytest.mark.parametrize(
+    "latency",
+    # the rate and latency against the baseline phase are the wall clock's: slow only
+    [pytest.param(False, id="drops"), pytest.param(True, id="latency", marks=pytest.mark.slow)],
+)
+def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(
+    write_config, free_port, latency
+):
     endpoint = f"tcp://127.0.0.1:{free_port}"
     run = NpucamRun(write_config(config_text(endpoint)))
 
@@ -119,6 +127,7 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
         await bouncing.stop(idle_s=0)  # disconnects mid-stream...
         away = now_ns()
         await asyncio.sleep(0.5)
+        rejoin = now_ns()  # nothing published from away to here can reach either socket
         back = await Recorder(endpoint, topic="det/").start()  # ...and comes back
         back_at = now_ns()
         await asyncio.sleep(2 * PHASE_S / 3)
@@ -136,7 +145,7 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
             late=late,
             back=back,
             stuck=stuck_got,
-            t=(t0, t1, t2, late_joined, away, back_at),
+            t=(t0, t1, t2, late_joined, away, rejoin, back_at),
         )
 
     try:
@@ -145,7 +154,7 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
     finally:
         run.kill()
     assert code == 0, err
-    t0, t1, t2, late_joined, away, back_at = r["t"]
+    t0, t1, t2, late_joined, away, rejoin, back_at = r["t"]
     healthy: Recorder = r["healthy"]
     base_pipe, base_deliver = latencies(healthy, t0, t1)
     fault_pipe, fault_deliver = latencies(healthy, t1, t2)
@@ -165,11 +174,12 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
     # 960x720 cards costs CPU: on a loaded machine the cameras fall below FPS in both phases
     # alike, so the rate is compared with the baseline phase, not with FPS.)
     assert len(base_pipe) >= 20
-    assert len(fault_pipe) >= 0.8 * len(base_pipe)
-    b50, b95, _ = summary["baseline pipeline"]
-    f50, f95, _ = summary["faults pipeline"]
-    assert f50 <= b50 + P50_SLACK_MS, (b50, f50)
-    assert f95 <= b95 + P95_SLACK_MS, (b95, f95)
+    if latency:
+        assert len(fault_pipe) >= 0.8 * len(base_pipe)
+        b50, b95, _ = summary["baseline pipeline"]
+        f50, f95, _ = summary["faults pipeline"]
+        assert f50 <= b50 + P50_SLACK_MS, (b50, f50)
+        assert f95 <= b95 + P95_SLACK_MS, (b95, f95)
 
     # The pipeline's own drops, from the final stats message (sent after the drain).
     final = healthy.stats()[-1].header["stats"]["stages"]["publish"].get("drops", {})
@@ -191,7 +201,10 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(write_c
         hole = after[0] - before[-1] - 1
         away_s = (back_at - away) / 1e9
         print(f"RECONNECT {cam}: {hole} seqs missed while away {away_s:.2f} s")
-        assert 0.5 * FPS * away_s <= hole <= FPS * (away_s + 0.5)
+        # at least every message published while it was away (the healthy subscriber's
+        # count, not half of FPS: a loaded host publishes fewer), at most what FPS allows
+        away_published = sum(away < s.header["publish_ts"] < rejoin for s in healthy.frames(cam))
+        assert away_published <= hole <= FPS * (away_s + 0.5), (away_published, hole)
 
         # The stuck one got a prefix, lost what came while its buffers were full, then the
         # live stream again: the seq gap is the only place PUB's drops show.

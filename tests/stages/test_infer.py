@@ -415,12 +415,14 @@ def warm(stage: Infer) -> bool:
     return all(m.batches - running[name] >= 2 for name, m in sched.stats.models.items())
 
 
-def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
+def overload(tmp_path, cache, monkeypatch, seconds: float, busy: bool = True) -> None:
     """More work than the device can do, from 2 cameras at 10 fps (2 tracked people, a
     face and a CLIP crop per frame), for `seconds`. The simulated dispatch time (10 ms)
     dominates the simulator's own numpy work; the 8 s staleness budget leaves room for
     passes slowed by a shared 2-core host (a model whose estimate a slow pass inflated past
-    the budget is held back until the estimate relaxes: docs/scheduler.md)."""
+    the budget is held back until the estimate relaxes: docs/scheduler.md). busy: also
+    bound the device's busy fraction and the stage's busy counter on the wall clock (the
+    slow test; a loaded host's, not the code's, in the default run)."""
     intervals: list[tuple[float, float]] = []
     run, run_steps = Runtime.run, Runtime.run_steps
 
@@ -467,12 +469,13 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
 
     out = run_stage(stage, source(), Tally())
     start, end = window
-    busy = union_s(intervals, start, end)
-    assert busy / (end - start) >= 0.95, f"device busy {busy / (end - start):.3f}"
-    # the stage's own counter: a whole pass's wall time, an interleaved pass's own launches,
-    # so never more than the time some pass was in progress, and most of it
-    reported = stage.scheduler.stats.busy_s
-    assert 0.8 * union_s(intervals) <= reported <= union_s(intervals) * 1.02
+    if busy:  # busy fractions on the wall clock: the slow test only
+        fraction = union_s(intervals, start, end) / (end - start)
+        assert fraction >= 0.95, f"device busy {fraction:.3f}"
+        # the stage's own counter: a whole pass's wall time, an interleaved pass's own
+        # launches, so never more than the time some pass was in progress, and most of it
+        reported = stage.scheduler.stats.busy_s
+        assert 0.8 * union_s(intervals) <= reported <= union_s(intervals) * 1.02
     assert out.items, "nothing published"
     for sent_ns, deadline_ns, _ in out.items:
         assert sent_ns <= deadline_ns  # no stale result published
@@ -488,8 +491,9 @@ def overload(tmp_path, cache, monkeypatch, seconds: float) -> None:
     assert rss[1] <= rss[0] * 1.03 + 4 * 2**20, f"RSS grew {rss[0]} -> {rss[1]}"
 
 
-def test_overload_keeps_the_device_busy(tmp_path, cache, monkeypatch):
-    overload(tmp_path, cache, monkeypatch, seconds=10.0)
+def test_overload_publishes_no_stale_result_and_starves_no_model(tmp_path, cache, monkeypatch):
+    # what the overload does, not how busy this host kept the device (the slow test below)
+    overload(tmp_path, cache, monkeypatch, seconds=10.0, busy=False)
 
 
 @pytest.mark.slow
@@ -520,6 +524,7 @@ def test_stage_gauges_reach_the_stats_snapshot_and_prometheus(tmp_path, cache):
     stages = stage.context.metrics.snapshot()["stages"]  # what the `stats` topic publishes
     device = stages["infer"]["gauges"]
     assert 0 < device["device_busy_fraction"] <= 1
+    # wall-clock-ok: an invariant (inside the run's wall time), not a bound
     assert 0 < device["device_busy_seconds"] <= wall_s
     assert device["device_busy_seconds"] == stage.scheduler.stats.busy_s
     contexts = sum(len(rt.contexts) for rt in stage.runtimes.values())
@@ -535,6 +540,7 @@ def test_stage_gauges_reach_the_stats_snapshot_and_prometheus(tmp_path, cache):
     for m, g in per_model.items():
         assert (g["fill_ratio"], g["padded_slots"], g["published"]) == expected[m], (m, g)
         assert g["errors"] == 0 and g["queued"] == 0
+        # wall-clock-ok: an invariant (inside the run's wall time), not a bound
         assert 0 <= g["queue_wait_mean_seconds"] <= g["queue_wait_max_seconds"] < wall_s
         assert 0 < g["cost_estimate_seconds"] <= g["cost_bound_seconds"]
     assert per_model["sapiens2"]["padding_waste_seconds"] == 0
@@ -620,7 +626,8 @@ def test_a_hung_close_at_the_end_of_a_run_is_bounded_and_raised(tmp_path, cache,
     try:
         with pytest.raises(DeviceCloseError, match="still closing the models and the device"):
             run_stage(stage, source())
-        assert time.perf_counter() - t0 < 5  # not the 10 s the close hangs
+        # wall-clock-ok: a hang guard: not the 10 s the close hangs
+        assert time.perf_counter() - t0 < 5
         assert stage.close_errors == 1 and not stage.device.closed
     finally:
         release.set()

@@ -11,7 +11,9 @@ kernel gets its own time), NPU2-like dispatch times: every GEMM its FLOPs at 1.6
 33 ms (0.8 s over 24 layers). Device busy = the union of the fake's emulated run intervals
 over a window after warm-up, independent of the stage's own counters. Before the interleaving
 the host glue ran between dispatches of the same box (device busy ~0.6 at 2 layers with
-today's glue, ~0.3 with the glue before issue 14).
+today's glue, ~0.3 with the glue before issue 14). Both tests are `slow`: a busy fraction
+on the wall clock is the host's as much as the code's, so the two-layer one compares the
+interleaved passes with one pass at a time, run back to back.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from busy_intervals import union_s  # noqa: E402
 from sapiens2_recording import fake_pyxrt, real_config, write_random_bundle  # noqa: E402
 
 import npu.xrt  # noqa: E402
+import stages.infer  # noqa: E402
 from npu.models.sapiens2.export import record_layout  # noqa: E402
 from npu.models.sapiens2.npu import gemm_keys  # noqa: E402
 from pipeline.messages import now_ns  # noqa: E402
 from pipeline.metrics import Metrics  # noqa: E402
-from stages.infer import Infer, InferOptions  # noqa: E402
+from stages.infer import DeviceThread, Infer, InferOptions  # noqa: E402
 from stages.jobs import PoseJob  # noqa: E402
 
 GEMM_FLOPS_PER_S = 1.6e12
@@ -130,16 +133,32 @@ def device_busy(tmp_path, monkeypatch, layers: int | None, seconds: float) -> di
     }
 
 
-def test_queued_boxes_keep_the_device_busy_at_two_layers(tmp_path, monkeypatch):
+@pytest.mark.slow  # a busy fraction on the wall clock: never in the default run
+def test_queued_boxes_keep_the_device_busier_interleaved_than_one_at_a_time_at_two_layers(
+    tmp_path, monkeypatch
+):
     # 2 layers of the real widths and the real head: 0.56 s of device time a box against
     # ~0.45 s of host glue (the whole model: 2.7 s against ~0.8 s), so the head's host steps
-    # often outlast what the other passes have queued. Measured on 2 shared cores: passes
-    # one at a time (DeviceThread interleave=1) 0.60, two interleaved 0.74-0.77, three (the
-    # default, npu.device.INTERLEAVE) 0.79-0.80; the bound sits between one and the rest, so
-    # it fails when the passes stop overlapping
-    got = device_busy(tmp_path, monkeypatch, layers=2, seconds=8.0)
-    assert got["errors"] == 0 and got["published"] >= 10, got
-    assert got["busy"] >= 0.68, got
+    # often outlast what the other passes have queued. Two runs back to back, sharing the
+    # host's load: the control runs the passes one at a time (DeviceThread interleave=1),
+    # then the default three (npu.device.INTERLEAVE). Measured on 2 shared cores: 0.60
+    # against 0.79-0.80 (1.32x; two interleaved 0.74-0.77); the bound, 1.12x, fails when
+    # the passes stop overlapping. (A fixed busy >= 0.68 here failed CI at 0.514 on a
+    # loaded host: the host, not the code.)
+    class OneAtATime(DeviceThread):
+        def __init__(self, name: str) -> None:
+            super().__init__(name, interleave=1)
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "three").mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(stages.infer, "DeviceThread", OneAtATime)
+        control = device_busy(tmp_path / "one", monkeypatch, layers=2, seconds=8.0)
+    got = device_busy(tmp_path / "three", monkeypatch, layers=2, seconds=8.0)
+    print(f"device busy one pass at a time {control['busy']:.3f}, interleaved {got['busy']:.3f}")
+    for run in (control, got):
+        assert run["errors"] == 0 and run["published"] >= 10, run
+    assert got["busy"] >= 1.12 * control["busy"], (control, got)
 
 
 @pytest.mark.slow
