@@ -1,5 +1,5 @@
 """The infer stage keeps the NPU busy with Sapiens2 boxes queued: while the device runs one
-box's dispatches, the host glue of another runs (stages/infer.py's DeviceThread interleaving
+box's dispatches, the host glue of another runs (stages/device_thread.py's DeviceThread interleaving
 Runtime.run_steps; the scheduler hands the second box out at once), so the device never
 waits on host glue.
 
@@ -38,7 +38,8 @@ from npu.models.sapiens2.export import record_layout  # noqa: E402
 from npu.models.sapiens2.npu import gemm_keys  # noqa: E402
 from pipeline.messages import now_ns  # noqa: E402
 from pipeline.metrics import Metrics  # noqa: E402
-from stages.infer import DeviceThread, Infer, InferOptions  # noqa: E402
+from stages.device_thread import DeviceThread  # noqa: E402
+from stages.infer import Infer, InferOptions  # noqa: E402
 from stages.jobs import PoseJob  # noqa: E402
 
 GEMM_FLOPS_PER_S = 1.6e12

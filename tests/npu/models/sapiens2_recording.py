@@ -39,7 +39,7 @@ def real_width_config():
 def write_real_width_bundle(path: Path, monkeypatch) -> Path:
     """A bias-free zero-weight bundle of real_width_config(); B tensors are K·N/8·9 zero
     bytes (bfp16ebs8 of zeros is all zero bytes, so packing is skipped)."""
-    import npu.sim
+    import npu.sim_kernels
     from npu.bf16 import bfp16_packed_size
     from npu.models.sapiens2.export import write_sim_bundle
     from npu.models.sapiens2.model import KeyedOps, Sapiens2Pose, gemm_shapes, rope_tables
@@ -57,7 +57,7 @@ def write_real_width_bundle(path: Path, monkeypatch) -> Path:
         host[f"{i}.q_norm"] = host[f"{i}.k_norm"] = np.ones(cfg.hd, np.float32)
     model = Sapiens2Pose(cfg, KeyedOps(NumpyOps(gemms), cfg), host, weights=gemms)
     monkeypatch.setattr(
-        npu.sim, "pack_gemm_b",
+        npu.sim_kernels, "pack_gemm_b",
         lambda w, bias, *tiles: np.zeros(bfp16_packed_size(*w.shape), np.uint8),
     )  # fmt: skip
     return write_sim_bundle(model, path)
