@@ -7,12 +7,33 @@ wrong file is an error naming it rather than garbage detections.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 
 from stages.detectors.anchors import DecodeOptions, RawDetections, decode, weighted_nms
 from stages.detectors.detections import DetectorError, Letterbox, check_image, letterbox
+
+
+def open_interpreter(path: Path, size: int, what: str) -> tuple[Any, int]:
+    """A LiteRT interpreter (one CPU thread) of a .tflite with a single float32 [1, S, S, 3]
+    input, and that input's index; DetectorError names the file (`what` it should be) if it
+    is missing, cannot load or has another input."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    if not path.is_file():
+        raise DetectorError(f"{path}: {what} not found")
+    try:
+        interp = Interpreter(model_path=str(path), num_threads=1)
+        interp.allocate_tensors()
+    except (ValueError, RuntimeError) as exc:
+        raise DetectorError(f"{path}: not a loadable .tflite model: {exc}") from exc
+    inputs = interp.get_input_details()
+    if len(inputs) != 1 or tuple(inputs[0]["shape"]) != (1, size, size, 3):
+        got = [tuple(d["shape"]) for d in inputs]
+        raise DetectorError(f"{path}: expected one input [1,{size},{size},3], got {got}")
+    return interp, inputs[0]["index"]
 
 
 class TfliteSsd:
@@ -22,22 +43,9 @@ class TfliteSsd:
     """
 
     def __init__(self, path: str | Path, size: int, num_anchors: int, num_coords: int) -> None:
-        from ai_edge_litert.interpreter import Interpreter
-
         self.path = Path(path)
         self.size = size
-        if not self.path.is_file():
-            raise DetectorError(f"{self.path}: detector model not found")
-        try:
-            self._interp = Interpreter(model_path=str(self.path), num_threads=1)
-            self._interp.allocate_tensors()
-        except (ValueError, RuntimeError) as exc:
-            raise DetectorError(f"{self.path}: not a loadable .tflite model: {exc}") from exc
-        inputs = self._interp.get_input_details()
-        if len(inputs) != 1 or tuple(inputs[0]["shape"]) != (1, size, size, 3):
-            got = [tuple(d["shape"]) for d in inputs]
-            raise DetectorError(f"{self.path}: expected one input [1,{size},{size},3], got {got}")
-        self._input = inputs[0]["index"]
+        self._interp, self._input = open_interpreter(self.path, size, "detector model")
         self._regressors = self._scores = None
         for d in self._interp.get_output_details():
             shape = tuple(d["shape"])

@@ -14,28 +14,16 @@ import numpy as np
 
 from pipeline.assets import asset_path
 from stages.detectors.detections import DetectorError
+from stages.detectors.litert import open_interpreter
 
 
 class TfliteModel:
     """One .tflite with a single [1, S, S, 3] float32 input; outputs keyed by shape."""
 
     def __init__(self, path: str | Path, size: int, outputs: dict[str, tuple[int, ...]]) -> None:
-        from ai_edge_litert.interpreter import Interpreter
-
         self.path = Path(path)
         self.size = size
-        if not self.path.is_file():
-            raise DetectorError(f"{self.path}: landmark model not found")
-        try:
-            self._interp = Interpreter(model_path=str(self.path), num_threads=1)
-            self._interp.allocate_tensors()
-        except (ValueError, RuntimeError) as exc:
-            raise DetectorError(f"{self.path}: not a loadable .tflite model: {exc}") from exc
-        inputs = self._interp.get_input_details()
-        if len(inputs) != 1 or tuple(inputs[0]["shape"]) != (1, size, size, 3):
-            got = [tuple(d["shape"]) for d in inputs]
-            raise DetectorError(f"{self.path}: expected one input [1,{size},{size},3], got {got}")
-        self._input = inputs[0]["index"]
+        self._interp, self._input = open_interpreter(self.path, size, "landmark model")
         # several outputs share a shape (hand presence and handedness): match them in the order
         # of their names (Identity, Identity_1, ...), the order MediaPipe's graphs split them in
         details = sorted(self._interp.get_output_details(), key=lambda d: d["name"])
