@@ -99,6 +99,7 @@ class Metrics:
         self.cameras: dict[str, Callable[[], dict]] = {}
         self.gauges: dict[str, Gauges] = {}
         self.info: dict[str, dict[str, str]] = {}
+        self.clocks: dict[str, dict[str, str | float | None]] = {}
         self._bad_gauges: set[tuple[str, str]] = set()  # (stage, repr(name)) warned
 
     def count_in(self, stage: str, camera: str, n: int = 1) -> None:
@@ -142,6 +143,14 @@ class Metrics:
     def add_camera(self, camera: str, stats: Callable[[], dict]) -> None:
         """Report a camera's capture stats (fps, health, frames, reconnects...) in snapshots."""
         self.cameras[camera] = stats
+
+    def set_camera_clock(self, camera: str, state: str, offset_ms: float | None) -> None:
+        """Report how a camera's clock compares with its rig's (stages.rig.sync): `state`
+        ("not judged yet", "in step", "corrected") and the offset (ms ahead of the rig's),
+        merged into the camera's entry of snapshots beside its capture health (the rig may
+        run in another process than the camera's capture: then the entry holds only these)."""
+        with self._lock:
+            self.clocks[camera] = {"clock": state, "clock_offset_ms": offset_ms}
 
     def add_gauges(self, stage: str, gauges: Gauges) -> None:
         """Report `stage`'s own gauges: `gauges()` returns {name: number}, read at every
@@ -229,6 +238,7 @@ class Metrics:
                 entry(stage)["work"] = h.summary_ms()
             depths = dict(self.queue_depth)
             cameras = dict(self.cameras)
+            clocks = {c: dict(v) for c, v in self.clocks.items()}
             gauged = list(self.gauges)
             for stage, info in self.info.items():
                 entry(stage)["info"] = dict(info)
@@ -239,7 +249,13 @@ class Metrics:
         return {
             "uptime_s": round(time.monotonic() - self.started, 3),
             "stages": stages,
-            "cameras": {name: _camera_stats(name, fn) for name, fn in cameras.items()},
+            "cameras": {
+                name: {
+                    **(_camera_stats(name, cameras[name]) if name in cameras else {}),
+                    **clocks.get(name, {}),
+                }
+                for name in {**cameras, **clocks}
+            },
         }
 
     def prometheus_collector(self) -> PrometheusCollector:
@@ -322,6 +338,17 @@ class PrometheusCollector:
             for state in HEALTH_STATES:
                 health.add_metric([name, state], 1.0 if st.get("health") == state else 0.0)
         yield from (fps, health)
+        with m._lock:
+            clocks = {c: v.get("clock_offset_ms") for c, v in m.clocks.items()}
+        offset = GaugeMetricFamily(
+            "npucam_camera_clock_offset_ms",
+            "How far the camera's clock runs ahead of its rig's (ms), once judged",
+            labels=["camera"],
+        )
+        for name, ms in clocks.items():
+            if isinstance(ms, float):
+                offset.add_metric([name], ms)
+        yield offset
         families: dict[str, GaugeMetricFamily] = {}
         for stage in list(m.gauges):
             for name, value in m.gauge_values(stage).items():

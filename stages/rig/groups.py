@@ -198,6 +198,11 @@ class RigGroups:
                 "clock_outliers": sum(clocks.outliers.values()),
             }
 
+    def clock_offsets(self) -> dict[str, int | None]:
+        """camera -> ns its clock runs ahead of the rig's (None until judged)."""
+        with self._lock:
+            return self.grouper.offsets()
+
     def clock_report(self) -> dict[str, str]:
         """camera -> how its clock compares with the rig's (for the stats topic's info)."""
         with self._lock:

@@ -256,9 +256,12 @@ class Rig3D(Stage[Rig3DOptions]):
         """Each camera's clock against the rig's on the stats topic (this stage's info);
         a camera whose times start or stop being corrected is logged."""
         report = self.groups.clock_report()
+        offsets = self.groups.clock_offsets()
         self.metrics.add_info(self.name, {f"clock_{c}": v for c, v in report.items()})
         for camera, text in report.items():
             state = text.split(",")[0]
+            off = offsets.get(camera)
+            self.metrics.set_camera_clock(camera, state, None if off is None else off / 1e6)
             if state != self._clock_states.get(camera, "not judged yet"):
                 log.warning("stage %s: camera %r: %s", self.name, camera, text)
             self._clock_states[camera] = state

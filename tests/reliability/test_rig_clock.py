@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages" / "rig"))
 
@@ -176,13 +177,27 @@ def test_the_rig3d_stage_reports_a_corrected_camera_on_stats_and_logs_it(tmp_pat
                 groups.place(name, step, true_ts + ahead, true_ts + 5000 * MS, cams[v].size)
                 groups.posed(name, step, [])
         await asyncio.sleep(0.2)  # a few of the stage's polls
-        snapshot = metrics.snapshot()["stages"]["rig3d"]
+        whole = metrics.snapshot()
+        scraped = {
+            s.labels["camera"]: s.value
+            for fam in metrics.prometheus_collector().collect()
+            if fam.name == "npucam_camera_clock_offset_ms"
+            for s in fam.samples
+        }
         inbox.producer_done()
         await task
-        return snapshot
+        return whole, scraped
 
     with caplog.at_level(logging.WARNING, logger="stages.rig.stage"):
-        snapshot = asyncio.run(main())
+        whole, scraped = asyncio.run(main())
+    snapshot = whole["stages"]["rig3d"]
+    # the cameras' health entries carry the clock too (the issue: "stats and health")
+    health = whole["cameras"]
+    assert health["cam1"]["clock"] == "corrected"
+    assert health["cam1"]["clock_offset_ms"] == pytest.approx(1000.0, abs=1.0)
+    assert health["cam0"]["clock"] == "in step"
+    assert abs(health["cam0"]["clock_offset_ms"]) < 5.0
+    assert scraped["cam1"] == pytest.approx(1000.0, abs=1.0)
     assert snapshot["info"]["clock_cam1"].startswith("corrected, clock +1000.0 ms")
     assert snapshot["info"]["clock_cam0"].startswith("in step")
     assert snapshot["gauges"]["clock_corrected_cameras"] == 1
