@@ -203,6 +203,7 @@ def device_busy(cfg: Config, seconds: float, chaining: str, tmp: Path) -> dict:
         "consumer_idle_per_box": (
             sum(v for k, v in idle.items() if k in CONSUMERS) / boxes if boxes else float("inf")
         ),
+        "idle_by_next": {k: v / boxes for k, v in idle.items()} if boxes else {},
         "box_device_s": box_s,
         "errors": stage.errors["sapiens2"],
         "hazards": len(fake.hazards),
@@ -232,6 +233,12 @@ def main() -> None:
             f"process CPU a box; NPU2 device time {r['box_device_s']:.2f} s a box), "
             f"{r['errors']} errors, {r['hazards']} hazards; device idle {r['idle_per_box']:.3f} "
             f"s a box, {r['consumer_idle_per_box']:.3f} s of it right before o / down",
+            flush=True,
+        )
+        worst = sorted(r["idle_by_next"].items(), key=lambda kv: -kv[1])[:6]
+        print(
+            "          idle a box by the run that ended the gap: "
+            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in worst),
             flush=True,
         )
     if len(got) == 2:

@@ -10,8 +10,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from npu import thread_priority
@@ -28,21 +29,28 @@ T = TypeVar("T")
 class Interleaved:
     """Stepped device computations (Steps) in flight together on one thread, as taconite's
     device is kept busy by queueing the next dispatch before waiting for the current one:
-    add() runs a computation's host work up to its first device step; step() waits for the
-    oldest outstanding step (the others' launches stay queued on the device meanwhile) and
-    resumes its computation, whose host work up to its next step then runs while the
-    device works through the other computations' launches. A computation's end or error
-    goes to its `done(result, error)`.
+    add() runs a computation's host work up to its first device step; step() resumes a
+    computation whose step has finished (the others' launches stay queued on the device
+    meanwhile), whose host work up to its next step then runs while the device works
+    through the other computations' launches. A computation's end or error goes to its
+    `done(result, error)`.
 
-    Computations in step with each other do their long host steps at the same time (a
-    Sapiens2 head's InstanceNorms), when the device has only the others' short dispatches
-    to run; admits() staggers them: with n in flight at most, another computation should
-    join only once those in flight are 1/n of the way through (the newest; the others are
-    further), by the device time the last computation of their kind took."""
+    Which one: of the computations ready to resume, the one whose next device step is the
+    longest, by the device time that step took in the last computation of its kind (the
+    oldest on a tie or with no history): one host thread serves a box's long host steps
+    (a Sapiens2 head's InstanceNorms, in pieces) and another box's staging for its
+    attention, and the device idles least if the staging goes first.
+
+    Computations in step with each other do their long host steps at the same time, when
+    the device has only the others' short dispatches to run; admits() staggers them: with
+    n in flight at most, another computation should join only once those in flight are 1/n
+    of the way through (the newest; the others are further), by the device time the last
+    computation of their kind took."""
 
     def __init__(self) -> None:
-        self._active: deque[list[Any]] = deque()  # [steps, launches, done, kind, busy_s]
+        self._active: deque[_Entry] = deque()
         self._length: dict[str, float] = {}  # kind -> device seconds of its last computation
+        self._profile: dict[str, list[float]] = {}  # kind -> device seconds of each step
 
     def __len__(self) -> int:
         return len(self._active)
@@ -50,41 +58,65 @@ class Interleaved:
     def admits(self, share: float = 0.5) -> bool:
         """Whether a computation joining now would be out of step with those in flight: each
         is at least `share` of the way through."""
-        return all(entry[4] >= share * self._length.get(entry[3], 0) for entry in self._active)
+        return all(e.busy >= share * self._length.get(e.kind, 0) for e in self._active)
 
     def add(
         self, steps: Steps, done: Callable[[Any, BaseException | None], None], kind: str = ""
     ) -> None:
-        self._advance([steps, (), done, kind, 0.0], first=True)
+        self._advance(_Entry(steps, done, kind), first=True)
 
     def step(self) -> None:
-        """Resume one computation: the oldest whose device step has finished, else the
-        oldest doing host work (a step of no launches: a piece of a long host step), so
-        the device is fed first; else wait for the oldest outstanding step."""
-        ready = next((e for e in self._active if all(x.finished() for x in e[1])), None)
-        entry = ready or self._active[0]
+        """Resume one computation: of those whose device step has finished (or that are
+        doing host work: a step of no launches, a piece of a long host step), the one whose
+        next device step is the longest (class docstring), so the device is fed first; if
+        none, wait for the oldest outstanding step."""
+        ready = [e for e in self._active if all(x.finished() for x in e.launches)]
+        entry = max(ready, key=self._next_step_s) if ready else self._active[0]
         self._active.remove(entry)
         try:
-            wait_all(entry[1])
+            wait_all(entry.launches)
         except BaseException as exc:
-            entry[0].close()
-            entry[2](None, exc)
+            entry.steps.close()
+            entry.done(None, exc)
             return
         self._advance(entry, first=False)
 
-    def _advance(self, entry: list[Any], first: bool) -> None:
-        steps, finished, done, kind, busy = entry
-        busy += sum(launch.busy_s for launch in finished)
+    def _next_step_s(self, entry: _Entry) -> float:
+        profile = self._profile.get(entry.kind, ())
+        return profile[entry.index] if entry.index < len(profile) else 0.0
+
+    def _advance(self, entry: _Entry, first: bool) -> None:
+        if entry.launches:
+            entry.taken.append(sum(launch.busy_s for launch in entry.launches))
+            entry.busy += entry.taken[-1]
         try:
-            launches = next(steps) if first else steps.send(None)
+            launches = next(entry.steps) if first else entry.steps.send(None)
         except StopIteration as stop:
-            self._length[kind] = busy
-            done(stop.value, None)
+            self._length[entry.kind] = entry.busy
+            self._profile[entry.kind] = entry.taken
+            entry.done(stop.value, None)
         except BaseException as exc:
-            done(None, exc)
+            entry.done(None, exc)
         else:
-            entry[1], entry[4] = launches, busy
+            entry.launches = launches
             self._active.append(entry)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A computation in flight: its steps, its outstanding launches, and the device seconds
+    of each step it has finished (`taken`; `index` is the next step's)."""
+
+    steps: Steps
+    done: Callable[[Any, BaseException | None], None]
+    kind: str
+    launches: Sequence[Any] = ()
+    busy: float = 0.0
+    taken: list[float] = field(default_factory=list)
+
+    @property
+    def index(self) -> int:
+        return len(self.taken) + bool(self.launches)
 
 
 class DeviceThread:

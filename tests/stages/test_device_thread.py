@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 
-from stages.device_thread import DeviceThread
+from stages.device_thread import DeviceThread, Interleaved
 
 
 class Done:
@@ -52,3 +52,44 @@ def test_a_stepped_call_waiting_for_its_input_does_not_stall_the_calls_in_flight
     finally:
         thread.shutdown()
         assert thread.join(timeout=10)
+
+
+class Took(Done):
+    """A finished launch that kept the device `busy_s` seconds."""
+
+    def __init__(self, busy_s: float) -> None:
+        self.busy_s = busy_s
+
+
+def steps_of(log: list, name: str, busy: list[float]):
+    for i, b in enumerate(busy):
+        log.append((name, i))  # the host work before step i
+        yield [Took(b)]
+    return name
+
+
+def test_the_computation_whose_next_step_is_longest_is_resumed_first():
+    """Of two ready computations, the one about to start the longer device step (by the last
+    computation of its kind) gets the host thread, even when the other is older: a box's
+    staging for its attention goes before another box's short head pieces."""
+    active = Interleaved()
+    log: list = []
+    results: list = []
+
+    def done(result, error):
+        results.append((result, error))
+
+    active.add(steps_of(log, "first", [1.0, 1.0, 5.0]), done, "m")
+    while len(active):
+        active.step()
+    assert results == [("first", None)]
+    log.clear()
+    active.add(steps_of(log, "a", [1.0, 1.0, 5.0]), done, "m")
+    active.add(steps_of(log, "b", [1.0, 1.0, 5.0]), done, "m")
+    active.step()  # a tie (both next run a 1.0 s step): the older, a
+    active.step()  # a's next step is the 5.0 s one, b's the 1.0 s one: a, though b is older
+    assert log == [("a", 0), ("b", 0), ("a", 1), ("a", 2)]
+    while len(active):
+        active.step()
+    assert log[4:] == [("b", 1), ("b", 2)]
+    assert [r for r, _ in results] == ["first", "a", "b"]
