@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from pipeline import wire
+from tests.pacing import PACINGS, set_pacing
 
 REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"
@@ -127,8 +128,12 @@ def test_configs_validate(config):
     assert "ok" in out.stdout
 
 
-def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses(tmp_path):
+@pytest.mark.parametrize("pacing", PACINGS)
+def test_multicam_pose_runs_briefly_on_sim_with_det_for_4_cameras_and_tracked_poses(
+    tmp_path, pacing
+):
     (config,), ports = on_free_ports(tmp_path, "multicam-pose.toml")
+    set_pacing(Path(config), pacing)
     code, err, got, arrays = run_and_collect(
         config,
         f"tcp://127.0.0.1:{ports[5561]}",
@@ -240,10 +245,12 @@ def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_ki
 SPLIT_KINDS = ("pose", "face", "clip")
 
 
-def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path):
+@pytest.mark.parametrize("pacing", PACINGS)
+def test_split_infer_runs_the_npu_stage_on_received_frames_with_the_senders_seq(tmp_path, pacing):
     (capture_config, infer_config), ports = on_free_ports(
         tmp_path, "split-capture.toml", "split-infer.toml"
     )
+    set_pacing(Path(infer_config), pacing)
     capture = subprocess.Popen(
         [str(NPUCAM), "run", capture_config, "--duration", "150"],
         cwd=REPO,

@@ -622,12 +622,11 @@ def test_a_hung_close_at_the_end_of_a_run_is_bounded_and_raised(tmp_path, cache,
         stage.device.close = hanging_close
         yield face("c0", 0)
 
-    t0 = time.perf_counter()
     try:
         with pytest.raises(DeviceCloseError, match="still closing the models and the device"):
             run_stage(stage, source())
-        # wall-clock-ok: a hang guard: not the 10 s the close hangs
-        assert time.perf_counter() - t0 < 5
+        # raised while the close still hangs: had the stage waited for it, the close would
+        # have given up waiting for `release` (10 s) and closed the device by now
         assert stage.close_errors == 1 and not stage.device.closed
     finally:
         release.set()

@@ -338,7 +338,10 @@ def test_a_stalled_receiver_makes_the_sender_drop_at_the_source_and_lag_stays_bo
     assert code == 0
     m = sender.metrics
     slow = m.dropped("zmq_push", "card", "peer_slow")
-    assert slow >= 50  # most of the frames offered during the stall, dropped at the source
+    # frames offered during the stall were dropped at the source: ~100 on an idle host, 45 at
+    # load 6 on 2 cores (the card is paced, but a starved sender offers fewer); the queue's
+    # 2 + the receiver's 1 + the TCP buffers' ~5 cannot hold even a fifth of them
+    assert slow >= 20
     assert m.items_in["zmq_push", "card"] == (
         m.items_out["zmq_push", "card"] + slow + m.dropped("zmq_push", "card", "queue_full")
     )

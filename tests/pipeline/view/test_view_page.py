@@ -22,6 +22,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
 from pipeline import wire
+from tests.pacing import PACINGS, set_pacing
 
 REPO = Path(__file__).resolve().parents[3]
 NPUCAM = Path(sys.executable).parent / "npucam"
@@ -61,8 +62,12 @@ def view_url(proc: subprocess.Popen, timeout_s: float = 20.0) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(demo_config, tmp_path):
+@pytest.mark.parametrize("pacing", PACINGS)
+def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(
+    demo_config, tmp_path, pacing
+):
     config, endpoint = demo_config
+    set_pacing(config, pacing)
     groups = json.loads((REPO / "docs" / "meta.json").read_text())["pose"]["groups"]
     body = next(g["color"] for g in groups if g["name"] == "body")  # from the contract file
     run = subprocess.Popen(

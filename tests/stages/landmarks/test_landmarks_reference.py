@@ -71,6 +71,7 @@ def test_hand_landmarks_agree_with_mediapipe(compare, clip):
     assert a.hand_mean <= MAX_MEAN and a.hand_mean <= FAITHFUL, a.line(clip)
 
 
+@pytest.mark.slow  # 250 frames through both graphs (~20 s), for a known gap: the slow run
 @pytest.mark.timeout(600)
 @pytest.mark.xfail(
     strict=True,
