@@ -28,7 +28,8 @@ from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve
-from stages.sources import IMAGE_SUFFIXES, CameraReader, CameraSpec, SourceError, redact
+from stages.source_kinds.images import IMAGE_SUFFIXES
+from stages.sources import CameraReader, CameraSpec, SourceError, redact
 
 log = logging.getLogger(__name__)
 
