@@ -1,5 +1,5 @@
-"""Camera sources: one reader thread per camera turns a file, device, stream, image folder,
-ZeroMQ feed or test pattern into timestamped Frames, and keeps itself alive.
+"""The camera reader: one thread per camera turns any registered kind of source
+(stages/source_kinds/) into timestamped Frames, and keeps itself alive.
 
 A CameraSpec names the camera and its url; CameraReader reads it on its own thread and hands
 each Frame to `emit`. The grab time (the reader's clock, pipeline/clock.py: the host's
@@ -12,36 +12,13 @@ RTSP); keeping only the newest is the queue policy of whoever `emit` feeds. File
 folders and the test pattern are paced at their frame rate when `realtime`, else read as fast
 as `emit` accepts them. A live source that fails to open, ends, or delivers nothing for
 stall_timeout_s is reopened with capped exponential backoff and jitter, as DeepStream's
-nvurisrcbin and Frigate's ffmpeg watchdog do (docs/reliability.md).
-
-url forms:
-    PATH, file:PATH          video file (relative to base_dir)
-    sample:NAME              pipeline.assets.asset_path(NAME), e.g. sample:bikes.mp4
-    usb:N                    USB/V4L2 device index N
-    rtsp://, rtsps://, http://, https://
-                             anything FFmpeg opens through cv2.VideoCapture (incl. HTTP MJPEG)
-    images:DIR               the image files of DIR in sorted order, paced by `fps`
-    zmq:tcp://HOST:PORT      PULL frames a remote capture process PUSHes (stages.frame_wire);
-                             connects, does not bind; every frame it gets belongs to this camera
-                             and keeps the sender's seq and grab time (a grab time further than
-                             max_clock_skew_ms from this host's clock is replaced by the
-                             arrival time and counted in clock_skews); CURVE with the keys of
-                             CameraSpec.curve (docs/security.md)
-    synthetic:[?width=W&height=H&fps=F]
-                             a deterministic moving test card with the seq drawn in it
+nvurisrcbin and Frigate's ffmpeg watchdog do (docs/reliability.md). A source whose frames
+change size passes them on as they come (stats count size_changes).
 
 Health: "starting" until the first frame; "online" while frames come; "stale" once a read
 has waited stall_timeout_s (and until the first reopen attempt); "reconnecting" while the
 source is reopened or waits for its next try; "ended" when a source whose `end` is "stop"
-ends or fails, or after stop(). Notes from OpenCV 4.14's FFmpeg backend, checked by the
-tests: a read that times out leaves the capture dead, so a stream's read timeout is
-stall_timeout_s itself; a read fails once per undecodable frame and the stream goes on; every
-frame of a stream is scaled to the size it had when opened, so a size change shows only after
-a reopen (folders and zmq pass sizes through; stats count size_changes). RTSP over TCP is
-chosen with OpenCV's own variable OPENCV_FFMPEG_CAPTURE_OPTIONS="rtsp_transport;tcp". ZeroMQ
-reconnects its TCP link itself, but not after a protocol error (a message over MAXMSGSIZE, or
-one that fails CURVE's authentication, ends that connection for good in libzmq 4.3.5), so a
-zmq source silent for stall_timeout_s is reopened like any live source.
+ends or fails, or after stop().
 """
 
 from __future__ import annotations
@@ -52,21 +29,14 @@ import random
 import threading
 from collections.abc import Callable
 
-import cv2
 import numpy as np
 
-from pipeline import assets
 from pipeline.clock import SYSTEM, Clock
 from pipeline.messages import Frame
 from stages.source_kinds.base import BadFrame, Source, SourceFailed
-from stages.source_kinds.file import FileSource
-from stages.source_kinds.images import ImageFolderSource
-from stages.source_kinds.opencv import CaptureSource
 from stages.source_kinds.spec import CameraSpec, SourceError, redact
-from stages.source_kinds.synthetic import SyntheticSource
-from stages.source_kinds.zmq_pull import ZmqSource
 
-__all__ = ["CameraReader", "CameraSpec", "SourceError", "make_source", "redact"]
+__all__ = ["CameraReader", "CameraSpec", "Source", "SourceError", "make_source", "redact"]
 
 log = logging.getLogger(__name__)
 
@@ -80,41 +50,9 @@ LOGGED_SKIPS = 5  # bad frames / messages logged one by one before one line per 
 
 
 def make_source(spec: CameraSpec, stop: threading.Event) -> Source:
-    """The source object of spec (not opened yet); SourceError if a sample is not fetched."""
-    kind, target = spec._parsed
-    if kind == "file":
-        if target[0] == "sample":
-            try:
-                assets.asset_path(target[1])
-            except assets.AssetError as exc:
-                raise spec._error(str(exc)) from None
-        return FileSource(spec.path)
-    if kind == "images":
-        return ImageFolderSource(spec.path)
-    if kind == "usb":
-        return CaptureSource(target, f"usb:{target}")
-    if kind == "stream":
-        timeout_ms = int(spec.stall_timeout_s * 1000)
-        # A read that times out leaves FFmpeg's context dead, so the read timeout is the stall
-        # timeout itself: the stream is reopened exactly when it counts as stalled.
-        params = [
-            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
-            timeout_ms,
-            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
-            timeout_ms,
-        ]
-        return CaptureSource(target, redact(target), params)
-    if kind == "zmq":
-        return ZmqSource(
-            target,
-            stop,
-            spec.curve,
-            spec.name,
-            spec.stall_timeout_s,
-            spec.max_pixels,
-            spec.receive_buffer_bytes,
-        )
-    return SyntheticSource(int(target["width"]), int(target["height"]), float(target["fps"]))
+    """The source object of spec, made by its kind (not opened yet); SourceError if it can
+    never be read (a sample that is not fetched)."""
+    return spec.source_kind.open(spec, stop)
 
 
 class CameraReader:

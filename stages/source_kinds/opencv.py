@@ -32,8 +32,14 @@ class CaptureSource(Source):
         fps = cap.get(cv2.CAP_PROP_FPS)
         self.native_fps = fps if 0 < fps < 1000 else None
 
+    def opened(self) -> cv2.VideoCapture:
+        """The open capture; SourceFailed when read before open or after close."""
+        if self.cap is None:
+            raise SourceFailed(f"{self.description} is not open")
+        return self.cap
+
     def read(self, seq: int) -> tuple[np.ndarray, None, str] | None:
-        ok, image = self.cap.read()
+        ok, image = self.opened().read()
         if not ok:
             return None
         return as_bgr(image), None, self.description

@@ -1,10 +1,18 @@
 """zmq:tcp://HOST:PORT cameras: frames a remote capture process PUSHes (stages/frame_wire.py),
-PULLed with their sender's seq and grab time, CURVE-secured as pipeline/security.py says."""
+PULLed with their sender's seq and grab time, CURVE-secured with the keys of CameraSpec.curve
+(docs/security.md). The source connects, does not bind; every frame it gets belongs to this
+camera (a grab time further than max_clock_skew_ms from this host's clock is replaced by the
+arrival time and counted in clock_skews, stages/sources.py). ZeroMQ reconnects its TCP link
+itself, but not after a protocol error (a message over MAXMSGSIZE, or one that fails CURVE's
+authentication, ends that connection for good in libzmq 4.3.5), so a zmq source silent for
+stall_timeout_s is reopened like any live source."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zmq
@@ -13,8 +21,40 @@ from pipeline.config import DEFAULT_MAX_PIXELS, DEFAULT_RECEIVE_BUFFER_BYTES
 from pipeline.security import Curve, SocketSecurity
 from stages.frame_wire import FrameWireError, decode_frame
 from stages.source_kinds.base import BadFrame, Source, SourceFailed
+from stages.source_kinds.registry import SourceKind
+
+if TYPE_CHECKING:
+    from stages.source_kinds.spec import CameraSpec
 
 MAX_WIRE_SEQ = 2**53  # a received seq must stay exact for JSON readers whose numbers are doubles
+
+
+class ZmqKind(SourceKind):
+    """target: the tcp://HOST:PORT endpoint it connects to. Live: probed by the rate frames
+    arrive at."""
+
+    name = "zmq"
+    schemes = ("zmq",)
+    forms = ("zmq:tcp://",)
+    live = True
+    probe = "live"
+
+    def parse(self, spec: CameraSpec, scheme: str, rest: str) -> str:
+        m = re.fullmatch(r"tcp://([^\s:/*]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", rest)
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise spec.error("zmq needs a ZeroMQ tcp endpoint: zmq:tcp://HOST:PORT")
+        return rest
+
+    def open(self, spec: CameraSpec, stop: threading.Event) -> ZmqSource:
+        return ZmqSource(
+            spec.target,
+            stop,
+            spec.curve,
+            spec.name,
+            spec.stall_timeout_s,
+            spec.max_pixels,
+            spec.receive_buffer_bytes,
+        )
 
 
 class ZmqSource(Source):
@@ -74,16 +114,19 @@ class ZmqSource(Source):
         stop, or after 0.9 * stall_timeout_s without one (the reader's "stalled" mark), with
         the socket already closed: a frame sent once the camera shows "stale" then waits for
         the reopened socket instead of being lost."""
+        sock = self.sock
+        if sock is None:
+            raise SourceFailed(f"{self.description} is not open")
         give_up = time.monotonic() + 0.9 * self.stall_timeout_s
         while not self.stop.is_set():
             left_ms = (give_up - time.monotonic()) * 1000
-            if not self.sock.poll(max(0, min(self.POLL_MS, left_ms)), zmq.POLLIN):
+            if not sock.poll(int(max(0, min(self.POLL_MS, left_ms))), zmq.POLLIN):
                 if left_ms <= 0:
                     self.close()
                     return None
                 continue
             # copy=False: a raw image is a view of the message's memory (stages.frame_wire).
-            parts = self.sock.recv_multipart(copy=False)
+            parts = sock.recv_multipart(copy=False)
             try:
                 remote = decode_frame(parts, self.max_pixels)
             except FrameWireError as exc:
@@ -105,3 +148,6 @@ class ZmqSource(Source):
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None
+
+
+KIND = ZmqKind()
