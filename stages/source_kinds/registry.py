@@ -1,11 +1,13 @@
 """The camera source registry: every url scheme belongs to one SourceKind, which parses and
 checks its urls, opens its sources and says how `npucam plan` probes them. Built-in kinds
-load on first use (as npu/models/__init__.py loads models); any other module adds one with
-register()."""
+load on first use (as npu/models/__init__.py loads models), then those of the installed
+distributions' npucam.sources entry points (as pipeline/graph.py finds stage kinds), so a
+plugin reaches every `npucam` command; a module in the same process may call register()."""
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,6 +27,7 @@ BUILTIN = (
     "stages.source_kinds.zmq_pull",
     "stages.source_kinds.synthetic",
 )
+PLUGIN_GROUP = "npucam.sources"  # entry points: name = "module:KIND", KIND a SourceKind
 PROBES = ("read", "live", "known")
 
 
@@ -73,21 +76,29 @@ class SourceKind:
 
 
 _REGISTRY: dict[str, SourceKind] = {}
-_builtins_loaded = False
+_loaded = False
 
 
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if _builtins_loaded:
+def _load() -> None:
+    global _loaded
+    if _loaded:
         return
-    _builtins_loaded = True
+    _loaded = True
     for module in BUILTIN:
         register(importlib.import_module(module).KIND)
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            kind = ep.load()
+        except Exception as exc:
+            raise ImportError(
+                f"{PLUGIN_GROUP} entry point {ep.name} = {ep.value!r}: {exc}"
+            ) from exc
+        register(kind)
 
 
 def register(kind: SourceKind) -> None:
     """Add a kind of source; a name or scheme another kind has is an error."""
-    _load_builtins()
+    _load()
     if kind.probe not in PROBES:
         raise ValueError(f"source kind {kind.name!r}: probe must be one of {PROBES}")
     for other in _REGISTRY.values():
@@ -102,18 +113,18 @@ def register(kind: SourceKind) -> None:
 
 def unregister(name: str) -> None:
     """Remove a kind added with register (tests that add one clean up with this)."""
-    _load_builtins()
+    _load()
     _REGISTRY.pop(name, None)
 
 
 def for_scheme(scheme: str) -> SourceKind | None:
     """The kind owning url scheme `scheme` (lower case; "" for a bare path), or None."""
-    _load_builtins()
+    _load()
     return next((k for k in _REGISTRY.values() if scheme in k.schemes), None)
 
 
 def forms() -> str:
     """Every registered url form, for an error: "a, b or c"."""
-    _load_builtins()
+    _load()
     every = [form for kind in _REGISTRY.values() for form in kind.forms]
     return ", ".join(every[:-1]) + " or " + every[-1]
