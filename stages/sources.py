@@ -223,7 +223,7 @@ class CameraReader:
         spec = self.spec
         rate = spec.fps or self._source.native_fps
         paced = spec.realtime and not spec.live and rate is not None
-        period = 1.0 / rate if paced else 0.0
+        period = 1.0 / rate if paced and rate is not None else 0.0
         self._due = max(self._clock.monotonic(), self._due)
         flowed = False
         failed_reads = 0
