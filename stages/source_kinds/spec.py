@@ -43,6 +43,9 @@ class CameraSpec:
         What it holds waits for this reader, so it is also the lag a reader that falls behind
         sees: 1 MiB (the default) suits JPEG frames; raw frames need room for a few frames to
         keep the link busy (docs/benchmarks.md, frame_transport: 8 MiB for 720p and 1080p).
+
+    Once checked: source_kind, the registered SourceKind owning the url's scheme, and
+    target, what it parsed from the url (its own type: a path, an index, an endpoint...).
     """
 
     name: str
