@@ -444,12 +444,12 @@ def _role_args(port: int, size: str, *more: str) -> list[str]:
     """A role process's arguments: its endpoint and size, npucam's high-water marks (which
     the bare roles use too), and more."""
     from stages.frame_push import FramePushOptions
-    from stages.sources import _ZmqSource
+    from stages.source_kinds.zmq_pull import ZmqSource
 
     return [
         "--endpoint", f"tcp://127.0.0.1:{port}", "--size", size,
         "--sndhwm", str(FramePushOptions.model_fields["sndhwm"].default),
-        "--rcvhwm", str(_ZmqSource.RCVHWM), *more,
+        "--rcvhwm", str(ZmqSource.RCVHWM), *more,
     ]  # fmt: skip
 
 

@@ -18,17 +18,15 @@ import asyncio
 import contextlib
 import logging
 import threading
-from pathlib import Path
 
-from pipeline import assets, security
+from pipeline import security
 from pipeline.config import CameraConfig, Config
 from pipeline.errors import NpucamError
-from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve
-from stages.sources import IMAGE_SUFFIXES, CameraReader, CameraSpec, SourceError, redact
+from stages.sources import CameraReader, CameraSpec, SourceError, redact
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +108,7 @@ class Capture(Stage[CaptureOptions]):
             except SourceError as exc:
                 problems.append(f"cameras[{i}].url: {exc}")
                 continue
-            missing = _missing_input(spec)
+            missing = spec.source_kind.missing(spec)
             if missing:
                 problems.append(f"cameras[{i}].url: {missing}")
             if spec.kind != "zmq" and cam.security is not None:
@@ -196,51 +194,3 @@ class Capture(Stage[CaptureOptions]):
         self._stopping.set()
         if self._stop_requested is not None:
             self._stop_requested.set()
-
-
-def _missing_input(spec: CameraSpec) -> str | None:
-    """Why a file, sample or image folder source cannot be read now (None if it can): what
-    `run` opens, opened the same way (a video file must give OpenCV a first frame)."""
-    if spec.sample is not None:
-        try:
-            path = assets.asset_path(spec.sample)
-        except assets.AssetError as exc:
-            return str(exc)
-        return _not_video(path)
-    if spec.kind == "file":
-        kind = path_kind(spec.path)
-        if kind == "missing":
-            return f"file not found: {spec.path}"
-        if kind != "file":
-            return f"{spec.path}: is {kind}, not a video file"
-        return _not_video(spec.path)
-    if spec.kind == "images":
-        kind = path_kind(spec.path)
-        if kind == "missing":
-            return f"folder not found: {spec.path}"
-        if kind != "directory":
-            return f"{spec.path}: is {'a file' if kind == 'file' else kind}, not a folder"
-        try:
-            names = [p.name for p in spec.path.iterdir()]
-        except OSError as exc:
-            return f"{spec.path}: cannot list the folder: {exc.strerror or exc}"
-        if not any(Path(n).suffix.lower() in IMAGE_SUFFIXES for n in names):
-            return f"{spec.path}: no image files ({', '.join(IMAGE_SUFFIXES)})"
-    return None
-
-
-def _not_video(path: Path) -> str | None:
-    """None when OpenCV's FFmpeg backend opens path and decodes a first frame, as the
-    camera's reader will; else why not."""
-    import cv2
-
-    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
-    try:
-        if not cap.isOpened():
-            return f"{path}: not a video OpenCV can open"
-        ok, image = cap.read()
-        if not ok or image is None:
-            return f"{path}: OpenCV opens it but decodes no frame (not a video, or damaged)"
-        return None
-    finally:
-        cap.release()

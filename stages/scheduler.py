@@ -6,9 +6,10 @@ device, no asyncio. It packs jobs into batches of exactly each model's export si
 device-seconds (not job count), keeps per-camera fairness (virtual-time fair queueing over
 device-seconds), prefers models whose hardware contexts are resident in a 16-slot LRU (each
 context counted against its model, at the load cost measured per model) unless that would
-break a deadline, and drops work that is stale or can no longer finish in time
-even on an optimistic cost. Pass costs are learned from measured passes; an estimate that
-alone keeps a model's jobs from running relaxes toward the profile cost until it runs again.
+break a deadline, and drops work that is stale or can no longer finish in time even on an
+optimistic cost. Pass costs are learned from measured passes (stages/pass_costs.py); an
+estimate that alone keeps a model's jobs from running relaxes toward the profile cost until
+it runs again.
 Design and the overlap protocol: docs/scheduler.md.
 """
 
@@ -25,6 +26,7 @@ from pipeline.messages import now_ns
 from pipeline.queues import oldest_of_busiest_camera
 from stages.batches import DROP_REASONS, Batch, ModelProfile, QueuedJob, SchedulerError
 from stages.context_lru import CONTEXT_LOAD_S, NPU2_CONTEXT_SLOTS, ContextLRU, ContextShare
+from stages.pass_costs import PassCosts
 from stages.scheduler_stats import ModelStats, SchedulerStats
 
 _NS = 1_000_000_000
@@ -94,17 +96,14 @@ class BatchScheduler:
             self.profiles[profile.name] = profile
         if not self.profiles:
             raise SchedulerError("scheduler: no model profiles")
-        if not 0 < cost_alpha <= 1:
-            raise SchedulerError(f"scheduler: cost_alpha must be in (0, 1], got {cost_alpha}")
+        self.costs = PassCosts(self.profiles, cost_alpha, margin_devs, recovery_half_life_s)
         if max_in_flight < 1:
             raise SchedulerError(f"scheduler: max_in_flight must be >= 1, got {max_in_flight}")
         for name, value in (
             ("fairness_window_s", fairness_window_s),
             ("model_window_s", model_window_s),
             ("prepare_ahead_s", prepare_ahead_s),
-            ("margin_devs", margin_devs),
             ("context_load_s", context_load_s),
-            ("recovery_half_life_s", recovery_half_life_s),
         ):
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise SchedulerError(f"scheduler: {name} must be finite and >= 0, got {value}")
@@ -113,7 +112,6 @@ class BatchScheduler:
                 raise SchedulerError(f"camera {camera!r}: weight must be > 0, got {weight}")
         self.clock = clock
         self.context_load_s = context_load_s
-        self.cost_alpha = cost_alpha
         self.fairness_window_s = (
             max(p.cost_s for p in self.profiles.values())
             if fairness_window_s is None
@@ -133,14 +131,6 @@ class BatchScheduler:
         self.lru = ContextLRU(context_slots)
         self._context_cost: dict[str, float] = {}
         self._queues: dict[str, list[QueuedJob]] = {name: [] for name in self.profiles}
-        self._cost: dict[str, float] = {name: p.cost_s for name, p in self.profiles.items()}
-        # mean absolute deviation of measured costs; deadlines are judged on cost + margin
-        self._dev: dict[str, float] = {name: 0.1 * p.cost_s for name, p in self.profiles.items()}
-        self.margin_devs = margin_devs
-        # while a model's own cost bound keeps all its queued jobs from running (and no pass
-        # re-measures it), the excess of its estimate and deviation over the profile's
-        # halves this often
-        self.recovery_half_life_s = recovery_half_life_s
         self._blocked: set[str] = set()
         self._relaxed_ns = clock()
         self.prepare_ahead_ns = None if prepare_ahead_s is None else _s_to_ns(prepare_ahead_s)
@@ -270,16 +260,16 @@ class BatchScheduler:
 
     def cost_estimate_s(self, model: str) -> float:
         """Current device-time estimate of one batch of `model` (contexts resident)."""
-        return self._cost[model]
+        return self.costs.estimate_s[model]
 
     def cost_bound_s(self, model: str) -> float:
         """The cost deadlines are judged on: estimate + margin_devs x mean abs deviation."""
-        return self._cost[model] + self.margin_devs * self._dev[model]
+        return self.costs.bound_s(model)
 
     def cost_floor_s(self, model: str) -> float:
         """The optimistic pass cost `npu_busy` drops are judged on: the lower of the estimate
         and the profile's cost (a pass that once took that long may again)."""
-        return min(self._cost[model], self.profiles[model].cost_s)
+        return self.costs.floor_s(model)
 
     def wake_ns(self) -> int | None:
         """When to call `next_batch` again if nothing arrives or completes first: the next
@@ -438,22 +428,16 @@ class BatchScheduler:
         return safe, at_risk
 
     def _relax(self, now: int) -> None:
-        """Decay the estimates of models blocked by their own cost bound since the last call
-        (and with no pass in flight to re-measure them) toward their profiles: a slow pass
-        (a loaded host, a one-time stall) must not keep a model off the device for good."""
+        """Relax the models blocked by their own cost bound since the last call and with no
+        pass in flight (PassCosts.relax)."""
         elapsed_ns = now - self._relaxed_ns
         self._relaxed_ns = now
         if elapsed_ns <= 0 or not self._blocked:
             return
-        half_life_ns = _s_to_ns(self.recovery_half_life_s)
-        keep = 0.5 ** (elapsed_ns / half_life_ns) if half_life_ns else 0.0
-        running = {b.model for b in self._in_flight}
-        for name in self._blocked - running:
-            profile = self.profiles[name]
-            for values, base in ((self._cost, profile.cost_s), (self._dev, 0.1 * profile.cost_s)):
-                if values[name] > base:
-                    values[name] = base + (values[name] - base) * keep
-            self.stats.models[name].cost_estimate_s = self._cost[name]
+        relaxed = self._blocked - {b.model for b in self._in_flight}
+        self.costs.relax(relaxed, elapsed_ns)
+        for name in relaxed:
+            self.stats.models[name].cost_estimate_s = self.costs.estimate_s[name]
 
     def _weight(self, camera: str) -> float:
         return self.camera_weights.get(camera, 1.0)
@@ -466,7 +450,7 @@ class BatchScheduler:
         within a camera by (priority, deadline, arrival). A job of a group already started
         goes first: in its camera, and across cameras among those within the fairness window
         of the least served."""
-        cost = self._cost[profile.name]
+        cost = self.costs.estimate_s[profile.name]
         switch = self._switch_s(profile)
         started = self._started_groups
         by_camera: dict[str, list[QueuedJob]] = {}
@@ -644,11 +628,7 @@ class BatchScheduler:
             )
         self._retire(batch, finish_ns)
         self.stats.busy_s += device_s
-        measured = max(device_s - batch.switch_s, 0.0)
-        cost = self._cost[batch.model]
-        self._dev[batch.model] += self.cost_alpha * (abs(measured - cost) - self._dev[batch.model])
-        cost += self.cost_alpha * (measured - cost)
-        self._cost[batch.model] = cost
+        cost = self.costs.observe(batch.model, max(device_s - batch.switch_s, 0.0))
         self.stats.models[batch.model].cost_estimate_s = cost
         now = self.clock()
         out: list[tuple] = []

@@ -1,7 +1,8 @@
 """What `npucam plan` measures on this machine: each camera's frame rate and decode cost
-(files and streams opened with OpenCV through the capture stage's own sources, live ones
-with a short timeout) and its scene: the config's detect stage run over the sampled frames,
-giving the person tracks and faces of every frame and the detect stage's cost per frame."""
+(through the capture stage's own sources, the way its kind says: SourceKind.probe in
+stages/source_kinds/registry.py; live ones all at once with a short timeout) and its scene:
+the config's detect stage run over the sampled frames, giving the person tracks and faces of
+every frame and the detect stage's cost per frame."""
 
 from __future__ import annotations
 
@@ -69,43 +70,50 @@ def probe_cameras(
             source = "configured" if cam.fps else "assumed (--fps)"
             out.append(CameraProbe(cam.name, spec.kind, rate, source, staleness, note=note))
             continue
-        if spec.kind == "file" or spec.kind == "images":
-            key = str(spec.path)
+        how = spec.source_kind.probe
+        if how == "read":
+            key = str(spec.path or spec.url)
             if key not in read:
                 read[key] = _read_file(spec, max_frames)
-            frames, decode_s, native = read[key]
-            rate = spec.fps or native
-            if not frames:
-                out.append(
-                    CameraProbe(
-                        cam.name, spec.kind, cam.fps or default_fps,
-                        "configured" if cam.fps else "assumed (--fps)", staleness,
-                        note=f"{spec.path}: no frame could be read",
-                    )
-                )  # fmt: skip
-                continue
-            if not spec.realtime or rate is None:
-                # unpaced: as fast as it decodes (emit's back-pressure can only slow it)
-                rate, source = 1.0 / max(decode_s, 1e-4), "unpaced (decode rate)"
-            else:
-                source = "configured" if spec.fps else "probed"
-            h, w = frames[0].shape[:2]
-            out.append(
-                CameraProbe(cam.name, spec.kind, rate, source, staleness, decode_s, (w, h), frames)
-            )
-        elif spec.kind == "synthetic":
-            t = spec._parsed[1]
-            size = (int(t["width"]), int(t["height"]))
-            rate = (spec.fps or float(t["fps"])) if spec.realtime else 1000.0
+            out.append(_read_probe(cam, spec, read[key], default_fps, staleness))
+        elif how == "known":
+            native, size = spec.source_kind.known_format(spec)
+            rate = (spec.fps or native) if spec.realtime else 1000.0
             out.append(
                 CameraProbe(
-                    cam.name, "synthetic", rate, "configured", staleness, 0.0, size,
+                    cam.name, spec.kind, rate, "configured", staleness, 0.0, size,
                     [_test_card(*size)] * 4,
                 )
             )  # fmt: skip
         else:
             out.append(_probe_live(cam, spec, default_fps, timeout_s, max_frames))
     return [p if isinstance(p, CameraProbe) else p() for p in out]
+
+
+def _read_probe(
+    cam: Any,
+    spec: Any,
+    read: tuple[list[np.ndarray], float, float | None],
+    default_fps: float,
+    staleness: float,
+) -> CameraProbe:
+    """A camera probed by reading its first frames: paced at its `fps` or the source's
+    native rate, else (unpaced, or no rate known) as fast as it decodes."""
+    frames, decode_s, native = read
+    rate = spec.fps or native
+    if not frames:
+        return CameraProbe(
+            cam.name, spec.kind, cam.fps or default_fps,
+            "configured" if cam.fps else "assumed (--fps)", staleness,
+            note=f"{spec.path or spec.url}: no frame could be read",
+        )  # fmt: skip
+    if not spec.realtime or rate is None:
+        # unpaced: as fast as it decodes (emit's back-pressure can only slow it)
+        rate, source = 1.0 / max(decode_s, 1e-4), "unpaced (decode rate)"
+    else:
+        source = "configured" if spec.fps else "probed"
+    h, w = frames[0].shape[:2]
+    return CameraProbe(cam.name, spec.kind, rate, source, staleness, decode_s, (w, h), frames)
 
 
 def _read_file(spec: Any, max_frames: int) -> tuple[list[np.ndarray], float, float | None]:
@@ -115,7 +123,9 @@ def _read_file(spec: Any, max_frames: int) -> tuple[list[np.ndarray], float, flo
         source = make_source(spec, threading.Event())
         source.open()
     except Exception as exc:
-        raise ProbeError(f"camera {spec.name!r}: cannot open {spec.path}: {exc}") from None
+        raise ProbeError(
+            f"camera {spec.name!r}: cannot open {spec.path or spec.url}: {exc}"
+        ) from None
     frames: list[np.ndarray] = []
     t0 = time.perf_counter()
     try:

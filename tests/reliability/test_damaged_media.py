@@ -106,7 +106,7 @@ def test_an_intact_file_has_no_bad_frames(write_config):
 def test_a_corrupt_frame_right_before_a_stall_is_counted(monkeypatch, caplog):
     from stages import sources
 
-    class CorruptThenStall(sources._Source):
+    class CorruptThenStall(sources.Source):
         description = "fake:corrupt-then-stall"
 
         def __init__(self, stop: threading.Event) -> None:

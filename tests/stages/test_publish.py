@@ -286,7 +286,7 @@ def _zmq_camera(endpoint: str, emit):
 def test_a_raw_frame_over_the_split_is_bit_identical_and_received_without_a_copy(
     write_config, free_port
 ):
-    from stages.sources import synthetic_image
+    from stages.source_kinds.synthetic import synthetic_image
 
     endpoint = f"tcp://127.0.0.1:{free_port}"
     got = []

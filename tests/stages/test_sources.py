@@ -30,7 +30,8 @@ from pipeline.clock import SYSTEM, Clock, VirtualClock
 from pipeline.errors import NpucamError
 from pipeline.messages import Frame, now_ns
 from stages.frame_wire import encode_frame
-from stages.sources import CameraReader, CameraSpec, SourceError, redact, synthetic_image
+from stages.source_kinds.synthetic import synthetic_image
+from stages.sources import CameraReader, CameraSpec, SourceError, redact
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mjpeg_server import MjpegServer, card_image  # noqa: E402

@@ -1,0 +1,73 @@
+"""Each model's learned pass cost for the batching scheduler (stages/scheduler.py): an
+exponential moving average of measured device times and of their absolute deviation, the
+bound deadlines are judged on, the optimistic floor drops are judged on, and the decay of a
+blocked model's estimate toward its profile (docs/scheduler.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from stages.batches import ModelProfile, SchedulerError
+
+
+class PassCosts:
+    """Per model: `estimate_s` (starts at the profile's cost_s) and `dev_s`, the mean absolute
+    deviation of measured passes from it (starts at a tenth of cost_s)."""
+
+    def __init__(
+        self,
+        profiles: dict[str, ModelProfile],
+        alpha: float,
+        margin_devs: float,
+        recovery_half_life_s: float,
+    ) -> None:
+        if not 0 < alpha <= 1:
+            raise SchedulerError(f"scheduler: cost_alpha must be in (0, 1], got {alpha}")
+        for name, value in (
+            ("margin_devs", margin_devs),
+            ("recovery_half_life_s", recovery_half_life_s),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise SchedulerError(f"scheduler: {name} must be finite and >= 0, got {value}")
+        self.profiles = profiles
+        self.alpha = alpha
+        self.margin_devs = margin_devs
+        # while a model's own cost bound keeps all its queued jobs from running (and no pass
+        # re-measures it), the excess of its estimate and deviation over the profile's
+        # halves this often
+        self.recovery_half_life_s = recovery_half_life_s
+        self.estimate_s: dict[str, float] = {name: p.cost_s for name, p in profiles.items()}
+        self.dev_s: dict[str, float] = {name: 0.1 * p.cost_s for name, p in profiles.items()}
+
+    def bound_s(self, model: str) -> float:
+        """The cost deadlines are judged on: estimate + margin_devs x mean abs deviation."""
+        return self.estimate_s[model] + self.margin_devs * self.dev_s[model]
+
+    def floor_s(self, model: str) -> float:
+        """The optimistic pass cost `npu_busy` drops are judged on: the lower of the estimate
+        and the profile's cost (a pass that once took that long may again)."""
+        return min(self.estimate_s[model], self.profiles[model].cost_s)
+
+    def observe(self, model: str, measured_s: float) -> float:
+        """Learn from one pass's device time (context loads excluded); the new estimate."""
+        cost = self.estimate_s[model]
+        self.dev_s[model] += self.alpha * (abs(measured_s - cost) - self.dev_s[model])
+        cost += self.alpha * (measured_s - cost)
+        self.estimate_s[model] = cost
+        return cost
+
+    def relax(self, models: Iterable[str], elapsed_ns: int) -> None:
+        """Decay the estimates of `models` (blocked by their own cost bound for elapsed_ns,
+        with no pass in flight to re-measure them) toward their profiles: a slow pass (a
+        loaded host, a one-time stall) must not keep a model off the device for good."""
+        half_life_ns = round(self.recovery_half_life_s * 1_000_000_000)
+        keep = 0.5 ** (elapsed_ns / half_life_ns) if half_life_ns else 0.0
+        for name in models:
+            profile = self.profiles[name]
+            for values, base in (
+                (self.estimate_s, profile.cost_s),
+                (self.dev_s, 0.1 * profile.cost_s),
+            ):
+                if values[name] > base:
+                    values[name] = base + (values[name] - base) * keep
