@@ -416,8 +416,11 @@ class BatchScheduler:
         at_risk: list[QueuedJob] = []
         for job in queue:
             if now > job.deadline_ns or floor_finish > job.deadline_ns:
-                if drop:
-                    self._drop(job, "stale" if now > job.deadline_ns else "npu_busy")
+                if drop and now > job.deadline_ns:
+                    self._drop(job, "stale")
+                elif drop:
+                    self._drop(job, "npu_busy")
+                    self.costs.refuse(name)
             elif bound_finish > job.deadline_ns:
                 at_risk.append(job)
             else:
@@ -428,13 +431,13 @@ class BatchScheduler:
         return safe, at_risk
 
     def _relax(self, now: int) -> None:
-        """Relax the models blocked by their own cost bound since the last call and with no
-        pass in flight (PassCosts.relax)."""
+        """Relax the models blocked by their own cost bound since the last call, or refused
+        before any pass measured them, with no pass in flight (PassCosts.relax)."""
         elapsed_ns = now - self._relaxed_ns
         self._relaxed_ns = now
-        if elapsed_ns <= 0 or not self._blocked:
+        if elapsed_ns <= 0 or not (self._blocked or self.costs.refused):
             return
-        relaxed = self._blocked - {b.model for b in self._in_flight}
+        relaxed = (self._blocked | self.costs.refused) - {b.model for b in self._in_flight}
         self.costs.relax(relaxed, elapsed_ns)
         for name in relaxed:
             self.stats.models[name].cost_estimate_s = self.costs.estimate_s[name]

@@ -51,3 +51,19 @@ def test_a_blocked_model_loses_half_its_excess_each_half_life_and_no_more():
 def test_bad_settings_are_named_errors(kw, message):
     with pytest.raises(SchedulerError, match=message):
         costs(**kw)
+
+
+def test_a_model_refused_before_any_pass_relaxes_toward_zero_and_its_first_pass_replaces_it():
+    c = costs(half_life_s=1.0)
+    c.refuse("m")  # its profile's cost (a warm-up figure) refused a job: nothing measured it
+    c.relax(["m"], 1_000_000_000)
+    assert (c.estimate_s["m"], c.dev_s["m"]) == (0.5, 0.05)  # halved toward 0, not to 1.0
+    assert c.floor_s("m") == 0.5  # below the profile's: the job can now be tried
+    assert c.observe("m", 0.25) == 0.25  # the first pass replaces the relaxed figure
+    assert c.dev_s["m"] == pytest.approx(0.0125)  # a tenth of it, then halfway to |0.25 - 0.25|
+    assert not c.refused
+    c.refuse("m")  # measured now: judged on its passes, no longer relaxed toward zero
+    assert not c.refused
+    c.observe("m", 2.25)
+    c.relax(["m"], 1_000_000_000)  # blocked: toward the profile's 1.0, as before
+    assert c.estimate_s["m"] == 1.0 + (1.25 - 1.0) / 2

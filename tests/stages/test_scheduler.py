@@ -3,6 +3,7 @@ masks, max-wait closing, staleness, fairness, residency, overlap and the metrics
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -857,6 +858,82 @@ def test_inflated_estimate_relaxes_until_the_model_runs_again_on_a_busy_device()
     # once it runs again its passes are re-measured (2.4 s) and it keeps running
     assert sum(p >= start + 40 * S for p in poses) >= 3, poses
     assert sched.cost_estimate_s("sapiens2") == pytest.approx(COST["sapiens2"], rel=0.05)
+
+
+def test_an_inflated_warm_up_measurement_does_not_starve_its_model_for_good():
+    """The profile's own cost can be the slow pass: the warm-up is measured on a host that
+    starved the device thread (15-30 s for a 0.03 s pass under `make test-loaded`). Every
+    job then "cannot" finish in time even on an idle device and was dropped `npu_busy`, so
+    no pass ever re-measured the model: no pose for the whole run. Refused on an idle device
+    by its own estimate, the model's estimate now relaxes (half-life 5 s) until a job is
+    tried; that pass re-measures it and it keeps running."""
+    clock = SimClock()
+    inflated = [
+        dataclasses.replace(p, cost_s=15.0) if p.name == "sapiens2" else p for p in profiles()
+    ]
+    sched = BatchScheduler(inflated, clock=clock)
+    start = clock.t
+    events = [  # a person's crop every 200 ms with a 3 s budget; a pass really takes 0.4 s
+        (start + k * 200 * MS,
+         lambda k=k: sched.submit(job("sapiens2", "cam0", k, clock.t + 3 * S, key=1)))
+        for k in range(300)
+    ]  # fmt: skip
+    report = simulate(sched, clock, events, lambda b: 0.4 + b.switch_s, until_ns=start + 60 * S)
+    poses = [p for p, j, _ in report.results if j.model == "sapiens2"]
+    assert poses, sched.stats.drops  # it used to publish nothing
+    assert poses[0] - start <= 30 * S, poses[:1]
+    assert sum(p >= start + 40 * S for p in poses) >= 40, len(poses)  # and it keeps running
+    assert sched.cost_estimate_s("sapiens2") < 1.0
+
+
+def test_an_inflated_warm_up_is_re_measured_on_a_device_other_models_keep_busy():
+    """The same, while faces keep the device busy (split-infer under `make test-loaded`: no
+    pose in 90 s, faces and CLIP labels flowing): refused by its own estimate, not by the
+    queue, the pose model is tried once its estimate has relaxed, and then runs."""
+    clock = SimClock()
+    inflated = [
+        dataclasses.replace(p, cost_s=30.0) if p.name == "sapiens2" else p
+        for p in profiles(queue_size=16)
+    ]
+    sched = BatchScheduler(inflated, clock=clock)
+    start = clock.t
+    events = []
+    for k in range(600):  # faces at 3x what the device can do, always in time
+        t = start + k * 100 * MS
+        events.append((t, lambda t=t: sched.submit(job("adaface", "cam0", "face", t + 20 * S))))
+    for k in range(300):  # a person's crop every 200 ms, 4 s budget; a pass takes 0.4 s
+        t = start + k * 200 * MS
+        events.append(
+            (t, lambda t=t: sched.submit(job("sapiens2", "cam1", "box", t + 4 * S, key=1)))
+        )
+
+    def device(batch) -> float:
+        return (0.4 if batch.model == "sapiens2" else COST[batch.model]) + batch.switch_s
+
+    report = simulate(sched, clock, events, device, until_ns=start + 60 * S)
+    poses = [p for p, j, _ in report.results if j.model == "sapiens2"]
+    assert poses and poses[0] - start <= 40 * S, (poses[:1], sched.stats.drops)
+    assert sum(p >= start + 45 * S for p in poses) >= 3, poses
+    assert sched.cost_estimate_s("sapiens2") < 2.0
+
+
+def test_a_model_truly_too_slow_for_its_deadlines_is_tried_once_then_judged_on_its_pass():
+    """A pose pass that really takes 2.4 s against a 1 s budget: one pass is tried (its
+    result late, counted stale) and then every job is refused `npu_busy` on what it measured;
+    the device is not spent on it again and again."""
+    clock = SimClock()
+    sched = BatchScheduler(profiles(), clock=clock)
+    start = clock.t
+    events = [
+        (start + k * 200 * MS,
+         lambda k=k: sched.submit(job("sapiens2", "cam0", k, clock.t + 1 * S, key=1)))
+        for k in range(300)
+    ]  # fmt: skip
+    report = simulate(sched, clock, events, device_s, until_ns=start + 60 * S)
+    assert not [j for _, j, _ in report.results]
+    assert sched.stats.models["sapiens2"].batches == 1
+    assert sched.stats.drops["sapiens2", "cam0", "stale"] == 1
+    assert sched.stats.drops["sapiens2", "cam0", "npu_busy"] >= 290  # the rest replaced
 
 
 def test_finding_9_the_scheduler_views_the_context_budget_per_model_at_measured_costs():
