@@ -342,9 +342,9 @@ def test_a_stalled_receiver_makes_the_sender_drop_at_the_source_and_lag_stays_bo
     # load 6 on 2 cores (the card is paced, but a starved sender offers fewer); the queue's
     # 2 + the receiver's 1 + the TCP buffers' ~5 cannot hold even a fifth of them
     assert slow >= 20
-    assert m.items_in["zmq_push", "card"] == (
-        m.items_out["zmq_push", "card"] + slow + m.dropped("zmq_push", "card", "queue_full")
-    )
+    # every frame the stage took was sent or dropped at the source; frames its full inbox
+    # dropped (`queue_full`, a loaded host: 2 at load 9) were never taken
+    assert m.items_in["zmq_push", "card"] == m.items_out["zmq_push", "card"] + slow
     # After the stall, the frames that had waited (sndhwm 2 + RCVHWM 1 + what the kernels'
     # TCP buffers hold) are read at once; none waited for the whole stall and later frames are
     # fresh again. Bounds are generous for a loaded 2-core host.
