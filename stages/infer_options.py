@@ -8,14 +8,14 @@ import functools
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, create_model
+from pydantic import Field, ValidationError, create_model
 
 from npu import models
 from npu.backends import open_device
 from pipeline.config import Config
 from pipeline.errors import NpucamError
 from pipeline.files import path_kind
-from pipeline.graph import StageOptions
+from pipeline.graph import StageOptions, parse_kind
 from stages.runtimes import ModelOptions, resolve, runtime_class
 
 
@@ -172,3 +172,33 @@ def check_infer(config: Config, index: int) -> list[str]:
             problems.extend(_path_problems(where, Path(path), kind, key))
         problems.extend(runtime_class(m).check_options(mo, config.base_dir, f"stages[{index}].{m}"))
     return problems
+
+
+def infer_stage_indexes(config: Config) -> list[int]:
+    """The indexes of the config's infer stages (kind "infer" or stages.infer:Infer), read
+    from their kinds only, nothing imported."""
+    found = []
+    for i, stage in enumerate(config.stages):
+        try:
+            module, cls, _ = parse_kind(stage.kind)
+        except LookupError:
+            continue
+        if (module, cls) == ("stages.infer", "Infer"):
+            found.append(i)
+    return found
+
+
+def enabled_models(config: Config) -> list[str] | None:
+    """The models enabled in the config's infer stages, in registry order; None when it has
+    no infer stage (the NPU runs in another process: every model may get jobs). A stage
+    whose keys do not validate counts for none (check_stages reports it)."""
+    indexes = infer_stage_indexes(config)
+    if not indexes:
+        return None
+    enabled: set[str] = set()
+    for i in indexes:
+        try:
+            enabled.update(InferOptions.model_validate(config.stages[i].options).enabled())
+        except ValidationError:
+            continue
+    return [m for m in models.names() if m in enabled]

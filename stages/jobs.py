@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from pipeline.messages import now_ns
+from pipeline.messages import Frame, now_ns
 
 
 @dataclass(slots=True, kw_only=True)
@@ -34,6 +35,18 @@ class Job:
     def expired(self, at_ns: int | None = None) -> bool:
         """True once the job is past its camera's staleness budget."""
         return (now_ns() if at_ns is None else at_ns) > self.deadline_ns
+
+
+def frame_fields(frame: Frame) -> dict[str, Any]:
+    """The Job fields of a frame's jobs: its identity, deadline and (width, height)."""
+    h, w = frame.image.shape[:2]
+    return {
+        "camera": frame.camera,
+        "seq": frame.seq,
+        "capture_ts_ns": frame.capture_ts_ns,
+        "deadline_ns": frame.deadline_ns,
+        "frame_size": (int(w), int(h)),
+    }
 
 
 @dataclass(slots=True, kw_only=True)

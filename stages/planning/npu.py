@@ -21,8 +21,10 @@ import numpy as np
 from npu import models
 from npu.sim_cost import NPU2, ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
+from stages import job_policy
 from stages.batches import Batch, ModelProfile, QueuedJob
 from stages.context_lru import ContextShare
+from stages.jobs import FaceJob
 from stages.planning.simulate import SimClock, simulate
 from stages.scheduler import BatchScheduler
 
@@ -264,13 +266,12 @@ def whole_loops(window_s: float, loops_s: list[float]) -> float:
 class _Camera:
     """The detect stage's state for one camera: its tracks (with their pose bookkeeping, as
     stages.tracks.CameraTracks holds it), a face tracker when there is no person detector,
-    the last frames with face and CLIP jobs, and pose-derived faces waiting for a frame."""
+    the job policy's interval marks, and pose-derived faces waiting for a frame."""
 
     load: CameraLoad
     tracks: Any
     faces: Any = None
-    last_face: int | None = None
-    last_clip: int | None = None
+    marks: dict[str, int] = field(default_factory=dict)  # job_policy.decide's interval marks
     pose_faces: list[int] = field(default_factory=list)
     rig: Any = None  # the camera's rig (stages.rig.groups.RigGroups), None outside one
     seq: int = 0  # frames it delivered
@@ -301,9 +302,13 @@ def simulate_npu(  # noqa: C901
     the infer stage's inbox is `block`. rigs: clock -> the config's rigs
     (stages.rig.groups.RigGroups on that clock), whose cameras are posed by group."""
     from npu.device import ctx_cache_cap
+    from stages.runtimes import runtime_class
 
-    kind_of = {m: models.spec(m).kind for m in costs}
-    model_of = {k: m for m, k in kind_of.items()}
+    declared = [(m, models.spec(m).runs_on) for m in costs]
+    wanted = [] if detect is None else job_policy.wanted(declared, detect)
+    cadence = {w.model: w.runs_on.cadence for w in wanted}
+    # the dark stage's faces of poses are FaceJobs: they go to the model that takes those
+    pose_face_models = [m for m in costs if runtime_class(m).job_type is FaceJob]
     clock = SimClock(0)
     profiles = []
     for m, c in costs.items():
@@ -375,69 +380,38 @@ def simulate_npu(  # noqa: C901
         if t >= warm_ns:
             submitted[model] += 1
 
-    def frame(cam: _Camera, t: int, nominal: int) -> None:  # noqa: C901
+    def frame(cam: _Camera, t: int, nominal: int) -> None:
         """What stages.detect.Detect.process does with one frame captured at t (its slot of
-        the camera's grid: nominal), minus the detectors."""
-        load, o = cam.load, detect
+        the camera's grid: nominal), minus the detectors: the same targets, the same job
+        policy (stages.job_policy), a job per pick keyed and ordered as its runtime would."""
+        load = cam.load
         boxes, scores, face_boxes = load.frames[int(nominal * load.fps / NS) % len(load.frames)]
         tracks = cam.tracks
         tracked = tracks.tracker.update(boxes, scores, t)
-        ids: list[int | None] = [None] * len(scores)
-        for tb in tracked:
-            ids[tb.detection] = tb.track_id
-        boxed = {tb.track_id for tb in tracked}
         tracks.expire_poses(t)
         cam.seq += 1
         deadline = t + round(load.staleness_s * NS)
         tag = None if cam.rig is None else cam.rig.place(load.name, cam.seq, t, deadline, (0, 0))
-
-        def pose(track: Any) -> None:
-            m = model_of.get("pose")
-            key = (m, load.name, track.track_id)
-            submit(m, load.name, ("pose", track.track_id), t, key, track.pose_priority, tag)
-            tracks.tracker.pose_started(track.track_id)
-            retry = o.pose_retry_s
-            tracks.pose_deadlines[track.track_id] = (
-                deadline if retry is None else min(deadline, t + round(retry * NS))
-            )
-
-        if o.pose and tag is not None:  # a posed group's frame: its largest people
-            for tid in cam.rig.chosen({tb.track_id: tb.box for tb in tracked}):
-                if (track := tracks.tracker.track(tid)) is not None:
-                    pose(track)
-        elif o.pose and cam.rig is None and o.pose_jobs_per_frame:
-            issued = 0
-            for track in tracks.tracker.pose_queue():
-                if issued == o.pose_jobs_per_frame:
-                    break
-                if track.track_id not in boxed:
-                    continue
-                pose(track)
-                issued += 1
-        if o.clip != "off":
-            regions = [None] if o.clip == "frame" else sorted(boxed)[: o.clip_max_per_frame]
-            due = cam.last_clip is None or t - cam.last_clip >= o.clip_interval_s * NS
-            if regions and due:
-                cam.last_clip = t
-                m = model_of.get("clip")
-                for p in regions:
-                    key = None if p is None else (m, load.name, p)
-                    submit(m, load.name, ("clip", p), t, key, 0)
-        if o.face != "none" and o.faces and len(face_boxes):
-            due = cam.last_face is None or t - cam.last_face >= o.face_interval_s * NS
-            if due:
-                cam.last_face = t
-                m = model_of.get("face")
-                source = "yunet" if o.face == "yunet" else "blazeface"
-                for f in _face_tracks(cam, face_boxes, boxes, ids, t):
-                    key = None if f is None else (m, load.name, f, source)
-                    submit(m, load.name, ("face", f), t, key, 0)
-        elif cam.faces is not None:
-            _face_tracks(cam, face_boxes, boxes, ids, t)  # the face tracker sees every frame
-        if o.faces:
-            m = model_of.get("face")
+        targets = _targets(cam, detect, tracked, boxes, face_boxes, tag, t)
+        picked = job_policy.decide(wanted, targets, t, cam.marks, refresh_all=tag is not None)
+        for m, target in picked:
+            tid, refresh = target.track_id, cadence[m] == "refresh"
+            key = None if tid is None else (m, load.name, tid)
+            if key is not None and target.kind == "face":
+                key = (*key, target.landmark_source)
+            since = target.since_ns
+            prio = (-1 if since is None else since) if refresh else 0
+            submit(m, load.name, (cadence[m], tid), t, key, prio, target.group)
+            if refresh and tid is not None:
+                tracks.tracker.pose_started(tid)
+                retry = detect.pose_retry_s
+                tracks.pose_deadlines[tid] = (
+                    deadline if retry is None else min(deadline, t + round(retry * NS))
+                )
+        if detect.faces:
             for p in cam.pose_faces:
-                submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
+                for m in pose_face_models:
+                    submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
             cam.pose_faces.clear()
 
     def on_complete(batch: Batch, returned: list) -> None:
@@ -445,8 +419,8 @@ def simulate_npu(  # noqa: C901
             if clock.t >= warm_ns:
                 results[job.model][job.camera] += 1
                 done_at[job.model].append(clock.t)
-            kind, who = job.payload
-            if kind != "pose":
+            cadence_of_job, who = job.payload
+            if cadence_of_job != "refresh":
                 continue
             cam = cams[job.camera]
             cam.tracks.finish_pose(who, job.capture_ts_ns, clock.t)  # as the dark stage does
@@ -508,6 +482,57 @@ def simulate_npu(  # noqa: C901
         context_loads_s=extra[0] / window,
         contexts=sched.context_view(),
     )
+
+
+def _targets(
+    cam: _Camera, detect: Any, tracked: list, boxes: np.ndarray, face_boxes: np.ndarray,
+    tag: Any, t: int,
+) -> list[job_policy.Target]:  # fmt: skip
+    """A frame's targets as stages.detect.Detect.process makes them: the tracked persons
+    (with their refresh places: the pose queue's order, or a posed rig group's chosen
+    people), the faces (with their detector's landmarks), the regions and the frame."""
+    tracks = cam.tracks
+    ids: list[int | None] = [None] * len(boxes)
+    for tb in tracked:
+        ids[tb.detection] = tb.track_id
+    boxed = {tb.track_id: tb.box for tb in tracked}
+    order: list[int] = []
+    if detect.pose and tag is not None:
+        order = list(cam.rig.chosen(boxed))
+    elif detect.pose and cam.rig is None:
+        order = [tr.track_id for tr in tracks.tracker.pose_queue() if tr.track_id in boxed]
+    place = {tid: i for i, tid in enumerate(order)}
+    targets = []
+    for tid, box in boxed.items():
+        if (track := tracks.tracker.track(tid)) is not None:
+            targets.append(
+                job_policy.Target(
+                    "person",
+                    _xywh(box),
+                    track_id=tid,
+                    score=track.score,
+                    refresh=place.get(tid),
+                    since_ns=track.pose_ts_ns,
+                    group=tag,
+                )  # fmt: skip
+            )
+    face_ids = _face_tracks(cam, face_boxes, boxes, ids, t)
+    if detect.face != "none":
+        source = "yunet" if detect.face == "yunet" else "blazeface"
+        targets += [
+            job_policy.Target("face", _xywh(b), track_id=f, landmark_source=source)
+            for b, f in zip(face_boxes, face_ids, strict=True)
+        ]
+    if detect.clip != "off":
+        xywh = {tid: _xywh(b) for tid, b in boxed.items()}
+        targets += job_policy.regions(xywh, (0, 0), detect.clip == "frame")
+    targets.append(job_policy.Target("frame"))
+    return targets
+
+
+def _xywh(xyxy: np.ndarray) -> np.ndarray:
+    b = np.asarray(xyxy, np.float32).reshape(4)
+    return np.array([b[0], b[1], b[2] - b[0], b[3] - b[1]], np.float32)
 
 
 def _face_tracks(

@@ -36,6 +36,8 @@ from npu.models import ModelLoadError, ModelSource, load, npu2_work, released_va
 from npu.sim_cost import ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
 from pipeline.graph import StageOptions
+from pipeline.messages import Frame
+from stages.job_policy import Target
 from stages.jobs import Inferred, Job
 
 log = logging.getLogger(__name__)
@@ -261,6 +263,13 @@ class Runtime(Generic[ModelOptionsT, JobT]):
     def started(self, base_dir: Path) -> None:
         """After loading, on the device thread: anything the model computes once before its
         first job (CLIP encodes its label prompts). base_dir resolves the options' paths."""
+
+    @classmethod
+    def make_job(cls, target: Target, frame: Frame) -> Job:
+        """This model's job on one target of a frame (the detect stage calls it for each
+        (model, target) pair stages.job_policy.decide picks; ModelSpec.runs_on says which
+        targets). A model whose jobs come from a stage of its own need not define it."""
+        raise NotImplementedError(f"{cls.__name__} makes no jobs from targets")
 
     # -- scheduling ----------------------------------------------------------------------
 
