@@ -67,11 +67,13 @@ class PoseJob(Job):
 
 
 @dataclass(slots=True, kw_only=True)
-class FaceJob(Job):
-    """A detected face with its 5 alignment points (detect -> align -> infer).
+class LandmarkJob(Job):
+    """A job on a face with alignment points (detect -> align -> infer): the align stage
+    aligns every job of this type and passes any other through.
 
     image: the source frame, uint8 BGR [H, W, 3] (dropped once aligned); landmarks: float32
-    [5, 2] in template order (stages.align); aligned: uint8 [112, 112, 3] BGR once aligned.
+    [5, 2] in template order, or BlazeFace's [4, 2] (stages.align); aligned: uint8
+    [size, size, 3] BGR once aligned.
     """
 
     box_xywh: np.ndarray
@@ -81,6 +83,11 @@ class FaceJob(Job):
     aligned: np.ndarray | None = None
     track_id: int | None = None
     landmark_source: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class FaceJob(LandmarkJob):
+    """A detected face to embed with its alignment points (AdaFace's job)."""
 
 
 @dataclass(slots=True, kw_only=True)
