@@ -215,6 +215,25 @@ class Detect(Stage[DetectOptions]):
             problems.extend(security.check_curve(config, bind=False, socket=f"detect {key} boxes"))
         return problems
 
+    @classmethod
+    def produces(cls, options: DetectOptions) -> tuple[type, ...]:
+        """The job types of the registered models this stage's keys give jobs to: a model
+        whose target it finds (persons with a person detector, faces with a face detector,
+        regions with `clip`, always the frame) and whose jobs its keys leave on."""
+        found = {"frame"}
+        if options.person != "none":
+            found.add("person")
+        if options.face != "none":
+            found.add("face")
+        if options.clip != "off":
+            found.add("region")
+        declared = [(m, models.spec(m).runs_on) for m in models.names()]
+        return tuple(
+            runtime_class(w.model).job_type
+            for w in job_policy.wanted(declared, options)
+            if w.runs_on.target in found
+        )
+
     def load(self) -> None:
         """Build the detectors (in the thread that will run them) and the box receiver; a
         failure closes the receiver if it had started."""

@@ -15,7 +15,7 @@ from npu.backends import open_device
 from pipeline.config import Config
 from pipeline.errors import NpucamError
 from pipeline.files import path_kind
-from pipeline.graph import StageOptions, parse_kind
+from pipeline.graph import Stage, StageOptions, parse_kind, stage_class
 from stages.runtimes import ModelOptions, resolve, runtime_class
 
 
@@ -171,6 +171,46 @@ def check_infer(config: Config, index: int) -> list[str]:
         elif kind != "missing":
             problems.extend(_path_problems(where, Path(path), kind, key))
         problems.extend(runtime_class(m).check_options(mo, config.base_dir, f"stages[{index}].{m}"))
+    problems.extend(_without_producer(config, index, enabled))
+    return problems
+
+
+def _without_producer(config: Config, index: int, enabled: list[str]) -> list[str]:
+    """A `key: problem` line for each enabled model whose jobs no stage of the config makes
+    (Stage.produces: a detect stage for the targets the model runs on, the dark stage's
+    face points...): enabled, it would run nothing, silently. A config with a stage of user
+    code (a "module:Class" kind, not imported here), or without any stage that declares
+    making jobs (an infer stage checked alone), is not checked: its jobs come from elsewhere."""
+    made: set[type] = set()
+    producers = 0  # stages that declare what they make (Stage.produces overridden)
+    for stage in config.stages:
+        try:
+            _, _, registered = parse_kind(stage.kind)
+            if not registered:
+                return []
+            cls = stage_class(stage.kind)
+            made.update(cls.produces(cls.Options.model_validate(stage.options)))
+        except (LookupError, ValidationError):
+            continue  # check_stages reports it
+        producers += getattr(cls.produces, "__func__", None) is not Stage.produces.__func__
+    if not producers:
+        return []  # no stage here can make jobs: they come from elsewhere, unchecked
+    problems = []
+    for m in enabled:
+        job_type = runtime_class(m).job_type
+        if any(issubclass(t, job_type) for t in made):
+            continue
+        runs_on = models.spec(m).runs_on
+        needs = (
+            f"it runs on {runs_on.target} targets ({runs_on.cadence} cadence): a detect stage "
+            "whose keys find them and leave its jobs on"
+            if runs_on is not None
+            else "it declares no targets: a stage of its own must send them"
+        )
+        problems.append(
+            f"stages[{index}].{m}: enabled, but no stage of this config makes its jobs "
+            f"({job_type.__name__}; {needs})"
+        )
     return problems
 
 
