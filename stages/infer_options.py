@@ -168,11 +168,14 @@ def check_infer(config: Config, index: int) -> list[str]:
                 else "or set synthetic = true"
             )
             problems.append(f"{where}: {what} (backend {options.backend}; {fix})")
-        elif kind != "missing":
+        elif kind != "missing" and path is not None:
             problems.extend(_path_problems(where, Path(path), kind, key))
         problems.extend(runtime_class(m).check_options(mo, config.base_dir, f"stages[{index}].{m}"))
     problems.extend(_without_producer(config, index, enabled))
     return problems
+
+
+_BASE_PRODUCES = getattr(Stage.produces, "__func__", None)
 
 
 def _without_producer(config: Config, index: int, enabled: list[str]) -> list[str]:
@@ -192,7 +195,7 @@ def _without_producer(config: Config, index: int, enabled: list[str]) -> list[st
             made.update(cls.produces(cls.Options.model_validate(stage.options)))
         except (LookupError, ValidationError):
             continue  # check_stages reports it
-        producers += getattr(cls.produces, "__func__", None) is not Stage.produces.__func__
+        producers += getattr(cls.produces, "__func__", None) is not _BASE_PRODUCES
     if not producers:
         return []  # no stage here can make jobs: they come from elsewhere, unchecked
     problems = []

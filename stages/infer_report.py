@@ -66,7 +66,7 @@ class InferReport:
 
     def device_info(self) -> dict[str, str]:
         """The stage's backend and, on sim, its pacing (the `info` of its stats entry)."""
-        info = {"backend": self.options.backend}
+        info: dict[str, str] = {"backend": self.options.backend}
         if self.options.backend == "sim":
             info["pacing"] = self.options.sim.pacing
         return info
