@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 from pydantic import Field
@@ -37,6 +37,7 @@ from npu.sim_cost import ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
 from pipeline.graph import StageOptions
 from pipeline.messages import Frame
+from stages.batches import QueuePolicy
 from stages.job_policy import Target
 from stages.jobs import Inferred, Job
 
@@ -62,11 +63,11 @@ class ModelOptions(StageOptions):
     queue_size: int = Field(16, ge=1, le=100_000)
     # when its queue is full; default: block if the infer stage's inbox is block (the
     # back-pressure reaches the producers), else drop_oldest
-    queue_policy: Literal["drop_oldest", "reject_new", "block"] | None = None
+    queue_policy: QueuePolicy | None = None
     cost_s: float | None = Field(None, gt=0)  # initial pass cost; default: measured warm-up
     share: float = Field(1.0, gt=0)  # weight in the device-time split between models
 
-    def policy(self, inbox_blocks: bool) -> str:
+    def policy(self, inbox_blocks: bool) -> QueuePolicy:
         """The queue policy this model runs with, given whether the stage's inbox blocks."""
         if self.queue_policy is not None:
             return self.queue_policy
