@@ -160,6 +160,13 @@ class Stage(Generic[OptionsT]):
         return []
 
     @classmethod
+    def produces(cls, options: Any) -> tuple[type, ...]:
+        """The item types this stage makes with `options` (its validated Options) for other
+        stages to consume, as far as a config check needs to know (a stage that consumes
+        them can then say when nothing makes them); () when it declares none."""
+        return ()
+
+    @classmethod
     def warnings(cls, config: Config, index: int) -> list[str]:
         """`key: warning` lines: what will run, but not as one may expect (validate prints
         them; the stage logs them again when it starts)."""

@@ -8,7 +8,7 @@ border), as insightface and OpenCV's FaceRecognizerSF.alignCrop do (docs/face-id
 BlazeFace gives no mouth corners, so `align_face_4pt` fits eyes, nose and the mouth centre to
 the template's mouth-corner midpoint: an approximation no upstream source gives (docs/face-id.md).
 The colour order each embedder expects (docs/face-id.md) is data here, not a convention in comments.
-The `align` stage applies this to the face jobs of the detect stage.
+The `align` stage applies this to every job that carries landmarks (stages.jobs.LandmarkJob).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import Field
 
 from pipeline.errors import NpucamError
 from pipeline.graph import MapStage, StageOptions
-from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.jobs import Job, LandmarkJob
 
 ColourOrder = Literal["rgb", "bgr"]
 
@@ -165,19 +165,20 @@ class AlignOptions(StageOptions):
 
 
 class Align(MapStage[AlignOptions]):
-    """FaceJob -> the same job with `aligned` (uint8 [size, size, 3] BGR) filled in and its
-    frame reference dropped. 5 landmarks (YuNet) use `align_face`; BlazeFace's 4 points
+    """A job that carries landmarks (a LandmarkJob: AdaFace's FaceJob, or any model's on
+    faces) -> the same job with `aligned` (uint8 [size, size, 3] BGR) filled in and its frame
+    reference dropped. 5 landmarks (YuNet) use `align_face`; BlazeFace's 4 points
     (landmark_source "blazeface") use the documented approximation `align_face_4pt`.
 
-    Pose and CLIP jobs pass through unchanged, so detect -> align -> infer is one chain (a
+    Every other job passes through unchanged, so detect -> align -> infer is one chain (a
     face job sent to both align and infer would reach infer unaligned)."""
 
     kind = "align"
-    accepts = (FaceJob, PoseJob, ClipJob)
+    accepts = (Job,)
     Options = AlignOptions
 
-    def process(self, job: FaceJob | PoseJob | ClipJob) -> list[FaceJob | PoseJob | ClipJob]:
-        if not isinstance(job, FaceJob):
+    def process(self, job: Job) -> list[Job]:
+        if not isinstance(job, LandmarkJob):
             return [job]
         if job.image is None:
             raise AlignError(f"camera {job.camera!r} #{job.seq}: face job has no frame to align")

@@ -3,8 +3,11 @@
 Person boxes (BlazePose, an ONNX detector, fixed regions, or an external detector over
 ZeroMQ: stages.box_receiver) are tracked per camera (stages.tracker, shared with the dark
 stage through stages.tracks.TrackRegistry); faces come from BlazeFace or YuNet, in the frame
-or inside each person box. Each frame gives a Detections message (det/<camera>) and the jobs
-of stages.jobs: PoseJobs for the tracks whose pose is oldest, FaceJobs, rate-limited ClipJobs.
+or inside each person box. Each frame gives a Detections message (det/<camera>) and its
+targets (tracked persons, faces with their alignment points, regions, the frame itself); the
+one job policy (stages.job_policy) picks which enabled model gets a job on which target, and
+the model's runtime makes it: Sapiens2 refreshes the tracks whose pose is oldest, AdaFace
+takes faces, CLIP rate-limited regions, and a model from elsewhere what its spec declares.
 A camera of a rig (a rig3d stage, stages.rig.groups) is posed by the rig instead: each frame
 is placed in its rig's group, and only frames of posed groups get pose jobs, one per tracked
 person (the largest boxes first, up to the rig's max_people), tagged with the group.
@@ -24,18 +27,23 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from npu import models
+from npu.models import RunsOn
 from pipeline import security
 from pipeline.config import Config
 from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue
+from stages import job_policy
 from stages.align import blazeface_alignment_points
 from stages.box_receiver import MAX_BOXES, MAX_MESSAGE_BYTES, BoxReceiver, BoxReceiverError
 from stages.detectors.detections import DetectorOutput
-from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.infer_options import enabled_models
+from stages.jobs import Job
 from stages.preview import PreviewFrame, PreviewTap, run_taps
 from stages.rig.groups import RigGroups, RigRegistry, RigTag
+from stages.runtimes import runtime_class
 from stages.tracker import MAX_TRACKS, PersonTracker, iou_matrix
 from stages.tracks import CameraTracks, TrackRegistry
 
@@ -132,7 +140,7 @@ def _regions(options: list[RegionOptions]) -> list:
 
 
 class Detect(Stage[DetectOptions]):
-    """Frames -> Detections (det/<camera>) + PoseJob / FaceJob / ClipJob (stages.jobs)."""
+    """Frames -> Detections (det/<camera>) + the enabled models' jobs (stages.job_policy)."""
 
     kind = "detect"
     accepts = (Frame,)
@@ -145,8 +153,11 @@ class Detect(Stage[DetectOptions]):
         self.receiver: BoxReceiver | None = None
         self.tracks = TrackRegistry.of(context)
         self.rigs = RigRegistry.of(context)
-        self._last_clip_ns: dict[str, int] = {}
-        self._last_face_ns: dict[str, int] = {}
+        # camera -> model -> capture time of its last jobs (models on an interval)
+        self._marks: dict[str, dict[str, int]] = {}
+        self.wanted = job_policy.wanted(_declared(context.config), options)
+        self._cadence = {w.model: w.runs_on.cadence for w in self.wanted}
+        self._makers = {w.model: runtime_class(w.model) for w in self.wanted}
         # person = "none": faces are tracked themselves, so a face still carries a track id
         self._face_trackers: dict[str, PersonTracker] = {}
         self._loaded = False
@@ -203,6 +214,25 @@ class Detect(Stage[DetectOptions]):
         if person == "zmq" and isinstance(opts.get("boxes_endpoint"), str):
             problems.extend(security.check_curve(config, bind=False, socket=f"detect {key} boxes"))
         return problems
+
+    @classmethod
+    def produces(cls, options: DetectOptions) -> tuple[type, ...]:
+        """The job types of the registered models this stage's keys give jobs to: a model
+        whose target it finds (persons with a person detector, faces with a face detector,
+        regions with `clip`, always the frame) and whose jobs its keys leave on."""
+        found = {"frame"}
+        if options.person != "none":
+            found.add("person")
+        if options.face != "none":
+            found.add("face")
+        if options.clip != "off":
+            found.add("region")
+        declared = [(m, models.spec(m).runs_on) for m in models.names()]
+        return tuple(
+            runtime_class(w.model).job_type
+            for w in job_policy.wanted(declared, options)
+            if w.runs_on.target in found
+        )
 
     def load(self) -> None:
         """Build the detectors (in the thread that will run them) and the box receiver; a
@@ -362,14 +392,15 @@ class Detect(Stage[DetectOptions]):
                 keep.append(int(i))
         return DetectorOutput(boxes[keep], scores[keep], keypoints[keep], found[0].names)
 
-    def process(self, frame: Frame) -> list:  # noqa: C901
-        """One frame -> [Detections, *PoseJobs, *FaceJobs, *ClipJobs] (blocking)."""
+    def process(self, frame: Frame) -> list:
+        """One frame -> [Detections, *jobs] (blocking): its persons, faces, regions and the
+        frame itself as targets, and a job for each (model, target) stages.job_policy picks,
+        made by the model's runtime; then the faces the dark stage found in poses."""
         self.load()
         o = self.options
         h, w = frame.image.shape[:2]
         person_xywh, person_scores = self._persons(frame)
         faces = self._faces(frame.image, person_xywh)
-        ids = [None] * len(person_scores)
         tracks = self.camera_tracks(frame.camera)
         rig = self.rigs.of_camera(frame.camera)
         rig_tag = None
@@ -377,73 +408,26 @@ class Detect(Stage[DetectOptions]):
             rig_tag = rig.place(
                 frame.camera, frame.seq, frame.capture_ts_ns, frame.deadline_ns, (int(w), int(h))
             )
-        pose_jobs: list[PoseJob] = []
-        clip_jobs: list[ClipJob] = []
         with tracks.lock:
-            jumps = tracks.tracker.clock_jumps
-            tracked = tracks.tracker.update(
-                _xywh_to_xyxy(person_xywh), person_scores, frame.capture_ts_ns
-            )
-            if tracks.tracker.clock_jumps != jumps:
-                tracks.clock_jumped(tracks.tracker.last_jump_ns)
-            for tb in tracked:
-                ids[tb.detection] = tb.track_id
-            boxes_of = {tb.track_id: tb.box for tb in tracked}
-            tracks.expire_poses(now_ns())
-            if o.pose and rig_tag is not None:
-                pose_jobs = self._rig_pose_jobs(frame, tracks, boxes_of, rig, rig_tag)
-            elif o.pose and rig is None and o.pose_jobs_per_frame:
-                for track in tracks.tracker.pose_queue():
-                    if len(pose_jobs) == o.pose_jobs_per_frame:
-                        break
-                    if track.track_id not in boxes_of:
-                        continue  # lost this frame: no box to pose
-                    pose_jobs.append(self._pose_job(frame, tracks, track, boxes_of))
+            ids, boxes_of = self._track(frame, tracks, person_xywh, person_scores)
+            targets = self._person_targets(tracks, boxes_of, rig, rig_tag)
+            face_ids, face_targets = self._face_targets(frame, faces, person_xywh, ids)
+            targets += face_targets
             if o.clip != "off":
-                clip_jobs = self._clip_jobs(frame, boxes_of, w, h)
-
-        face_jobs: list[FaceJob] = []
-        face_ids: list[int | None] = []
-        if faces is not None:
-            person_xyxy = _xywh_to_xyxy(person_xywh)
-            own_ids = self._face_track_ids(frame, faces) if o.person == "none" else None
-            want_faces = (
-                o.faces
-                and len(faces) > 0
-                and self._due(self._last_face_ns, frame, o.face_interval_s)
+                xywh = {tid: _xyxy_to_xywh(b) for tid, b in boxes_of.items()}
+                targets += job_policy.regions(xywh, (int(w), int(h)), o.clip == "frame")
+            targets.append(job_policy.Target("frame", np.array([0, 0, w, h], np.float32)))
+            marks = self._marks.setdefault(frame.camera, {})
+            picked = job_policy.decide(
+                self.wanted, targets, frame.capture_ts_ns, marks, refresh_all=rig_tag is not None
             )
-            for i in range(len(faces)):
-                track_id = (
-                    own_ids[i]
-                    if own_ids is not None
-                    else _containing_track(faces.boxes[i], person_xyxy, ids)
-                )
-                face_ids.append(track_id)
-                if not want_faces:
-                    continue
-                kp = faces.keypoints[i]
-                if kp.shape[0] == 5:
-                    landmarks, source = kp, "yunet"
-                elif kp.shape[0] == 6:
-                    landmarks, source = blazeface_alignment_points(kp), "blazeface"
-                else:
-                    continue  # no alignment points (a region box, not a face detector)
-                face_jobs.append(
-                    FaceJob(
-                        **_job_fields(frame),
-                        box_xywh=np.asarray(faces.boxes[i], np.float32),
-                        score=float(faces.scores[i]),
-                        landmarks=np.asarray(landmarks, np.float32),
-                        image=frame.image,
-                        track_id=track_id,
-                        landmark_source=source,
-                    )
-                )
+            jobs = [self._job(model, target, frame, tracks) for model, target in picked]
         if rig_tag is not None:
-            rig.posed(frame.camera, frame.seq, [j.track_id for j in pose_jobs])
+            refreshed = [t.track_id for m, t in picked if self._cadence[m] == "refresh"]
+            rig.posed(frame.camera, frame.seq, refreshed)
         if o.faces:
             with tracks.lock:
-                face_jobs.extend(tracks.pose_faces)
+                jobs.extend(tracks.pose_faces)
                 tracks.pose_faces.clear()
         n_faces = 0 if faces is None else len(faces)
         det = Detections(
@@ -467,73 +451,116 @@ class Detect(Stage[DetectOptions]):
             labels=("person",) * len(person_scores) + ("face",) * n_faces,
             extra={"track_ids": ids + face_ids},
         )
-        return [det, *pose_jobs, *face_jobs, *clip_jobs]
+        return [det, *jobs]
 
-    def _pose_job(
-        self, frame: Frame, tracks: CameraTracks, track, boxes_of: dict, group: RigTag | None = None
-    ) -> PoseJob:
-        """A pose job for a track with a box in this frame, marked started in its tracker
-        (call holding tracks.lock)."""
-        since = track.pose_ts_ns
-        job = PoseJob(
-            **_job_fields(frame),
-            track_id=track.track_id,
-            box_xywh=_xyxy_to_xywh(boxes_of[track.track_id]),
-            score=track.score,
-            image=frame.image,
-            pose_age_s=None if since is None else (frame.capture_ts_ns - since) / 1e9,
-            group=group,
-        )
-        tracks.tracker.pose_started(track.track_id)
-        retry = self.options.pose_retry_s
-        tracks.pose_deadlines[track.track_id] = (
-            frame.deadline_ns
-            if retry is None
-            else min(frame.deadline_ns, frame.capture_ts_ns + round(retry * 1e9))
-        )
-        return job
+    def _track(
+        self, frame: Frame, tracks: CameraTracks, person_xywh: np.ndarray, scores: np.ndarray
+    ) -> tuple[list[int | None], dict[int, np.ndarray]]:
+        """Track a frame's person boxes (call holding tracks.lock): the track id of each
+        box (None: not tracked) and the tracked boxes, float32 [4] xyxy by track id."""
+        jumps = tracks.tracker.clock_jumps
+        tracked = tracks.tracker.update(_xywh_to_xyxy(person_xywh), scores, frame.capture_ts_ns)
+        if tracks.tracker.clock_jumps != jumps:
+            tracks.clock_jumped(tracks.tracker.last_jump_ns)
+        ids: list[int | None] = [None] * len(scores)
+        for tb in tracked:
+            ids[tb.detection] = tb.track_id
+        tracks.expire_poses(now_ns())
+        return ids, {tb.track_id: tb.box for tb in tracked}
 
-    def _rig_pose_jobs(
-        self, frame: Frame, tracks: CameraTracks, boxes_of: dict, rig: RigGroups, tag: RigTag
-    ) -> list[PoseJob]:
-        """A posed group's frame: a job for every person tracked in it, the largest boxes
-        first, up to the rig's max_people (call holding tracks.lock)."""
-        return [
-            self._pose_job(frame, tracks, tracks.tracker.track(t), boxes_of, tag)
-            for t in rig.chosen(boxes_of)
-            if tracks.tracker.track(t) is not None
-        ]
-
-    @staticmethod
-    def _due(last_ns: dict[str, int], frame: Frame, interval_s: float) -> bool:
-        """Per-camera rate limit on capture time: True (and noted) once interval_s passed, or
-        when the clock went back past the last one noted (a jump must not mute a camera)."""
-        last = last_ns.get(frame.camera)
-        if last is not None and 0 <= frame.capture_ts_ns - last < interval_s * 1e9:
-            return False
-        last_ns[frame.camera] = frame.capture_ts_ns
-        return True
-
-    def _clip_jobs(
-        self, frame: Frame, boxes_of: dict[int, np.ndarray], w: int, h: int
-    ) -> list[ClipJob]:
+    def _person_targets(
+        self,
+        tracks: CameraTracks,
+        boxes_of: dict[int, np.ndarray],
+        rig: RigGroups | None,
+        tag: RigTag | None,
+    ) -> list[job_policy.Target]:
+        """The tracked persons of a frame, each with its place in the refresh order when it
+        is due: the tracker's pose queue (oldest pose first), or in a rig's posed group its
+        largest people (rig.chosen); none in a rig's frame outside a posed group (call
+        holding tracks.lock)."""
         o = self.options
-        last = self._last_clip_ns.get(frame.camera)
-        if last is not None and 0 <= frame.capture_ts_ns - last < o.clip_interval_s * 1e9:
-            return []
-        if o.clip == "frame":
-            regions = [(None, np.array([0, 0, w, h], np.float32))]
-        else:
-            regions = [(tid, _xyxy_to_xywh(b)) for tid, b in sorted(boxes_of.items())]
-            regions = [(t, b) for t, b in regions if b[2] >= 2 and b[3] >= 2]
-            regions = regions[: o.clip_max_per_frame]
-        if not regions:
-            return []
-        self._last_clip_ns[frame.camera] = frame.capture_ts_ns
-        return [
-            ClipJob(**_job_fields(frame), box_xywh=box, image=frame.image, track_id=tid)
-            for tid, box in regions
-        ]
+        order: list[int] = []
+        if o.pose and tag is not None and rig is not None:
+            order = list(rig.chosen(boxes_of))
+        elif o.pose and rig is None:
+            order = [t.track_id for t in tracks.tracker.pose_queue() if t.track_id in boxes_of]
+        place = {tid: i for i, tid in enumerate(order)}
+        targets = []
+        for tid, box in boxes_of.items():
+            track = tracks.tracker.track(tid)
+            if track is None:
+                continue
+            targets.append(
+                job_policy.Target(
+                    "person",
+                    _xyxy_to_xywh(box),
+                    track_id=tid,
+                    score=track.score,
+                    refresh=place.get(tid),
+                    since_ns=track.pose_ts_ns,
+                    group=tag,
+                )
+            )
+        return targets
+
+    def _face_targets(
+        self,
+        frame: Frame,
+        faces: DetectorOutput | None,
+        person_xywh: np.ndarray,
+        ids: list[int | None],
+    ) -> tuple[list[int | None], list[job_policy.Target]]:
+        """Each face's track id (its own face track without a person detector, else the
+        smallest person box containing it) and the face targets, with their alignment
+        points where the detector gives them (YuNet's 5; BlazeFace's 6 -> 4)."""
+        if faces is None:
+            return [], []
+        own_ids = self._face_track_ids(frame, faces) if self.options.person == "none" else None
+        person_xyxy = _xywh_to_xyxy(person_xywh)
+        face_ids: list[int | None] = []
+        targets = []
+        for i in range(len(faces)):
+            track_id = (
+                own_ids[i]
+                if own_ids is not None
+                else _containing_track(faces.boxes[i], person_xyxy, ids)
+            )
+            face_ids.append(track_id)
+            kp = faces.keypoints[i]
+            landmarks, source = None, ""
+            if kp.shape[0] == 5:
+                landmarks, source = kp, "yunet"
+            elif kp.shape[0] == 6:
+                landmarks, source = blazeface_alignment_points(kp), "blazeface"
+            targets.append(
+                job_policy.Target(
+                    "face",
+                    np.asarray(faces.boxes[i], np.float32),
+                    track_id=track_id,
+                    score=float(faces.scores[i]),
+                    landmarks=None if landmarks is None else np.asarray(landmarks, np.float32),
+                    landmark_source=source,
+                )
+            )
+        return face_ids, targets
+
+    def _job(
+        self, model: str, target: job_policy.Target, frame: Frame, tracks: CameraTracks
+    ) -> Job:
+        """Model `model`'s job on a target, made by its runtime; a refresh is marked started
+        in its tracker with its retry deadline (call holding tracks.lock)."""
+        job = self._makers[model].make_job(target, frame)
+        if self._cadence[model] == "refresh" and target.track_id is not None:
+            tid = target.track_id
+            tracks.tracker.pose_started(tid)
+            retry = self.options.pose_retry_s
+            tracks.pose_deadlines[tid] = (
+                frame.deadline_ns
+                if retry is None
+                else min(frame.deadline_ns, frame.capture_ts_ns + round(retry * 1e9))
+            )
+        return job
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         assert inbox is not None
@@ -572,21 +599,19 @@ class Detect(Stage[DetectOptions]):
             await asyncio.shield(closed)
 
 
+def _declared(config: Config) -> list[tuple[str, RunsOn | None]]:
+    """What each model the detect stage may make jobs for runs on: the models enabled in the
+    config's infer stages, or every registered one when the infer stage runs elsewhere
+    (stages.infer_options.enabled_models)."""
+    enabled = enabled_models(config)
+    names = models.names() if enabled is None else enabled
+    return [(m, models.spec(m).runs_on) for m in names]
+
+
 def _preview_targets(context: Any, out: Outbox) -> list[tuple[PreviewTap, BoundedQueue]]:
     """The publish stages among detect's targets that want previews, with their inboxes."""
     taps = run_taps(context)
     return [(taps[name], queue) for name, _, queue in out.targets if name in taps]
-
-
-def _job_fields(frame: Frame) -> dict:
-    h, w = frame.image.shape[:2]
-    return {
-        "camera": frame.camera,
-        "seq": frame.seq,
-        "capture_ts_ns": frame.capture_ts_ns,
-        "deadline_ns": frame.deadline_ns,
-        "frame_size": (int(w), int(h)),
-    }
 
 
 def _containing_track(

@@ -41,14 +41,10 @@ import math
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, create_model
-
-from npu import models, thread_priority
-from npu.backends import open_device
+from npu import thread_priority
 from npu.device import (
     DeviceFailed,
     DeviceTimeout,
@@ -56,21 +52,15 @@ from npu.device import (
 from npu.models import ModelLoadError
 from pipeline.config import Config
 from pipeline.errors import NpucamError
-from pipeline.files import path_kind
-from pipeline.graph import Stage, StageOptions
+from pipeline.graph import Stage
 from pipeline.messages import now_ns
 from pipeline.queues import Policy
 from stages.batches import Batch, ModelProfile, QueuedJob, SchedulerError
 from stages.device_thread import DeviceThread, batch_name, run_prepared, steps_prepared
+from stages.infer_options import InferOptions, check_infer, open_stage_device
+from stages.infer_report import InferReport
 from stages.jobs import Job
-from stages.runtimes import (
-    ModelOptions,
-    Pacing,
-    Runtime,
-    open_runtime,
-    resolve,
-    runtime_class,
-)
+from stages.runtimes import Pacing, Runtime, open_runtime, resolve
 from stages.scheduler import BatchScheduler
 
 log = logging.getLogger(__name__)
@@ -111,121 +101,7 @@ def _measured_cost(rt: Runtime) -> float:
     return rt.warm_up()
 
 
-class SimOptions(StageOptions):
-    """[stages.sim]: the simulated device (backend sim). pacing (docs/device.md §6): "npu2"
-    (each pass takes the modelled NPU2 time of the released model it is or stands in for),
-    "stand-in" (the model's own dispatches at the rates below, npu.sim.CostModel's) or
-    "none" (no waiting); pace_as: model -> the released variant to pace it as (e.g.
-    adaface = "ir18"; default the bundle's, or the synthetic model's stands_in_for)."""
-
-    pacing: Literal["npu2", "stand-in", "none"] = "npu2"
-    pace_as: dict[str, str] = {}
-    gemm_flops_per_s: float = Field(1.6e12, gt=0)
-    mha_flops_per_s: float = Field(1.2e12, gt=0)
-    default_flops_per_s: float = Field(1.0e12, gt=0)
-    bytes_per_s: float = Field(60e9, gt=0)
-    dispatch_s: float = Field(50e-6, ge=0)
-    ctx_switch_s: float = Field(2.9e-3, ge=0)
-    ctx_create_s: float = Field(30e-3, ge=0)
-    hwctx_limit: int = Field(16, ge=1)  # machine-wide contexts (shared with other processes)
-    registry_dir: str | None = Field(None, min_length=1)  # default $NPUCAM_SIM_HWCTX_DIR
-
-
-class InferOptions(StageOptions):
-    """An infer stage's keys, and one table per registered model ([stages.sapiens2],
-    [stages.clip]...), each typed by its runtime's Options (stages.runtimes). Validating
-    through InferOptions builds the class for the models registered now (infer_options)."""
-
-    backend: Literal["cpu", "sim", "npu"]
-    sim: SimOptions = SimOptions()
-    context_slots: int | None = Field(None, ge=1)  # modelled LRU; default TACONITE_CTX_CACHE/16
-    prepare_ahead_ms: float = Field(200.0, ge=0)  # hand out the next batch this early
-    # how far (device-ms / share) a model may run ahead of the others; None: half the
-    # cheapest pass (stages.scheduler)
-    model_window_ms: float | None = Field(None, ge=0)
-    synthetic_cache: str | None = Field(None, min_length=1)  # default <asset cache>/synthetic
-
-    @property
-    def model_window_s(self) -> float | None:
-        """model_window_ms in seconds, as BatchScheduler takes it (None: its default)."""
-        return None if self.model_window_ms is None else self.model_window_ms / 1000
-
-    @classmethod
-    def model_validate(cls, obj: Any, **kw: Any) -> InferOptions:
-        if cls is InferOptions:
-            return infer_options().model_validate(obj, **kw)
-        return super().model_validate(obj, **kw)
-
-    def model(self, name: str) -> ModelOptions:
-        """The table of model `name`."""
-        return getattr(self, name)
-
-    def enabled(self) -> list[str]:
-        """The enabled models, in registry order."""
-        return [m for m in models.names() if self.model(m).enabled]
-
-
-@functools.cache
-def _options_for(names: tuple[str, ...]) -> type[InferOptions]:
-    tables: dict[str, Any] = {}
-    for name in names:
-        options = runtime_class(name).Options
-        tables[name] = (options, options())
-    return create_model("InferOptions", __base__=InferOptions, **tables)
-
-
-def _path_problems(where: str, path: Path, kind: str, key: str) -> list[str]:
-    """What `run` would die on in a model path that exists: a bundle must be a directory
-    whose manifest and tensor table npu.bundle reads (an empty or unreadable folder, or
-    `bundle = "/etc"`, fails here, not in the device thread); a checkpoint a directory or
-    a file."""
-    if key == "checkpoint":
-        if kind in ("file", "directory"):
-            return []
-        return [f"{where}: {path} is {kind}, not a checkpoint directory or file"]
-    if kind != "directory":
-        shown = "a file" if kind == "file" else kind
-        return [f"{where}: {path} is {shown}, not a bundle directory"]
-    from npu.bundle import Bundle
-
-    try:
-        Bundle.open(path).close()
-    except (NpucamError, OSError, ValueError) as exc:
-        return [f"{where}: not a usable bundle: {exc}"]
-    return []
-
-
-def infer_options() -> type[InferOptions]:
-    """InferOptions with a table for every model registered now."""
-    return _options_for(models.names())
-
-
-def open_stage_device(options: InferOptions, base_dir: Path) -> Any:
-    """The device of an infer stage's backend (npu.backends.open_device); sim built from its
-    [stages.sim] table (paths relative to base_dir)."""
-    if options.backend != "sim":
-        return open_device(options.backend)
-    from npu.sim import CostModel
-
-    s = options.sim
-    cost = CostModel(
-        flops_per_s=(("gemm", s.gemm_flops_per_s), ("mha", s.mha_flops_per_s)),
-        default_flops_per_s=s.default_flops_per_s,
-        bytes_per_s=s.bytes_per_s,
-        dispatch_s=s.dispatch_s,
-        ctx_create_s=s.ctx_create_s,
-        ctx_switch_s=s.ctx_switch_s,
-    )
-    return open_device(
-        "sim",
-        cost=cost,
-        sleep=s.pacing != "none",
-        registry_dir=resolve(base_dir, s.registry_dir),
-        hwctx_limit=s.hwctx_limit,
-    )
-
-
-class Infer(Stage[InferOptions]):
+class Infer(InferReport, Stage[InferOptions]):
     """The NPU stage (see the module docstring)."""
 
     kind = "infer"
@@ -255,50 +131,11 @@ class Infer(Stage[InferOptions]):
         self._inbox_blocks = False  # the stage's inbox is `block`: model queues default to it
         self._model_of: dict[type, str] = {}  # job type -> the enabled model that takes it
 
-    # -- configuration -----------------------------------------------------------------
-
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
         """Every enabled model's path for the backend exists, or synthetic is allowed; and
-        each runtime's own checks of its table (Runtime.check_options)."""
-        try:
-            options = InferOptions.model_validate(config.stages[index].options)
-        except Exception:
-            return []  # check_stages reported the validation errors
-        problems = []
-        enabled = options.enabled()
-        if not enabled:
-            problems.append(
-                f"stages[{index}]: no model enabled (set enabled = true in one of "
-                + ", ".join(f"[stages.{m}]" for m in models.names())
-                + ")"
-            )
-        for m, variant in options.sim.pace_as.items():
-            try:
-                models.npu2_work(m, variant)
-            except (models.ModelLoadError, KeyError) as exc:
-                problems.append(f"stages[{index}].sim.pace_as.{m}: {exc}")
-        key = "checkpoint" if options.backend == "cpu" else "bundle"
-        for m in enabled:
-            mo = options.model(m)
-            raw = getattr(mo, key)
-            path = resolve(config.base_dir, raw)
-            kind = "missing" if path is None else path_kind(path)
-            where = f"stages[{index}].{m}.{key}"
-            if kind == "missing" and not (mo.synthetic and options.backend != "npu"):
-                what = "is not set" if raw is None else f"{path} does not exist"
-                fix = (
-                    "synthetic models run on cpu and sim only"
-                    if mo.synthetic
-                    else "or set synthetic = true"
-                )
-                problems.append(f"{where}: {what} (backend {options.backend}; {fix})")
-            elif kind != "missing":
-                problems.extend(_path_problems(where, Path(path), kind, key))
-            problems.extend(
-                runtime_class(m).check_options(mo, config.base_dir, f"stages[{index}].{m}")
-            )
-        return problems
+        each runtime's own checks of its table (stages.infer_options.check_infer)."""
+        return check_infer(config, index)
 
     # -- startup (device thread) --------------------------------------------------------
 
@@ -716,104 +553,6 @@ class Infer(Stage[InferOptions]):
             )
 
     # -- reporting ----------------------------------------------------------------------
-
-    def stats(self) -> dict:
-        """The stage's scheduler and device numbers as JSON-able data (scheduler metrics of
-        docs/scheduler.md, plus per model its backend, model id, synthetic flag and errors)."""
-        assert self.scheduler is not None
-        snap = self.scheduler.stats.snapshot(now_ns())
-        snap.update(self.device_info())
-        snap["close_errors"] = self.close_errors
-        snap["runtimes"] = {
-            name: {
-                "model": rt.model_id,
-                "synthetic": rt.synthetic,
-                "batch_size": rt.batch_size,
-                "contexts": len(rt.contexts),
-                "published": self.published[name],
-                "errors": self.errors[name],
-                "device_timeouts": self.timeouts[name],
-                "last_error": self.last_error.get(name),
-                "pacing": rt.pacing,
-            }
-            for name, rt in self.runtimes.items()
-        }
-        snap["contexts"] = {m: asdict(c) for m, c in self.scheduler.context_view().items()}
-        if self.device is not None:
-            st = self.device.stats
-            snap["device"] = {
-                "loads": st.loads,
-                "hits": st.hits,
-                "evictions": st.evict,
-                "timeouts": st.timeouts,
-                "parked_contexts": self.device.parked_contexts,
-                "failed": self.device.failed,
-            }
-            sim = getattr(self.device, "sim", None)
-            if sim is not None:
-                snap["device"]["sim_device_time_s"] = sim.device_time_s
-        return snap
-
-    def device_info(self) -> dict[str, str]:
-        """The stage's backend and, on sim, its pacing (the `info` of its stats entry)."""
-        info = {"backend": self.options.backend}
-        if self.options.backend == "sim":
-            info["pacing"] = self.options.sim.pacing
-        return info
-
-    def device_gauges(self) -> dict[str, float]:
-        """The stage's device-wide gauges (the `<stage>` entry of pipeline.metrics): busy
-        fraction and seconds, context loads / evictions as the scheduler models them, closes
-        that failed at shutdown, and when there is a device its own context counters, its
-        dispatches past their deadline, its parked contexts and whether it is marked failed.
-        Read from any thread."""
-        assert self.scheduler is not None
-        st = self.scheduler.stats
-        gauges: dict[str, float] = {
-            "device_busy_fraction": st.busy_fraction(now_ns()),
-            "device_busy_seconds": st.busy_s,
-            "context_loads": st.context_loads,
-            "context_evictions": st.context_evictions,
-            "queued": self.scheduler.pending(),
-            "in_flight": len(self.scheduler.in_flight),
-            "close_errors": self.close_errors,
-        }
-        if self.device is not None:
-            dev = self.device.stats
-            gauges["device_context_loads"] = dev.loads
-            gauges["device_context_hits"] = dev.hits
-            gauges["device_context_evictions"] = dev.evict
-            gauges["device_timeouts"] = dev.timeouts
-            gauges["device_parked_contexts"] = self.device.parked_contexts
-            gauges["device_failed"] = float(self.device.failed is not None)
-        return gauges
-
-    def model_gauges(self, model: str) -> dict[str, float]:
-        """One model's gauges (the `<stage>/<model>` entry of pipeline.metrics): batches,
-        fill ratio, padded slots, padding waste, queue wait mean / max (submit to dispatch),
-        the learned pass cost and its bound, queued jobs, published results, errors (every
-        failed job) and device timeouts (those dropped `device_timeout`); for
-        CLIP also the labels in effect, label sets encoded and labels-file errors."""
-        assert self.scheduler is not None
-        m = self.scheduler.stats.models[model]
-        gauges = {
-            "batches": m.batches,
-            "fill_ratio": m.fill_ratio,
-            "padded_slots": m.slots - m.filled,
-            "padding_waste_seconds": m.padding_waste_s,
-            "queue_wait_mean_seconds": m.mean_wait_s,
-            "queue_wait_max_seconds": m.wait_s_max,
-            "cost_estimate_seconds": self.scheduler.cost_estimate_s(model),
-            "cost_bound_seconds": self.scheduler.cost_bound_s(model),
-            "queued": self.scheduler.pending(model),
-            "published": self.published[model],
-            "errors": self.errors[model],
-            "device_timeouts": self.timeouts[model],
-        }
-        rt = self.runtimes.get(model)
-        if rt is not None:
-            gauges.update(rt.gauges())
-        return gauges
 
     def _log_summary(self) -> None:
         s = self.stats()

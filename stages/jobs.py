@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from pipeline.messages import now_ns
+from pipeline.messages import Frame, now_ns
 
 
 @dataclass(slots=True, kw_only=True)
@@ -36,6 +37,18 @@ class Job:
         return (now_ns() if at_ns is None else at_ns) > self.deadline_ns
 
 
+def frame_fields(frame: Frame) -> dict[str, Any]:
+    """The Job fields of a frame's jobs: its identity, deadline and (width, height)."""
+    h, w = frame.image.shape[:2]
+    return {
+        "camera": frame.camera,
+        "seq": frame.seq,
+        "capture_ts_ns": frame.capture_ts_ns,
+        "deadline_ns": frame.deadline_ns,
+        "frame_size": (int(w), int(h)),
+    }
+
+
 @dataclass(slots=True, kw_only=True)
 class PoseJob(Job):
     """A tracked person to refresh the pose of (detect -> infer).
@@ -54,11 +67,13 @@ class PoseJob(Job):
 
 
 @dataclass(slots=True, kw_only=True)
-class FaceJob(Job):
-    """A detected face with its 5 alignment points (detect -> align -> infer).
+class LandmarkJob(Job):
+    """A job on a face with alignment points (detect -> align -> infer): the align stage
+    aligns every job of this type and passes any other through.
 
     image: the source frame, uint8 BGR [H, W, 3] (dropped once aligned); landmarks: float32
-    [5, 2] in template order (stages.align); aligned: uint8 [112, 112, 3] BGR once aligned.
+    [5, 2] in template order, or BlazeFace's [4, 2] (stages.align); aligned: uint8
+    [size, size, 3] BGR once aligned.
     """
 
     box_xywh: np.ndarray
@@ -68,6 +83,11 @@ class FaceJob(Job):
     aligned: np.ndarray | None = None
     track_id: int | None = None
     landmark_source: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class FaceJob(LandmarkJob):
+    """A detected face to embed with its alignment points (AdaFace's job)."""
 
 
 @dataclass(slots=True, kw_only=True)

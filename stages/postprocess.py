@@ -97,6 +97,11 @@ class Dark(MapStage[DarkOptions]):
     accepts = (PoseInferred,)
     Options = DarkOptions
 
+    @classmethod
+    def produces(cls, options: DarkOptions) -> tuple[type, ...]:
+        """With face_points, a FaceJob per pose's face (sent on by the detect stage)."""
+        return (FaceJob,) if options.face_points else ()
+
     def process(self, item: Inferred) -> list[PoseResult]:
         job = item.job
         if not isinstance(job, PoseJob):

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.errors import NpucamError
 
@@ -26,6 +26,30 @@ BUILTIN = ("npu.models.sapiens2", "npu.models.adaface", "npu.models.clip")
 
 class ModelLoadError(NpucamError):
     """A model that cannot be loaded as asked: unknown name, missing path, wrong backend."""
+
+
+Target = Literal["person", "face", "frame", "region"]
+Cadence = Literal["frame", "interval", "refresh"]
+
+
+@dataclass(frozen=True)
+class RunsOn:
+    """What a model runs on and how often (stages/job_policy.py decides from it).
+
+    target: "person" (a tracked person's box), "face" (a face with alignment landmarks),
+      "frame" (the whole frame) or "region" (the detect stage's regions: person boxes or
+      the frame, its `clip` key).
+    cadence: "frame" (every target of every frame), "interval" (every target of a frame at
+      most once per interval_s of capture time per camera) or "refresh" (the tracked persons
+      whose last result is oldest, max_per_frame a frame, one in flight per track).
+    interval_s, max_per_frame: the defaults; the detect stage's keys of that target set
+      them where it has them (face_interval_s, clip_interval_s, pose_jobs_per_frame...).
+    """
+
+    target: Target
+    cadence: Cadence = "frame"
+    interval_s: float = 0.0
+    max_per_frame: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,8 @@ class ModelSpec:
       module defines VARIANTS, work(variant) -> ModelWork and variant_of_bundle(path)), or
       None; stands_in_for: the released variant its synthetic model stands in for (the
       paced simulator charges the synthetic model that variant's NPU2 time).
+    runs_on: what it runs on and how often (RunsOn), None for a model the detect stage
+      makes no jobs for (its jobs come from a stage of its own).
     """
 
     name: str
@@ -63,6 +89,7 @@ class ModelSpec:
     wire_meta: Callable[[], dict] | None = None
     npu2: str | None = None
     stands_in_for: str | None = None
+    runs_on: RunsOn | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

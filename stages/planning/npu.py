@@ -21,8 +21,10 @@ import numpy as np
 from npu import models
 from npu.sim_cost import NPU2, ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
-from stages.batches import Batch, ModelProfile, QueuedJob
+from stages import job_policy
+from stages.batches import Batch, ModelProfile, QueuedJob, QueuePolicy
 from stages.context_lru import ContextShare
+from stages.jobs import FaceJob
 from stages.planning.simulate import SimClock, simulate
 from stages.scheduler import BatchScheduler
 
@@ -264,24 +266,23 @@ def whole_loops(window_s: float, loops_s: list[float]) -> float:
 class _Camera:
     """The detect stage's state for one camera: its tracks (with their pose bookkeeping, as
     stages.tracks.CameraTracks holds it), a face tracker when there is no person detector,
-    the last frames with face and CLIP jobs, and pose-derived faces waiting for a frame."""
+    the job policy's interval marks, and pose-derived faces waiting for a frame."""
 
     load: CameraLoad
     tracks: Any
     faces: Any = None
-    last_face: int | None = None
-    last_clip: int | None = None
+    marks: dict[str, int] = field(default_factory=dict)  # job_policy.decide's interval marks
     pose_faces: list[int] = field(default_factory=list)
     rig: Any = None  # the camera's rig (stages.rig.groups.RigGroups), None outside one
     seq: int = 0  # frames it delivered
 
 
-def _planned(policy: str) -> str:
+def _planned(policy: QueuePolicy) -> QueuePolicy:
     """The policy the plan simulates for a model queue (a held-back `block` job is refused)."""
     return "reject_new" if policy == "block" else policy
 
 
-def simulate_npu(  # noqa: C901
+def simulate_npu(
     costs: dict[str, ModelCost],
     cameras: list[CameraLoad],
     detect: Any,
@@ -300,10 +301,23 @@ def simulate_npu(  # noqa: C901
     prepare_ahead_ms). face_points: the dark stage sends a face job per pose. infer_blocks:
     the infer stage's inbox is `block`. rigs: clock -> the config's rigs
     (stages.rig.groups.RigGroups on that clock), whose cameras are posed by group."""
+    window_s = whole_loops(horizon_s - warm_s, [c.loop_s for c in cameras])
+    warm_ns, end_ns = round(warm_s * NS), round((warm_s + window_s) * NS)
+    run = _Run(costs, detect, _scheduler(costs, infer, infer_blocks), warm_ns, face_points)
+    run.add_cameras(cameras, rigs)
+    report = simulate(
+        run.sched, run.clock, run.events(end_ns), run.device_s, end_ns,
+        on_complete=run.on_complete,
+    )  # fmt: skip
+    return run.outcome(report, end_ns)
+
+
+def _scheduler(
+    costs: dict[str, ModelCost], infer: Any, infer_blocks: bool
+) -> tuple[BatchScheduler, SimClock]:
+    """The infer stage's scheduler over `costs` (InferOptions `infer`), on a SimClock at 0."""
     from npu.device import ctx_cache_cap
 
-    kind_of = {m: models.spec(m).kind for m in costs}
-    model_of = {k: m for m, k in kind_of.items()}
     clock = SimClock(0)
     profiles = []
     for m, c in costs.items():
@@ -329,165 +343,184 @@ def simulate_npu(  # noqa: C901
         prepare_ahead_s=infer.prepare_ahead_ms / 1000,
         model_window_s=infer.model_window_s,
     )
-    pacer = Npu2Pacer()
-    for m, c in costs.items():  # as the stage tells it for a paced model (stages/infer.py)
-        if c.work is not None:
-            sched.observe_context_cost(m, pacer.costs.ctx_load_s)
-    extra = [0.0]  # modelled context loads and switches in the window
+    return sched, clock
 
-    def device_s(batch: Batch) -> float:
-        c = costs[batch.model]
+
+class _Run:
+    """One simulate_npu run: the scheduler on its clock, the detect stage's state per camera,
+    the jobs it submits (stages.job_policy, as stages.detect.Detect.process) and what comes
+    back (as the dark stage: a finished pose refresh, its face job)."""
+
+    def __init__(
+        self,
+        costs: dict[str, ModelCost],
+        detect: Any,
+        scheduler: tuple[BatchScheduler, SimClock],
+        warm_ns: int,
+        face_points: bool,
+    ) -> None:
+        from stages.runtimes import runtime_class
+
+        self.costs, self.detect, self.warm_ns, self.face_points = (
+            costs, detect, warm_ns, face_points,
+        )  # fmt: skip
+        self.sched, self.clock = scheduler
+        declared = [(m, models.spec(m).runs_on) for m in costs]
+        self.wanted = [] if detect is None else job_policy.wanted(declared, detect)
+        self.cadence = {w.model: w.runs_on.cadence for w in self.wanted}
+        # the dark stage's faces of poses are FaceJobs: they go to the model that takes those
+        self.pose_face_models = [m for m in costs if runtime_class(m).job_type is FaceJob]
+        self.pacer = Npu2Pacer()
+        for m, c in costs.items():  # as the stage tells it for a paced model (stages/infer.py)
+            if c.work is not None:
+                self.sched.observe_context_cost(m, self.pacer.costs.ctx_load_s)
+        self.extra_s = 0.0  # modelled context loads and switches in the window
+        self.cams: dict[str, _Camera] = {}
+        self.submitted: Counter = Counter()
+        self.results: defaultdict[str, Counter] = defaultdict(Counter)
+        self.done_at: defaultdict[str, list[int]] = defaultdict(list)  # model -> result times
+        self.drops_before: Counter = Counter()
+
+    def add_cameras(
+        self, cameras: list[CameraLoad], rigs: Callable[[Callable[[], int]], list[Any]] | None
+    ) -> None:
+        from stages.detect import person_tracker
+        from stages.tracks import CameraTracks
+
+        detect = self.detect
+        for c in cameras:
+            cam = _Camera(c, CameraTracks(person_tracker(detect.tracker, c.name)))
+            if detect.person == "none":
+                cam.faces = person_tracker(detect.tracker, c.name)
+            self.cams[c.name] = cam
+        for rig in rigs(self.clock) if rigs is not None else []:
+            for name in rig.cameras:
+                if name in self.cams:
+                    self.cams[name].rig = rig
+
+    def device_s(self, batch: Batch) -> float:
+        c = self.costs[batch.model]
         if c.work is None:
             return c.device_s
-        charge = pacer.charge(c.work)
-        if clock.t >= warm_ns:
-            extra[0] += charge.total_s - charge.pass_s
+        charge = self.pacer.charge(c.work)
+        if self.clock.t >= self.warm_ns:
+            self.extra_s += charge.total_s - charge.pass_s
         return max(charge.total_s, c.host_wall_s)
 
-    from stages.detect import person_tracker
-    from stages.tracks import CameraTracks
-
-    cams = {}
-    for c in cameras:
-        cam = _Camera(c, CameraTracks(person_tracker(detect.tracker, c.name)))
-        if detect.person == "none":
-            cam.faces = person_tracker(detect.tracker, c.name)
-        cams[c.name] = cam
-    for rig in rigs(clock) if rigs is not None else []:
-        for name in rig.cameras:
-            if name in cams:
-                cams[name].rig = rig
-    window_s = whole_loops(horizon_s - warm_s, [c.loop_s for c in cameras])
-    warm_ns, end_ns = round(warm_s * NS), round((warm_s + window_s) * NS)
-    submitted: Counter = Counter()
-    results: defaultdict[str, Counter] = defaultdict(Counter)
-    done_at: defaultdict[str, list[int]] = defaultdict(list)  # model -> result times
-    mark: dict[str, Any] = {}
-
     def submit(
-        model: str | None, cam: str, payload: tuple, t: int, key: Any, prio: int, group: Any = None
+        self, model: str, cam: str, payload: tuple, t: int, key: Any, prio: int, group: Any = None
     ) -> None:
-        if model is None:
-            return
-        deadline = t + round(cams[cam].load.staleness_s * NS)
-        job = QueuedJob(model, cam, payload, deadline, prio, key, t, group)
-        sched.submit(job)
-        if t >= warm_ns:
-            submitted[model] += 1
+        deadline = t + round(self.cams[cam].load.staleness_s * NS)
+        self.sched.submit(QueuedJob(model, cam, payload, deadline, prio, key, t, group))
+        if t >= self.warm_ns:
+            self.submitted[model] += 1
 
-    def frame(cam: _Camera, t: int, nominal: int) -> None:  # noqa: C901
+    def frame(self, cam: _Camera, t: int, nominal: int) -> None:
         """What stages.detect.Detect.process does with one frame captured at t (its slot of
-        the camera's grid: nominal), minus the detectors."""
-        load, o = cam.load, detect
+        the camera's grid: nominal), minus the detectors: the same targets, the same job
+        policy (stages.job_policy), a job per pick keyed and ordered as its runtime would."""
+        load, detect = cam.load, self.detect
         boxes, scores, face_boxes = load.frames[int(nominal * load.fps / NS) % len(load.frames)]
         tracks = cam.tracks
         tracked = tracks.tracker.update(boxes, scores, t)
-        ids: list[int | None] = [None] * len(scores)
-        for tb in tracked:
-            ids[tb.detection] = tb.track_id
-        boxed = {tb.track_id for tb in tracked}
         tracks.expire_poses(t)
         cam.seq += 1
         deadline = t + round(load.staleness_s * NS)
         tag = None if cam.rig is None else cam.rig.place(load.name, cam.seq, t, deadline, (0, 0))
-
-        def pose(track: Any) -> None:
-            m = model_of.get("pose")
-            key = (m, load.name, track.track_id)
-            submit(m, load.name, ("pose", track.track_id), t, key, track.pose_priority, tag)
-            tracks.tracker.pose_started(track.track_id)
-            retry = o.pose_retry_s
-            tracks.pose_deadlines[track.track_id] = (
-                deadline if retry is None else min(deadline, t + round(retry * NS))
-            )
-
-        if o.pose and tag is not None:  # a posed group's frame: its largest people
-            for tid in cam.rig.chosen({tb.track_id: tb.box for tb in tracked}):
-                if (track := tracks.tracker.track(tid)) is not None:
-                    pose(track)
-        elif o.pose and cam.rig is None and o.pose_jobs_per_frame:
-            issued = 0
-            for track in tracks.tracker.pose_queue():
-                if issued == o.pose_jobs_per_frame:
-                    break
-                if track.track_id not in boxed:
-                    continue
-                pose(track)
-                issued += 1
-        if o.clip != "off":
-            regions = [None] if o.clip == "frame" else sorted(boxed)[: o.clip_max_per_frame]
-            due = cam.last_clip is None or t - cam.last_clip >= o.clip_interval_s * NS
-            if regions and due:
-                cam.last_clip = t
-                m = model_of.get("clip")
-                for p in regions:
-                    key = None if p is None else (m, load.name, p)
-                    submit(m, load.name, ("clip", p), t, key, 0)
-        if o.face != "none" and o.faces and len(face_boxes):
-            due = cam.last_face is None or t - cam.last_face >= o.face_interval_s * NS
-            if due:
-                cam.last_face = t
-                m = model_of.get("face")
-                source = "yunet" if o.face == "yunet" else "blazeface"
-                for f in _face_tracks(cam, face_boxes, boxes, ids, t):
-                    key = None if f is None else (m, load.name, f, source)
-                    submit(m, load.name, ("face", f), t, key, 0)
-        elif cam.faces is not None:
-            _face_tracks(cam, face_boxes, boxes, ids, t)  # the face tracker sees every frame
-        if o.faces:
-            m = model_of.get("face")
+        targets = _targets(cam, detect, tracked, boxes, face_boxes, tag, t)
+        picked = job_policy.decide(self.wanted, targets, t, cam.marks, refresh_all=tag is not None)
+        for m, target in picked:
+            tid, refresh = target.track_id, self.cadence[m] == "refresh"
+            key: tuple | None = None if tid is None else (m, load.name, tid)
+            if key is not None and target.kind == "face":
+                key = (*key, target.landmark_source)
+            since = target.since_ns
+            prio = (-1 if since is None else since) if refresh else 0
+            self.submit(m, load.name, (self.cadence[m], tid), t, key, prio, target.group)
+            if refresh and tid is not None:
+                tracks.tracker.pose_started(tid)
+                retry = detect.pose_retry_s
+                tracks.pose_deadlines[tid] = (
+                    deadline if retry is None else min(deadline, t + round(retry * NS))
+                )
+        if detect.faces:
             for p in cam.pose_faces:
-                submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
+                for m in self.pose_face_models:
+                    self.submit(m, load.name, ("face", p), t, (m, load.name, p, "sapiens2"), 0)
             cam.pose_faces.clear()
 
-    def on_complete(batch: Batch, returned: list) -> None:
+    def on_complete(self, batch: Batch, returned: list) -> None:
+        t = self.clock.t
         for job, _ in returned:
-            if clock.t >= warm_ns:
-                results[job.model][job.camera] += 1
-                done_at[job.model].append(clock.t)
-            kind, who = job.payload
-            if kind != "pose":
+            if t >= self.warm_ns:
+                self.results[job.model][job.camera] += 1
+                self.done_at[job.model].append(t)
+            cadence, who = job.payload
+            if cadence != "refresh":
                 continue
-            cam = cams[job.camera]
-            cam.tracks.finish_pose(who, job.capture_ts_ns, clock.t)  # as the dark stage does
-            if face_points:
+            cam = self.cams[job.camera]
+            cam.tracks.finish_pose(who, job.capture_ts_ns, t)  # as the dark stage does
+            if self.face_points:
                 cam.pose_faces.append(who)
 
-    def snapshot() -> None:
-        mark["drops"] = Counter(sched.stats.drops)
+    def snapshot(self) -> None:
+        self.drops_before = Counter(self.sched.stats.drops)
 
-    events: list[tuple[int, Any]] = [(warm_ns, snapshot)]
-    rng = np.random.default_rng(0)  # seeded: one config gives one plan
-    order = list(cams)
-    for k, cam in enumerate(cams.values()):
-        if cam.load.rate <= 0 or not cam.load.frames:
-            continue
-        period = NS / cam.load.rate
-        if cam.rig is not None:  # a rig's cameras capture together, at its first one's phase
-            k = min(order.index(c) for c in cam.rig.cameras if c in cams)
-        phase = round(period * k / max(len(cams), 1))
-        spread = min(CAPTURE_JITTER_S * NS, period / 8)  # frames stay in order
-        j = 0
-        while (nominal := phase + round(j * period)) < end_ns:
-            t = max(0, nominal + round(spread * float(np.clip(rng.standard_normal(), -2, 2))))
-            events.append((t, lambda cam=cam, t=t, nominal=nominal: frame(cam, t, nominal)))
-            j += 1
-    report = simulate(sched, clock, events, device_s, end_ns, on_complete=on_complete)
+    def events(self, end_ns: int) -> list[tuple[int, Any]]:
+        """The drop counters' snapshot at the window's start, and each camera's frames until
+        end_ns: its grid (a rig's cameras at its first one's phase), jittered by
+        CAPTURE_JITTER_S (seeded: one config gives one plan)."""
+        cams = self.cams
+        events: list[tuple[int, Any]] = [(self.warm_ns, self.snapshot)]
+        rng = np.random.default_rng(0)
+        order = list(cams)
+        for k, cam in enumerate(cams.values()):
+            if cam.load.rate <= 0 or not cam.load.frames:
+                continue
+            period = NS / cam.load.rate
+            if cam.rig is not None:
+                k = min(order.index(c) for c in cam.rig.cameras if c in cams)
+            phase = round(period * k / max(len(cams), 1))
+            spread = min(CAPTURE_JITTER_S * NS, period / 8)  # frames stay in order
+            j = 0
+            while (nominal := phase + round(j * period)) < end_ns:
+                t = max(0, nominal + round(spread * float(np.clip(rng.standard_normal(), -2, 2))))
+                events.append(
+                    (t, lambda cam=cam, t=t, nominal=nominal: self.frame(cam, t, nominal))
+                )
+                j += 1
+        return events
 
-    window = (end_ns - warm_ns) / NS
-    busy = sum(max(0, min(b, end_ns) - max(a, warm_ns)) for a, b, _ in report.batches) / (
-        end_ns - warm_ns
-    )
-    drops: dict[str, dict[str, float]] = defaultdict(dict)
-    before = mark.get("drops", Counter())
-    for (m, _cam, reason), n in sched.stats.drops.items():
-        d = n - before.get((m, _cam, reason), 0)
-        if d:
-            drops[m][reason] = drops[m].get(reason, 0.0) + d / window
-    passes: Counter = Counter()
-    for a, _, b in report.batches:
-        if a >= warm_ns:
-            passes[b.model] += 1
+    def outcome(self, report: Any, end_ns: int) -> NpuOutcome:
+        """What the scheduler did over the window [warm_ns, end_ns), per second of it."""
+        warm_ns = self.warm_ns
+        window = (end_ns - warm_ns) / NS
+        busy = sum(max(0, min(b, end_ns) - max(a, warm_ns)) for a, b, _ in report.batches) / (
+            end_ns - warm_ns
+        )
+        drops: dict[str, dict[str, float]] = defaultdict(dict)
+        for (m, cam, reason), n in self.sched.stats.drops.items():
+            d = n - self.drops_before.get((m, cam, reason), 0)
+            if d:
+                drops[m][reason] = drops[m].get(reason, 0.0) + d / window
+        passes: Counter = Counter(b.model for a, _, b in report.batches if a >= warm_ns)
+        return NpuOutcome(
+            spread=_spread(self.done_at, warm_ns, end_ns, window),
+            window_s=window,
+            busy=busy,
+            results={m: {c: n / window for c, n in r.items()} for m, r in self.results.items()},
+            drops=dict(drops),
+            jobs={m: n / window for m, n in self.submitted.items()},
+            passes={m: n / window for m, n in passes.items()},
+            context_loads_s=self.extra_s / window,
+            contexts=self.sched.context_view(),
+        )
+
+
+def _spread(
+    done_at: dict[str, list[int]], warm_ns: int, end_ns: int, window: float
+) -> dict[str, tuple[float, float]]:
+    """model -> (lowest, highest) results/s over any SPREAD_S of the window, every 5 s."""
     spread = {}
     span = round(min(SPREAD_S, window) * NS)
     for m, times in done_at.items():
@@ -497,17 +530,58 @@ def simulate_npu(  # noqa: C901
             rates.append(n / (span / NS))
         if rates:
             spread[m] = (min(rates), max(rates))
-    return NpuOutcome(
-        spread=spread,
-        window_s=window,
-        busy=busy,
-        results={m: {c: n / window for c, n in r.items()} for m, r in results.items()},
-        drops=dict(drops),
-        jobs={m: n / window for m, n in submitted.items()},
-        passes={m: n / window for m, n in passes.items()},
-        context_loads_s=extra[0] / window,
-        contexts=sched.context_view(),
-    )
+    return spread
+
+
+def _targets(
+    cam: _Camera, detect: Any, tracked: list, boxes: np.ndarray, face_boxes: np.ndarray,
+    tag: Any, t: int,
+) -> list[job_policy.Target]:  # fmt: skip
+    """A frame's targets as stages.detect.Detect.process makes them: the tracked persons
+    (with their refresh places: the pose queue's order, or a posed rig group's chosen
+    people), the faces (with their detector's landmarks), the regions and the frame."""
+    tracks = cam.tracks
+    ids: list[int | None] = [None] * len(boxes)
+    for tb in tracked:
+        ids[tb.detection] = tb.track_id
+    boxed = {tb.track_id: tb.box for tb in tracked}
+    order: list[int] = []
+    if detect.pose and tag is not None:
+        order = list(cam.rig.chosen(boxed))
+    elif detect.pose and cam.rig is None:
+        order = [tr.track_id for tr in tracks.tracker.pose_queue() if tr.track_id in boxed]
+    place = {tid: i for i, tid in enumerate(order)}
+    targets = []
+    for tid, box in boxed.items():
+        if (track := tracks.tracker.track(tid)) is not None:
+            targets.append(
+                job_policy.Target(
+                    "person",
+                    _xywh(box),
+                    track_id=tid,
+                    score=track.score,
+                    refresh=place.get(tid),
+                    since_ns=track.pose_ts_ns,
+                    group=tag,
+                )  # fmt: skip
+            )
+    face_ids = _face_tracks(cam, face_boxes, boxes, ids, t)
+    if detect.face != "none":
+        source = "yunet" if detect.face == "yunet" else "blazeface"
+        targets += [
+            job_policy.Target("face", _xywh(b), track_id=f, landmark_source=source)
+            for b, f in zip(face_boxes, face_ids, strict=True)
+        ]
+    if detect.clip != "off":
+        xywh = {tid: _xywh(b) for tid, b in boxed.items()}
+        targets += job_policy.regions(xywh, (0, 0), detect.clip == "frame")
+    targets.append(job_policy.Target("frame"))
+    return targets
+
+
+def _xywh(xyxy: np.ndarray) -> np.ndarray:
+    b = np.asarray(xyxy, np.float32).reshape(4)
+    return np.array([b[0], b[1], b[2] - b[0], b[3] - b[1]], np.float32)
 
 
 def _face_tracks(

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 from pydantic import Field
@@ -36,6 +36,9 @@ from npu.models import ModelLoadError, ModelSource, load, npu2_work, released_va
 from npu.sim_cost import ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
 from pipeline.graph import StageOptions
+from pipeline.messages import Frame
+from stages.batches import QueuePolicy
+from stages.job_policy import Target
 from stages.jobs import Inferred, Job
 
 log = logging.getLogger(__name__)
@@ -60,11 +63,11 @@ class ModelOptions(StageOptions):
     queue_size: int = Field(16, ge=1, le=100_000)
     # when its queue is full; default: block if the infer stage's inbox is block (the
     # back-pressure reaches the producers), else drop_oldest
-    queue_policy: Literal["drop_oldest", "reject_new", "block"] | None = None
+    queue_policy: QueuePolicy | None = None
     cost_s: float | None = Field(None, gt=0)  # initial pass cost; default: measured warm-up
     share: float = Field(1.0, gt=0)  # weight in the device-time split between models
 
-    def policy(self, inbox_blocks: bool) -> str:
+    def policy(self, inbox_blocks: bool) -> QueuePolicy:
         """The queue policy this model runs with, given whether the stage's inbox blocks."""
         if self.queue_policy is not None:
             return self.queue_policy
@@ -261,6 +264,13 @@ class Runtime(Generic[ModelOptionsT, JobT]):
     def started(self, base_dir: Path) -> None:
         """After loading, on the device thread: anything the model computes once before its
         first job (CLIP encodes its label prompts). base_dir resolves the options' paths."""
+
+    @classmethod
+    def make_job(cls, target: Target, frame: Frame) -> Job:
+        """This model's job on one target of a frame (the detect stage calls it for each
+        (model, target) pair stages.job_policy.decide picks; ModelSpec.runs_on says which
+        targets). A model whose jobs come from a stage of its own need not define it."""
+        raise NotImplementedError(f"{cls.__name__} makes no jobs from targets")
 
     # -- scheduling ----------------------------------------------------------------------
 

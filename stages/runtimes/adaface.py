@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from npu.models.adaface.preprocess import embedder_input
-from stages.jobs import FaceInferred, FaceJob
+from pipeline.messages import Frame
+from stages.job_policy import Target
+from stages.jobs import FaceInferred, FaceJob, frame_fields
 from stages.runtimes import JobInputError, ModelOptions, Runtime
 
 
@@ -15,6 +17,20 @@ class AdaFaceRuntime(Runtime[ModelOptions, FaceJob]):
 
     job_type = FaceJob
     inferred_type = FaceInferred
+
+    @classmethod
+    def make_job(cls, target: Target, frame: Frame) -> FaceJob:
+        """A face with its alignment points, on its frame (the align stage crops it)."""
+        assert target.box_xywh is not None and target.landmarks is not None
+        return FaceJob(
+            **frame_fields(frame),
+            box_xywh=target.box_xywh,
+            score=target.score,
+            landmarks=target.landmarks,
+            image=frame.image,
+            track_id=target.track_id,
+            landmark_source=target.landmark_source,
+        )
 
     def schedule_key(self, job: FaceJob) -> tuple | None:
         """Per tracked person and landmark source: a detector face and a pose-derived face of

@@ -17,7 +17,9 @@ from pydantic import Field
 from npu.models import ModelLoadError
 from pipeline.errors import NpucamError
 from pipeline.files import FileRefusedError, FileRuleError, FileWatch, read_regular
-from stages.jobs import ClipInferred, ClipJob, Job
+from pipeline.messages import Frame
+from stages.job_policy import Target
+from stages.jobs import ClipInferred, ClipJob, Job, frame_fields
 from stages.runtimes import JobInputError, ModelOptions, Prepared, Ran, Runtime, resolve
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,15 @@ class ClipRuntime(Runtime[ClipOptions, ClipJob]):
         self.watch: FileWatch | None = None  # the labels file, once load_labels has read it
         # device thread: the queued set whose encoding failed, its failures, next attempt
         self._failed: tuple[tuple[str, ...], int, float] | None = None
+
+    @classmethod
+    def make_job(cls, target: Target, frame: Frame) -> ClipJob:
+        """A region to label: a tracked person's box, or the whole frame."""
+        assert target.box_xywh is not None
+        return ClipJob(
+            **frame_fields(frame), box_xywh=target.box_xywh, image=frame.image,
+            track_id=target.track_id,
+        )  # fmt: skip
 
     # -- the label set ---------------------------------------------------------------------
 

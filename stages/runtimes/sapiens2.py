@@ -8,7 +8,9 @@ import numpy as np
 from npu.device import Steps
 from npu.host_memory import faulted
 from npu.models.sapiens2.preprocess import crop_persons
-from stages.jobs import PoseInferred, PoseJob
+from pipeline.messages import Frame
+from stages.job_policy import Target
+from stages.jobs import PoseInferred, PoseJob, frame_fields
 from stages.runtimes import JobInputError, ModelOptions, PacedTimer, Runtime, SlotOutput
 
 
@@ -17,6 +19,22 @@ class Sapiens2Runtime(Runtime[ModelOptions, PoseJob]):
 
     job_type = PoseJob
     inferred_type = PoseInferred
+
+    @classmethod
+    def make_job(cls, target: Target, frame: Frame) -> PoseJob:
+        """A tracked person's pose refresh: its box, its track's score, and how old its
+        last pose is (None: never posed)."""
+        assert target.track_id is not None and target.box_xywh is not None
+        since = target.since_ns
+        return PoseJob(
+            **frame_fields(frame),
+            track_id=target.track_id,
+            box_xywh=target.box_xywh,
+            score=target.score,
+            image=frame.image,
+            pose_age_s=None if since is None else (frame.capture_ts_ns - since) / 1e9,
+            group=target.group,
+        )
 
     def priority(self, job: PoseJob) -> int:
         """The oldest pose first: never-posed tracks, then by when the last pose was taken."""

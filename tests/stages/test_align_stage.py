@@ -1,8 +1,10 @@
-"""The align stage: face jobs -> aligned 112x112 crops equal to align_face / align_face_4pt
-(the 4-point BlazeFace approximation); pose and CLIP jobs pass through."""
+"""The align stage: face jobs (any job carrying landmarks) -> aligned 112x112 crops equal to
+align_face / align_face_4pt (the 4-point BlazeFace approximation); every other job (pose,
+CLIP, another model's) passes through."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -23,7 +25,7 @@ from stages.align import (
     align_face_4pt,
 )
 from stages.detect import Detect, DetectOptions
-from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.jobs import ClipJob, FaceJob, Job, LandmarkJob, PoseJob
 
 
 def context(tmp_path: Path) -> Context:
@@ -89,3 +91,32 @@ def test_pose_and_clip_jobs_pass_through_and_bad_landmarks_are_errors(tmp_path):
     job.image = None
     with pytest.raises(AlignError, match="no frame to align"):
         stage.process(job)
+
+
+@dataclass(slots=True, kw_only=True)
+class AgeJob(LandmarkJob):
+    """Another model's job on aligned faces (the issue's "age" model), not a FaceJob."""
+
+
+@dataclass(slots=True, kw_only=True)
+class WholeFrameJob(Job):
+    """Another model's job with no landmarks."""
+
+    image: np.ndarray
+
+
+def test_any_job_with_landmarks_is_aligned_and_any_other_job_passes_through(tmp_path):
+    stage = Align("align", AlignOptions(), context(tmp_path))
+    assert stage.accepts == (Job,)  # an outbox routes every job through align
+    rng = np.random.default_rng(1)
+    image = rng.integers(0, 256, (120, 160, 3), np.uint8)
+    landmarks = (ARCFACE_TEMPLATE - 56) * 0.8 + [80, 60]
+    t = now_ns()
+    common = {"camera": "cam", "seq": 2, "capture_ts_ns": t, "deadline_ns": t + 10**10}
+    age = AgeJob(**common, box_xywh=np.zeros(4, np.float32), score=1.0,
+                 landmarks=landmarks.astype(np.float32), image=image)  # fmt: skip
+    (out,) = stage.process(age)
+    assert out is age and age.image is None
+    np.testing.assert_array_equal(age.aligned, align_face(image, landmarks.astype(np.float32))[0])
+    whole = WholeFrameJob(**common, image=image)
+    assert stage.process(whole) == [whole] and whole.image is image

@@ -18,6 +18,7 @@ import pytest
 import zmq
 from skimage import data
 
+from npu import models
 from pipeline.assets import asset_path
 from pipeline.config import ConfigError, parse_config
 from pipeline.graph import Context, Outbox, check_stages
@@ -31,6 +32,8 @@ from stages.detect import Detect, DetectOptions
 from stages.detectors.blazeface import BlazeFace
 from stages.detectors.litert import DetectorError
 from stages.jobs import ClipJob, FaceJob, PoseJob
+from tests.toymodel import MODEL as TOY
+from tests.toymodel.runtime import ToyJob
 
 NS = 1_000_000_000
 
@@ -179,6 +182,37 @@ def test_clip_jobs_of_whole_frames_are_rate_limited_per_camera(tmp_path):
                 np.testing.assert_array_equal(c.box_xywh, [0, 0, 64, 48])
                 assert c.track_id is None and c.frame_size == (64, 48)
     assert got == {"a": [0, 2, 4], "b": [0, 2, 4]}
+
+
+def test_a_registered_model_enabled_in_the_infer_stage_gets_jobs_on_the_targets_it_declares(
+    tmp_path,
+):
+    config = parse_config(
+        {
+            "cameras": [{"name": "cam", "url": "synthetic:"}],
+            "stages": [
+                {"kind": "capture"},
+                {"kind": "infer", "backend": "sim", "toy": {"enabled": True, "bundle": "t"}},
+            ],
+        },
+        tmp_path / "run.toml",
+    )
+    door = {"name": "door", "x": 8, "y": 4, "w": 20, "h": 30}
+    options = DetectOptions(person="roi", person_regions=[door], face="none", clip="frame")
+    image = np.zeros((48, 64, 3), np.uint8)
+    t0 = now_ns()
+    models.register(TOY)
+    try:
+        stage = Detect("detect", options, Context(config, Metrics()))
+        jobs = [stage.process(frame(image, seq, t0))[1:] for seq in range(3)]
+    finally:
+        models.unregister(TOY.name)
+    # the toy runs on every tracked person of every frame (RunsOn("person", "frame")); the
+    # released models are not enabled in this config's infer stage, so pose and CLIP get none
+    assert [[type(j) for j in js] for js in jobs] == [[ToyJob]] * 3
+    assert [j.seq for js in jobs for j in js] == [0, 1, 2]
+    assert {j.track_id for js in jobs for j in js} == {jobs[0][0].track_id}
+    assert all(j.image.shape == (30, 20, 3) for js in jobs for j in js)  # the person's box
 
 
 # ---- person boxes from an external detector over ZeroMQ -----------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from npu.models import ModelSpec, bundle_batch
+from npu.models import ModelSpec, RunsOn, bundle_batch
 
 
 def _from_checkpoint(path: Path) -> Any:
@@ -43,4 +43,5 @@ MODEL = ModelSpec(
     },
     npu2="npu.models.adaface.npu2",
     stands_in_for="ir101",
+    runs_on=RunsOn("face", "interval"),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from npu.models import ModelSpec
+from npu.models import ModelSpec, RunsOn
 
 
 def _from_checkpoint(path: Path) -> Any:
@@ -38,4 +38,5 @@ MODEL = ModelSpec(
     wire_meta=lambda: {"probabilities": "softmax over the labels of the message, in their order"},
     npu2="npu.models.clip.npu2",
     stands_in_for="vit-h-14",
+    runs_on=RunsOn("region", "interval", interval_s=1.0, max_per_frame=4),
 )

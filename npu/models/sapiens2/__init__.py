@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from npu.models import ModelSpec, bundle_batch
+from npu.models import ModelSpec, RunsOn, bundle_batch
 
 
 def _from_checkpoint(path: Path) -> Any:
@@ -43,4 +43,5 @@ MODEL = ModelSpec(
     wire_meta=_wire_meta,
     npu2="npu.models.sapiens2.npu2",
     stands_in_for="0.4b",
+    runs_on=RunsOn("person", "refresh", max_per_frame=1),
 )
