@@ -61,7 +61,7 @@ def view_url(proc: subprocess.Popen, timeout_s: float = 20.0) -> str:
     return line.split()[2]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("pacing", PACINGS)
 def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(
     demo_config, tmp_path, pacing
@@ -71,7 +71,7 @@ def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(
     groups = json.loads((REPO / "docs" / "meta.json").read_text())["pose"]["groups"]
     body = next(g["color"] for g in groups if g["name"] == "body")  # from the contract file
     run = subprocess.Popen(
-        [str(NPUCAM), "run", str(config), "--duration", "50"],
+        [str(NPUCAM), "run", str(config), "--duration", "150"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -89,7 +89,10 @@ def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(
         url = view_url(view)
         driver = browser(tmp_path / "chromium-profile")
         driver.get(url)
-        end = time.monotonic() + 40
+        # polls until both cameras show all of it (seconds on an idle host); 120 s is a hang
+        # guard for a loaded one, where the first poses wait for the models' warm-up estimate
+        # to relax (docs/scheduler.md, "An inflated warm-up")
+        end = time.monotonic() + 120
         counts, pixels = {}, {}
         while time.monotonic() < end:
             counts = driver.execute_script("return window.npucamView.counts()")
