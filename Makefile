@@ -104,12 +104,14 @@ soak: setup
 
 # ruff (with McCabe complexity <= 15), mypy over pipeline/, stages/ and npu/ (pydantic's plugin;
 # the modules still on the burn-down list of pyproject.toml's [tool.mypy] are skipped), then
-# .ci/no_host_speed_asserts.py: no default-run test bounds a wall-clock duration
+# .ci/no_host_speed_asserts.py: no default-run test bounds a wall-clock duration; then
+# .ci/no_import_cycles.py: no import circle in npu/, stages/ or pipeline/
 lint: setup-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) .ci/no_host_speed_asserts.py
+	$(PY) .ci/no_import_cycles.py
 
 format: setup-test
 	$(VENV)/bin/ruff format .

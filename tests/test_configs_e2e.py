@@ -218,7 +218,7 @@ def test_the_kiosks_documented_enrol_command_works_as_written_and_matches_the_ki
     import cv2
     import skimage.data
 
-    from npu.models import ModelSource
+    from npu.models.loading import ModelSource
     from stages.gallery import read_gallery
     from stages.runtimes import open_runtime
 

@@ -23,9 +23,10 @@ import cv2
 import numpy as np
 
 from npu.backends import open_device
-from npu.models import Loaded, spec
+from npu.models import spec
 from npu.models.clip.check import NOTHING_TO_CHECK, check_bundle
 from npu.models.clip.model import ClipInputError, ClipModel
+from npu.models.loading import Loaded
 from pipeline.errors import NpucamError
 from pipeline.files import path_kind
 from stages.commands import models

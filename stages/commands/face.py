@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from npu.models import Loaded
+from npu.models.loading import Loaded
 from pipeline.messages import Frame
 from stages.commands.models import add_synthetic_flag, load_model, tag
 from stages.gallery import (

@@ -1,6 +1,6 @@
 """The model a prediction command runs (`face`, `clip`, `pose`): its --model path on its
 --backend, or with --synthetic the synthetic stand-in the configs use when that path is
-missing (npu.models.load, the one loader of the pipeline too), and how its output says so.
+missing (npu.models.loading.load, the one loader of the pipeline too), and how its output says so.
 
 A command never passes synthetic predictions off as real: whenever the weights are synthetic
 (--synthetic, or a --model directory of synthetic weights) it says so loudly on stderr, and
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from npu.models import Loaded, ModelSource, load
+from npu.models.loading import Loaded, ModelSource, load
 from pipeline.errors import NpucamError
 from pipeline.files import path_kind
 

@@ -1,6 +1,6 @@
 """Model runtimes: the one interface every model plugs into the inference stage through.
 
-A Runtime wraps one loaded model (npu.models.load) on one backend and tells the scheduler
+A Runtime wraps one loaded model (npu.models.loading.load) on one backend and tells the scheduler
 what it needs: its export batch size (the model spec reads it from the bundle: CLIP's
 `v_batch` images a pass, 4; Sapiens2 and AdaFace one item a pass), the hardware contexts its
 kernels use (the bundle's xclbin + kernel pairs, as npu.device.context_key names them), its
@@ -32,7 +32,8 @@ import numpy as np
 from pydantic import Field
 
 from npu.device import Launch, Steps, busy_steps
-from npu.models import ModelLoadError, ModelSource, load, npu2_work, released_variant, spec
+from npu.models import ModelLoadError, npu2_work, released_variant, spec
+from npu.models.loading import ModelSource, load
 from npu.sim_cost import ModelWork, Npu2Pacer
 from pipeline.errors import NpucamError
 from pipeline.graph import StageOptions
@@ -432,7 +433,7 @@ def open_runtime(
     synthetic_cache: str | Path | None = None,
     pacing: Pacing | None = None,
 ) -> Runtime:
-    """Load model `name` on `backend` from `source` (npu.models.load) and wrap it in its
+    """Load model `name` on `backend` from `source` (npu.models.loading.load) and wrap it in its
     runtime with `options` (its config table; default: the runtime's defaults). device is
     the open device for sim / npu, None for cpu; pacing: how a sim device paces it (the
     infer stage passes its [stages.sim] pacing; None: by the model's own dispatches). Runs

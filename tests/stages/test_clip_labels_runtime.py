@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npu.models import ModelLoadError, ModelSource
+from npu.models import ModelLoadError
 from npu.models.clip.model import ClipTowers
+from npu.models.loading import ModelSource
 from npu.sim import SimDevice
 from pipeline.config import parse_config
 from pipeline.messages import now_ns

@@ -451,7 +451,7 @@ def test_the_pipelines_faces_match_a_gallery_the_cli_enrolled_without_a_model_wa
     """The face_match stage used to warn that a gallery of the synthetic AdaFace held
     another model's embeddings: the gallery recorded the fingerprint, the faces the bare
     model name. Both are the fingerprint now."""
-    from npu.models import ModelSource
+    from npu.models.loading import ModelSource
     from pipeline.config import parse_config
     from pipeline.graph import Context
     from pipeline.messages import now_ns

@@ -12,10 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from npu.models import ModelLoadError, ModelSource, npu2_work, spec, synthetic
+from npu.models import ModelLoadError, npu2_work, spec, synthetic
 from npu.models.adaface import synthetic as ada_synthetic
 from npu.models.adaface.preprocess import embedder_input
 from npu.models.clip import synthetic as clip_synthetic
+from npu.models.loading import ModelSource
 from npu.models.sapiens2.preprocess import crop_persons
 from npu.sim import SimDevice
 from npu.sim_cost import NPU2
