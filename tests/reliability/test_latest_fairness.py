@@ -47,9 +47,9 @@ def config_text(size: int) -> str:
     """
 
 
-def results_per_camera(write_config, seconds: float, size: int) -> tuple[list[int], float]:
+def results_per_camera(write_config, seconds: float, size: int) -> tuple[list[int], float, int]:
     """(results per camera in the steady state, the longest wait between two results of one
-    camera in s)."""
+    camera in s, the most results of other cameras between two of one camera)."""
     path = write_config(config_text(size))
 
     async def main():
@@ -67,21 +67,31 @@ def results_per_camera(write_config, seconds: float, size: int) -> tuple[list[in
     steady = [item for item in items if t0 <= item.capture_ts_ns <= t1]
     counts = Counter(item.camera for item in steady)
     longest = 0.0
+    skipped = 0
     for cam in CAMERAS:
         ts = [item.capture_ts_ns for item in steady if item.camera == cam]
         longest = max([longest, *((b - a) / 1e9 for a, b in zip(ts, ts[1:], strict=False))])
-    return [counts[cam] for cam in CAMERAS], longest
+        turns = [i for i, item in enumerate(steady) if item.camera == cam]  # in delivery order
+        skipped = max([skipped, *(b - a - 1 for a, b in zip(turns, turns[1:], strict=False))])
+    return [counts[cam] for cam in CAMERAS], longest, skipped
 
 
-def check_fair(counts: list[int], longest: float, seconds: float) -> None:
+def check_fair(
+    counts: list[int], longest: float, skipped: int, seconds: float, slow: bool = False
+) -> None:
     print(
         f"\n16 cameras, {seconds:g} s: results per camera min {min(counts)} max {max(counts)} "
-        f"(max/min {max(counts) / max(1, min(counts)):.2f}); longest wait {longest:.2f} s"
+        f"(max/min {max(counts) / max(1, min(counts)):.2f}); longest wait {longest:.2f} s, "
+        f"at most {skipped} results of other cameras between two of one"
     )
     assert min(counts) > 0
     assert max(counts) / min(counts) <= 1.5, counts
-    # Round-robin over 16 cameras at ~100 results/s: a turn comes about every 0.16 s.
-    assert longest < 1.0
+    # Round-robin over 16 cameras: 15 others between two turns of one, a few more where a
+    # camera had no frame waiting at its turn (~0.16 s a turn at ~100 results/s on an idle
+    # host; the wait in seconds is the host's speed, printed, not asserted)
+    assert skipped <= 3 * 16, skipped
+    if slow:  # the turn's time on the wall clock: the slow run's, the issue 27 way
+        assert longest < 1.0
 
 
 def test_latest_inbox_serves_16_equal_cameras_in_turn(write_config):
@@ -93,4 +103,4 @@ def test_latest_inbox_serves_16_equal_cameras_in_turn(write_config):
 @pytest.mark.parametrize("size", [2, 16])
 def test_latest_inbox_serves_16_equal_cameras_in_turn_for_a_minute(write_config, size):
     seconds = 60.0
-    check_fair(*results_per_camera(write_config, seconds, size=size), seconds)
+    check_fair(*results_per_camera(write_config, seconds, size=size), seconds, slow=True)
