@@ -42,7 +42,7 @@ from stages.detectors.detections import DetectorOutput
 from stages.infer_options import enabled_models
 from stages.jobs import Job
 from stages.preview import PreviewFrame, PreviewTap, run_taps
-from stages.rig.groups import RigGroups, RigRegistry, RigTag
+from stages.rig.groups import RigRegistry
 from stages.runtimes import runtime_class
 from stages.tracker import MAX_TRACKS, PersonTracker, iou_matrix
 from stages.tracks import CameraTracks, TrackRegistry
@@ -126,11 +126,6 @@ def person_tracker(t: TrackerOptions, camera: str) -> PersonTracker:
 def _xywh_to_xyxy(boxes: np.ndarray) -> np.ndarray:
     b = np.asarray(boxes, np.float32).reshape(-1, 4)
     return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
-
-
-def _xyxy_to_xywh(box: np.ndarray) -> np.ndarray:
-    b = np.asarray(box, np.float32).reshape(4)
-    return np.array([b[0], b[1], b[2] - b[0], b[3] - b[1]], np.float32)
 
 
 def _regions(options: list[RegionOptions]) -> list:
@@ -410,11 +405,12 @@ class Detect(Stage[DetectOptions]):
             )
         with tracks.lock:
             ids, boxes_of = self._track(frame, tracks, person_xywh, person_scores)
-            targets = self._person_targets(tracks, boxes_of, rig, rig_tag)
+            # (holding tracks.lock: the tracker's pose queue and tracks)
+            targets = job_policy.person_targets(tracks.tracker, boxes_of, o.pose, rig, rig_tag)
             face_ids, face_targets = self._face_targets(frame, faces, person_xywh, ids)
             targets += face_targets
             if o.clip != "off":
-                xywh = {tid: _xyxy_to_xywh(b) for tid, b in boxes_of.items()}
+                xywh = {tid: job_policy.xywh(b) for tid, b in boxes_of.items()}
                 targets += job_policy.regions(xywh, (int(w), int(h)), o.clip == "frame")
             targets.append(job_policy.Target("frame", np.array([0, 0, w, h], np.float32)))
             marks = self._marks.setdefault(frame.camera, {})
@@ -467,42 +463,6 @@ class Detect(Stage[DetectOptions]):
             ids[tb.detection] = tb.track_id
         tracks.expire_poses(now_ns())
         return ids, {tb.track_id: tb.box for tb in tracked}
-
-    def _person_targets(
-        self,
-        tracks: CameraTracks,
-        boxes_of: dict[int, np.ndarray],
-        rig: RigGroups | None,
-        tag: RigTag | None,
-    ) -> list[job_policy.Target]:
-        """The tracked persons of a frame, each with its place in the refresh order when it
-        is due: the tracker's pose queue (oldest pose first), or in a rig's posed group its
-        largest people (rig.chosen); none in a rig's frame outside a posed group (call
-        holding tracks.lock)."""
-        o = self.options
-        order: list[int] = []
-        if o.pose and tag is not None and rig is not None:
-            order = list(rig.chosen(boxes_of))
-        elif o.pose and rig is None:
-            order = [t.track_id for t in tracks.tracker.pose_queue() if t.track_id in boxes_of]
-        place = {tid: i for i, tid in enumerate(order)}
-        targets = []
-        for tid, box in boxes_of.items():
-            track = tracks.tracker.track(tid)
-            if track is None:
-                continue
-            targets.append(
-                job_policy.Target(
-                    "person",
-                    _xyxy_to_xywh(box),
-                    track_id=tid,
-                    score=track.score,
-                    refresh=place.get(tid),
-                    since_ns=track.pose_ts_ns,
-                    group=tag,
-                )
-            )
-        return targets
 
     def _face_targets(
         self,

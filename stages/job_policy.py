@@ -50,6 +50,42 @@ class Target:
         return self.landmark_source != ""
 
 
+def xywh(xyxy: np.ndarray) -> np.ndarray:
+    """A box [x1, y1, x2, y2] as float32 [x, y, w, h]."""
+    b = np.asarray(xyxy, np.float32).reshape(4)
+    return np.array([b[0], b[1], b[2] - b[0], b[3] - b[1]], np.float32)
+
+
+def person_targets(
+    tracker: Any, boxes_of: dict[int, np.ndarray], pose: bool, rig: Any, group: Any
+) -> list[Target]:
+    """A frame's tracked persons (track id -> box xyxy) as targets, each with its place in the
+    refresh order when it is due: the tracker's pose queue (oldest pose first), or in a rig's
+    posed group (`group` set) its largest people (rig.chosen); none in a rig's frame outside
+    a posed group, nor with `pose` off. Detect and the planner both make them so."""
+    order: list[int] = []
+    if pose and group is not None and rig is not None:
+        order = list(rig.chosen(boxes_of))
+    elif pose and rig is None:
+        order = [t.track_id for t in tracker.pose_queue() if t.track_id in boxes_of]
+    place = {tid: i for i, tid in enumerate(order)}
+    targets = []
+    for tid, box in boxes_of.items():
+        if (track := tracker.track(tid)) is not None:
+            targets.append(
+                Target(
+                    "person",
+                    xywh(box),
+                    track_id=tid,
+                    score=track.score,
+                    refresh=place.get(tid),
+                    since_ns=track.pose_ts_ns,
+                    group=group,
+                )
+            )
+    return targets
+
+
 @dataclass(frozen=True, slots=True)
 class Wanted:
     """An enabled model the detect stage makes jobs for, with its settings in effect."""

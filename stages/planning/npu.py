@@ -545,43 +545,19 @@ def _targets(
     for tb in tracked:
         ids[tb.detection] = tb.track_id
     boxed = {tb.track_id: tb.box for tb in tracked}
-    order: list[int] = []
-    if detect.pose and tag is not None:
-        order = list(cam.rig.chosen(boxed))
-    elif detect.pose and cam.rig is None:
-        order = [tr.track_id for tr in tracks.tracker.pose_queue() if tr.track_id in boxed]
-    place = {tid: i for i, tid in enumerate(order)}
-    targets = []
-    for tid, box in boxed.items():
-        if (track := tracks.tracker.track(tid)) is not None:
-            targets.append(
-                job_policy.Target(
-                    "person",
-                    _xywh(box),
-                    track_id=tid,
-                    score=track.score,
-                    refresh=place.get(tid),
-                    since_ns=track.pose_ts_ns,
-                    group=tag,
-                )  # fmt: skip
-            )
+    targets = job_policy.person_targets(tracks.tracker, boxed, detect.pose, cam.rig, tag)
     face_ids = _face_tracks(cam, face_boxes, boxes, ids, t)
     if detect.face != "none":
         source = "yunet" if detect.face == "yunet" else "blazeface"
         targets += [
-            job_policy.Target("face", _xywh(b), track_id=f, landmark_source=source)
+            job_policy.Target("face", job_policy.xywh(b), track_id=f, landmark_source=source)
             for b, f in zip(face_boxes, face_ids, strict=True)
         ]
     if detect.clip != "off":
-        xywh = {tid: _xywh(b) for tid, b in boxed.items()}
+        xywh = {tid: job_policy.xywh(b) for tid, b in boxed.items()}
         targets += job_policy.regions(xywh, (0, 0), detect.clip == "frame")
     targets.append(job_policy.Target("frame"))
     return targets
-
-
-def _xywh(xyxy: np.ndarray) -> np.ndarray:
-    b = np.asarray(xyxy, np.float32).reshape(4)
-    return np.array([b[0], b[1], b[2] - b[0], b[3] - b[1]], np.float32)
 
 
 def _face_tracks(
