@@ -12,29 +12,22 @@ import pytest
 from npu.models.clip.post import ZeroShotError, label_probabilities, logits_and_probs
 from pipeline.config import parse_config
 from pipeline.graph import Context, Outbox
-from pipeline.messages import ClipResult, FaceResult, Frame, PoseResult, now_ns
+from pipeline.messages import Frame, now_ns
 from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from pipeline.wire import decode, encode_result
 from stages.gallery import GalleryFile
-from stages.jobs import (
-    ClipInferred,
-    ClipJob,
-    FaceInferred,
-    FaceJob,
-    Inferred,
-    PoseInferred,
-    PoseJob,
-)
-from stages.postprocess import (
-    ClipLabels,
-    ClipLabelsOptions,
-    Dark,
-    DarkOptions,
-    FaceMatch,
-    FaceMatchOptions,
-    PostprocessError,
-)
+from stages.jobs import Inferred
+from stages.models.adaface.job import FaceInferred, FaceJob
+from stages.models.adaface.post import FaceMatch, FaceMatchOptions
+from stages.models.adaface.result import FaceResult
+from stages.models.clip.job import ClipInferred, ClipJob
+from stages.models.clip.post import ClipLabels, ClipLabelsOptions
+from stages.models.clip.result import ClipResult
+from stages.models.sapiens2.job import PoseInferred, PoseJob
+from stages.models.sapiens2.post import Dark, DarkOptions
+from stages.models.sapiens2.result import PoseResult
+from stages.postprocess import PostprocessError
 from stages.tracker import PersonTracker
 from stages.tracks import TrackRegistry
 from tests.stages.stream_fakes import peaked_heatmaps
