@@ -71,7 +71,7 @@ from pipeline.assets import cache_dir  # noqa: E402
 from pipeline.messages import now_ns  # noqa: E402
 from pipeline.metrics import Metrics  # noqa: E402
 from stages.infer import Infer, InferOptions  # noqa: E402
-from stages.jobs import PoseJob  # noqa: E402
+from stages.models.sapiens2.job import PoseJob  # noqa: E402
 
 RELEASED = dataclasses.replace(npu2.RELEASED["0.4b"], flip_pairs=((1, 2),))
 PRODUCERS = {"mha", "gu"}  # the steps the old chaining did not wait for before the next

@@ -1,4 +1,6 @@
-"""Message types that flow between stages: a captured Frame and one result type per kind.
+"""The engine's message types: a captured Frame, the Result every published kind subclasses and
+the detect stage's Detections; each model's own result is in its package
+(stages/models/<model>/result.py).
 
 Every item carries its camera, a per-camera monotonic seq, the wall-clock capture time in ns
 and a deadline (capture time + the camera's staleness budget); stages drop items past it.
@@ -128,119 +130,6 @@ class Detections(Result):
         ]
 
 
-def _box4(box: np.ndarray) -> np.ndarray:
+def box4(box: np.ndarray) -> np.ndarray:
+    """A box as float32 [4], the wire form of a result's box."""
     return np.asarray(box, np.float32).reshape(4)
-
-
-@dataclass(slots=True, kw_only=True)
-class PoseResult(Result):
-    """One person's whole-body keypoints, published on `pose/<camera>`.
-
-    keypoints: float32 [K, 3] as (x, y, score) in frame pixels (K = 308 for Sapiens2);
-    box: float32 [4] (x1, y1, x2, y2), the person box the pose was computed in; track_id:
-    the person's track; score: the person detector's score; age_ms: capture -> postprocess
-    time of this pose; since_previous_ms: capture time since the track's previous pose (None
-    for its first).
-    """
-
-    kind: str = "pose"
-    track_id: int = -1
-    keypoints: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.float32))
-    box: np.ndarray = field(default_factory=lambda: np.zeros(4, np.float32))
-    score: float = 0.0
-    age_ms: float = 0.0
-    since_previous_ms: float | None = None
-
-    def header_fields(self) -> dict:
-        return {
-            **self.extra,
-            "track_id": self.track_id,
-            "count": int(self.keypoints.shape[0]),
-            "score": round(float(self.score), 6),
-            "age_ms": round(float(self.age_ms), 3),
-            "since_previous_ms": (
-                None if self.since_previous_ms is None else round(self.since_previous_ms, 3)
-            ),
-        }
-
-    def arrays(self) -> list[tuple[str, np.ndarray]]:
-        return [
-            ("keypoints", np.asarray(self.keypoints, np.float32).reshape(-1, 3)),
-            ("box", _box4(self.box)),
-        ]
-
-
-@dataclass(slots=True, kw_only=True)
-class FaceResult(Result):
-    """One face's identity, published on `face/<camera>`.
-
-    box: float32 [4] (x1, y1, x2, y2) in frame pixels; landmarks: float32 [P, 2] alignment
-    points in frame pixels (P = 5, or 4 for BlazeFace's approximation); embedding: float32
-    [D], L2-normalised; identity: the gallery name or None (no gallery match); similarity:
-    cosine to the best identity (-1 with an empty gallery); margin: over the second best.
-    """
-
-    kind: str = "face"
-    box: np.ndarray = field(default_factory=lambda: np.zeros(4, np.float32))
-    landmarks: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
-    embedding: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    identity: str | None = None
-    similarity: float = -1.0
-    margin: float = 0.0
-    score: float = 0.0
-    track_id: int | None = None
-
-    def header_fields(self) -> dict:
-        return {
-            **self.extra,
-            "identity": self.identity,
-            "similarity": round(float(self.similarity), 6),
-            "margin": round(float(self.margin), 6),
-            "score": round(float(self.score), 6),
-            "track_id": self.track_id,
-        }
-
-    def arrays(self) -> list[tuple[str, np.ndarray]]:
-        return [
-            ("box", _box4(self.box)),
-            ("landmarks", np.asarray(self.landmarks, np.float32).reshape(-1, 2)),
-            ("embedding", np.asarray(self.embedding, np.float32).reshape(-1)),
-        ]
-
-
-@dataclass(slots=True, kw_only=True)
-class ClipResult(Result):
-    """Zero-shot label probabilities of one region, published on `clip/<camera>`.
-
-    labels: L label names; probabilities: float32 [L] summing to 1; box: float32 [4]
-    (x1, y1, x2, y2) of the region (the whole frame for frame labels); track_id: the
-    person's track for person crops, None for the whole frame.
-    """
-
-    kind: str = "clip"
-    labels: tuple[str, ...] = ()
-    probabilities: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    box: np.ndarray = field(default_factory=lambda: np.zeros(4, np.float32))
-    track_id: int | None = None
-
-    @property
-    def top(self) -> tuple[str, float]:
-        """(label, probability) of the most probable label (first on ties)."""
-        j = int(np.argmax(self.probabilities))
-        return self.labels[j], float(self.probabilities[j])
-
-    def header_fields(self) -> dict:
-        label, prob = self.top if self.labels else (None, 0.0)
-        return {
-            **self.extra,
-            "labels": list(self.labels),
-            "top_label": label,
-            "top_probability": round(prob, 6),
-            "track_id": self.track_id,
-        }
-
-    def arrays(self) -> list[tuple[str, np.ndarray]]:
-        return [
-            ("probabilities", np.asarray(self.probabilities, np.float32).reshape(-1)),
-            ("box", _box4(self.box)),
-        ]

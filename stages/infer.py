@@ -1,15 +1,16 @@
 """The inference stage: one stage, one device, every model (docs/inference.md).
 
-Pose, face and CLIP jobs (stages.jobs) enter per-model queues of a BatchScheduler
-(stages.scheduler; docs/scheduler.md) with their frames' deadlines. The scheduler hands out
-batches of exactly each model's export size (padded and masked), closed when full or when
-the oldest job has waited the model's max_wait_ms, chosen by deadline and device cost with
-per-camera fairness and a preference for models whose contexts are resident; stale jobs are
-dropped and counted. The host glue of the next batch (stages.runtimes: crops, preprocessing)
-runs in one worker thread while the current batch runs on the device in another (the only
-thread that touches the device, so XRT objects stay on one thread). Each real slot leaves as
-an `Inferred` of its kind (stages.jobs: PoseInferred, FaceInferred, ClipInferred) naming
-backend, model and whether the weights are synthetic.
+Each model's jobs (PoseJob, FaceJob, ClipJob: stages/models/<model>/job.py) enter per-model
+queues of a BatchScheduler (stages.scheduler; docs/scheduler.md) with their frames' deadlines.
+The scheduler hands out batches of exactly each model's export size (padded and masked),
+closed when full or when the oldest job has waited the model's max_wait_ms, chosen by deadline
+and device cost with per-camera fairness and a preference for models whose contexts are
+resident; stale jobs are dropped and counted. The host glue of the next batch (each model's
+runtime: crops, preprocessing) runs in one worker thread while the current batch runs on the
+device in another (the only thread that touches the device, so XRT objects stay on one
+thread). Each real slot leaves as an `Inferred` of its kind (its runtime's `inferred_type`:
+PoseInferred, FaceInferred, ClipInferred) naming backend, model and whether the weights are
+synthetic.
 
 At shutdown (the inbox closed, the stage failed or was cancelled) batches not yet on the
 device are cancelled, and the models and the device are closed on the device thread after

@@ -1,4 +1,7 @@
-"""Work items between the detect, align, infer and postprocess stages.
+"""Work items between the detect, align, infer and postprocess stages: the fields every job
+shares (Job), the base of jobs on faces with alignment points (LandmarkJob) and the infer
+stage's output (Inferred); each model's own job and Inferred types are in its package
+(stages/models/<model>/job.py).
 
 Each job carries its frame's identity (camera, seq, capture time, deadline) so every result
 can be published with the frame it came from and dropped once stale; `box_xywh` is always
@@ -50,23 +53,6 @@ def frame_fields(frame: Frame) -> dict[str, Any]:
 
 
 @dataclass(slots=True, kw_only=True)
-class PoseJob(Job):
-    """A tracked person to refresh the pose of (detect -> infer).
-
-    image: the source frame, uint8 BGR [H, W, 3]; box_xywh: float32 [4]; pose_age_s: seconds
-    since this track's previous pose (None for a new track). The infer stage fills window,
-    float32 [4] (cx, cy, w, h) of the sampled region (npu.models.sapiens2.preprocess.crop_persons).
-    """
-
-    track_id: int
-    box_xywh: np.ndarray
-    score: float
-    image: np.ndarray
-    pose_age_s: float | None = None
-    window: np.ndarray | None = None
-
-
-@dataclass(slots=True, kw_only=True)
 class LandmarkJob(Job):
     """A job on a face with alignment points (detect -> align -> infer): the align stage
     aligns every job of this type and passes any other through.
@@ -83,21 +69,6 @@ class LandmarkJob(Job):
     aligned: np.ndarray | None = None
     track_id: int | None = None
     landmark_source: str = ""
-
-
-@dataclass(slots=True, kw_only=True)
-class FaceJob(LandmarkJob):
-    """A detected face to embed with its alignment points (AdaFace's job)."""
-
-
-@dataclass(slots=True, kw_only=True)
-class ClipJob(Job):
-    """A region to label zero-shot (detect -> infer). image: the source frame, uint8 BGR
-    [H, W, 3]; box_xywh: float32 [4], the whole frame for frame labels."""
-
-    box_xywh: np.ndarray
-    image: np.ndarray
-    track_id: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -136,30 +107,3 @@ class Inferred:
     def expired(self, at_ns: int | None = None) -> bool:
         """True once the job is past its camera's staleness budget."""
         return self.job.expired(at_ns)
-
-
-@dataclass(slots=True, kw_only=True)
-class PoseInferred(Inferred):
-    """Sapiens2 heatmaps of a PoseJob (-> Dark)."""
-
-
-@dataclass(slots=True, kw_only=True)
-class FaceInferred(Inferred):
-    """An AdaFace embedding of a FaceJob (-> FaceMatch)."""
-
-
-@dataclass(slots=True, kw_only=True)
-class ClipInferred(Inferred):
-    """A CLIP image embedding of a ClipJob with its labels in extra (-> ClipLabels)."""
-
-
-def inferred_type(job: Job) -> type[Inferred]:
-    """The Inferred subclass for a job's kind, so the graph routes each output to the one
-    postprocess stage of that kind."""
-    if isinstance(job, PoseJob):
-        return PoseInferred
-    if isinstance(job, FaceJob):
-        return FaceInferred
-    if isinstance(job, ClipJob):
-        return ClipInferred
-    return Inferred

@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from stages.jobs import FaceJob
+from stages.models.adaface.job import FaceJob
 from stages.tracker import PersonTracker, PoseTag
 
 POSE_FACES_KEPT = 8  # face jobs from pose keypoints waiting for detect's next frame

@@ -1,7 +1,7 @@
 """`npucam pose ...`: Sapiens2-Pose on still images.
 
 `pose image IMAGE --box x,y,w,h [--box ...] --model DIR` runs crop (stages.detect) ->
-heatmaps (npu.models.sapiens2 on the chosen backend) -> DARK keypoints (stages.postprocess)
+heatmaps (npu.models.sapiens2 on the chosen backend) -> DARK keypoints (npu.models.sapiens2.post)
 and writes taconite's JSON, `[{"box": [x, y, w, h], "keypoints": [[x, y, score], ...]}]`,
 each person also naming the backend and whether the weights are synthetic (`--synthetic`
 runs the synthetic Sapiens2 when --model is not given or missing; its keypoints mean

@@ -24,7 +24,7 @@ from pipeline.errors import NpucamError
 from stages import job_policy
 from stages.batches import Batch, ModelProfile, QueuedJob, QueuePolicy
 from stages.context_lru import ContextShare
-from stages.jobs import FaceJob
+from stages.models.adaface.job import FaceJob
 from stages.planning.simulate import SimClock, simulate
 from stages.scheduler import BatchScheduler
 

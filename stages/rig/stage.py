@@ -27,8 +27,9 @@ from pydantic import Field
 from npu.models.sapiens2 import keypoints as keypoints308
 from pipeline.config import NAME_PATTERN, Config
 from pipeline.graph import Outbox, Stage, StageOptions
-from pipeline.messages import PoseResult, now_ns
+from pipeline.messages import now_ns
 from pipeline.queues import BoundedQueue, QueueClosed
+from stages.models.sapiens2.result import PoseResult
 from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
 from stages.rig.pose3d import Pose3DResult

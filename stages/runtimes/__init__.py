@@ -10,8 +10,9 @@ device runs the previous batch; `run(prepared)` is the device pass, on the devic
 (XRT objects stay on one thread); it returns one output per slot of the export batch, padded
 slots marked so the stage never publishes them, and the device seconds used.
 
-Each model's runtime is a module here (sapiens2, adaface, clip), found through its spec's
-`runtime` ("module:Class"), so a model from elsewhere brings its own. Backends are always named
+Each model's runtime is in its stage package (stages/models/<model>/runtime.py: sapiens2,
+adaface, clip), found through its spec's `runtime` ("module:Class"), so a model from elsewhere
+brings its own. Backends are always named
 explicitly (no silent fallback): `cpu` (numpy forward from an HF checkpoint / cvlface
 directory), `sim` (the bundle on npu.sim.SimDevice), `npu` (the bundle on the XRT device).
 Without a checkpoint or bundle a model may run its synthetic stand-in when its config allows
@@ -54,7 +55,7 @@ class JobInputError(NpucamError):
 
 class ModelOptions(StageOptions):
     """One model's keys: its table in an infer stage ([stages.sapiens2], [stages.adaface]...).
-    A runtime with keys of its own subclasses this (stages.runtimes.clip.ClipOptions)."""
+    A runtime with keys of its own subclasses this (stages.models.clip.runtime.ClipOptions)."""
 
     enabled: bool = False
     checkpoint: str | None = Field(None, min_length=1)  # backend cpu: HF / cvlface directory

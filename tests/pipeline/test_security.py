@@ -508,7 +508,7 @@ def test_key_readers_raise_only_security_errors(tmp_path, data, prefix):
 def test_a_config_named_gallery_resolves_against_the_config_and_is_only_read(write_config):
     from pipeline.graph import Context
     from stages import gallery
-    from stages.postprocess import FaceMatch
+    from stages.models.adaface.post import FaceMatch
 
     path = write_config("[[stages]]\nkind = 'publish'\n")
     config = load_config(path)

@@ -157,7 +157,9 @@ def _reference_wire(result: Result, publish_ts: int) -> list[bytes]:
 
 
 def _results() -> list[Result]:
-    from pipeline.messages import ClipResult, FaceResult, PoseResult
+    from stages.models.adaface.result import FaceResult
+    from stages.models.clip.result import ClipResult
+    from stages.models.sapiens2.result import PoseResult
 
     boxes = np.arange(24, dtype=np.float32).reshape(6, 4)[::2]  # not contiguous
     return [

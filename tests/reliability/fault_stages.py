@@ -20,7 +20,9 @@ from pydantic import Field
 
 from pipeline.graph import MapStage, Stage, StageOptions
 from pipeline.messages import Frame, now_ns
-from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.models.adaface.job import FaceJob
+from stages.models.clip.job import ClipJob
+from stages.models.sapiens2.job import PoseJob
 
 
 class FaceJobs(MapStage):

@@ -25,9 +25,9 @@ from pipeline.graph import Context, Pipeline, load
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
 from stages.gallery import Gallery, GalleryError, GalleryFile, read_gallery, write_gallery
-from stages.jobs import FaceInferred, FaceJob
-from stages.postprocess import FaceMatch, FaceMatchOptions
-from stages.runtimes.clip import LabelsFileError, read_labels_file
+from stages.models.adaface.job import FaceInferred, FaceJob
+from stages.models.adaface.post import FaceMatch, FaceMatchOptions
+from stages.models.clip.runtime import LabelsFileError, read_labels_file
 
 WAIT_S = 5.0  # a read that takes longer than this is hanging
 

@@ -8,7 +8,10 @@ from pydantic import Field
 
 from npu.models.sapiens2.preprocess import crop_windows
 from pipeline.graph import MapStage, StageOptions
-from stages.jobs import ClipJob, FaceJob, PoseJob, inferred_type
+from stages.jobs import Inferred, Job
+from stages.models.adaface.job import FaceInferred, FaceJob
+from stages.models.clip.job import ClipInferred, ClipJob
+from stages.models.sapiens2.job import PoseInferred, PoseJob
 
 LABELS = ("a person", "a bicycle", "a phone")
 
@@ -30,6 +33,18 @@ def label_embeddings(dim: int) -> np.ndarray:
     """float32 [len(LABELS), dim]: orthonormal text embeddings."""
     q, _ = np.linalg.qr(np.random.default_rng(7).normal(size=(dim, len(LABELS))))
     return q.T.astype(np.float32)
+
+
+def inferred_type(job: Job) -> type[Inferred]:
+    """The Inferred subclass a job's model sends on (its runtime's inferred_type), so the graph
+    routes each fake output to that kind's postprocess stage."""
+    if isinstance(job, PoseJob):
+        return PoseInferred
+    if isinstance(job, FaceJob):
+        return FaceInferred
+    if isinstance(job, ClipJob):
+        return ClipInferred
+    return Inferred
 
 
 class FakeInferOptions(StageOptions):

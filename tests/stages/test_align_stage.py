@@ -25,7 +25,10 @@ from stages.align import (
     align_face_4pt,
 )
 from stages.detect import Detect, DetectOptions
-from stages.jobs import ClipJob, FaceJob, Job, LandmarkJob, PoseJob
+from stages.jobs import Job, LandmarkJob
+from stages.models.adaface.job import FaceJob
+from stages.models.clip.job import ClipJob
+from stages.models.sapiens2.job import PoseJob
 
 
 def context(tmp_path: Path) -> Context:

@@ -12,7 +12,7 @@ from pipeline.graph import Context
 from pipeline.messages import Frame, now_ns
 from pipeline.metrics import Metrics
 from stages.detect import Detect, DetectOptions
-from stages.jobs import PoseJob
+from stages.models.sapiens2.job import PoseJob
 from stages.rig.groups import RigGroups, RigRegistry, RigTag
 
 MS = 1_000_000

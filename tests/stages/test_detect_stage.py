@@ -31,7 +31,9 @@ from stages.box_receiver import BoxMessageError, BoxReceiver, BoxReceiverError, 
 from stages.detect import Detect, DetectOptions
 from stages.detectors.blazeface import BlazeFace
 from stages.detectors.litert import DetectorError
-from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.models.adaface.job import FaceJob
+from stages.models.clip.job import ClipJob
+from stages.models.sapiens2.job import PoseJob
 from tests.toymodel import MODEL as TOY
 from tests.toymodel.runtime import ToyJob
 
@@ -479,7 +481,9 @@ def test_the_demo_wiring_with_a_fake_infer_delivers_every_result_kind(write_conf
 
     from pipeline.config import load_config
     from pipeline.graph import Pipeline
-    from pipeline.messages import ClipResult, FaceResult, PoseResult
+    from stages.models.adaface.result import FaceResult
+    from stages.models.clip.result import ClipResult
+    from stages.models.sapiens2.result import PoseResult
 
     path = write_config(
         """

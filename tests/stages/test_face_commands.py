@@ -456,8 +456,8 @@ def test_the_pipelines_faces_match_a_gallery_the_cli_enrolled_without_a_model_wa
     from pipeline.graph import Context
     from pipeline.messages import now_ns
     from pipeline.metrics import Metrics
-    from stages.jobs import FaceInferred, FaceJob
-    from stages.postprocess import FaceMatch, FaceMatchOptions
+    from stages.models.adaface.job import FaceInferred, FaceJob
+    from stages.models.adaface.post import FaceMatch, FaceMatchOptions
     from stages.runtimes import open_runtime
 
     monkeypatch.setenv("NPUCAM_SIM_HWCTX_DIR", str(tmp_path / "hwctx"))

@@ -34,9 +34,12 @@ from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
 from stages import infer
 from stages.infer import DeviceCloseError, Infer, InferOptions
-from stages.jobs import ClipJob, FaceInferred, FaceJob, Inferred, PoseJob
+from stages.jobs import Inferred
+from stages.models.adaface.job import FaceInferred, FaceJob
+from stages.models.clip.job import ClipJob
+from stages.models.clip.runtime import ClipRuntime
+from stages.models.sapiens2.job import PoseJob
 from stages.runtimes import Ran, Runtime
-from stages.runtimes.clip import ClipRuntime
 
 LABELS = ["a person", "a bicycle", "a car"]
 
@@ -809,7 +812,7 @@ from pipeline.messages import now_ns
 from stages.runtimes import Runtime
 from pipeline.metrics import Metrics
 from stages.infer import Infer, InferOptions
-from stages.jobs import FaceJob
+from stages.models.adaface.job import FaceJob
 import numpy as np
 
 tmp, cache = sys.argv[1], sys.argv[2]

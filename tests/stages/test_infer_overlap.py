@@ -40,7 +40,7 @@ from pipeline.messages import now_ns  # noqa: E402
 from pipeline.metrics import Metrics  # noqa: E402
 from stages.device_thread import DeviceThread  # noqa: E402
 from stages.infer import Infer, InferOptions  # noqa: E402
-from stages.jobs import PoseJob  # noqa: E402
+from stages.models.sapiens2.job import PoseJob  # noqa: E402
 
 GEMM_FLOPS_PER_S = 1.6e12
 MHA_S = 0.033

@@ -22,9 +22,11 @@ from npu.sim import SimDevice
 from npu.sim_cost import NPU2
 from pipeline.messages import now_ns
 from stages.infer import _measured_cost
-from stages.jobs import ClipJob, FaceJob, PoseJob
+from stages.models.adaface.job import FaceJob
+from stages.models.clip.job import ClipJob
+from stages.models.clip.runtime import ClipOptions
+from stages.models.sapiens2.job import PoseJob
 from stages.runtimes import JobInputError, Pacing, open_runtime
-from stages.runtimes.clip import ClipOptions
 
 SYN = ModelSource(synthetic=True, where="stage infer: m")
 

@@ -29,7 +29,7 @@ def _from_bundle(path: Path, device: Any) -> Any:
 MODEL = ModelSpec(
     name="adaface",
     kind="face",
-    runtime="stages.runtimes.adaface:AdaFaceRuntime",
+    runtime="stages.models.adaface.runtime:AdaFaceRuntime",
     from_checkpoint=_from_checkpoint,
     from_bundle=_from_bundle,
     synthetic="npu.models.adaface.synthetic",

@@ -29,7 +29,7 @@ def _from_bundle(path: Path, device: Any) -> Any:
 MODEL = ModelSpec(
     name="clip",
     kind="clip",
-    runtime="stages.runtimes.clip:ClipRuntime",
+    runtime="stages.models.clip.runtime:ClipRuntime",
     from_checkpoint=_from_checkpoint,
     from_bundle=_from_bundle,
     synthetic="npu.models.clip.synthetic",

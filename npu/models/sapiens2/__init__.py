@@ -35,7 +35,7 @@ def _wire_meta() -> dict:
 MODEL = ModelSpec(
     name="sapiens2",
     kind="pose",
-    runtime="stages.runtimes.sapiens2:Sapiens2Runtime",
+    runtime="stages.models.sapiens2.runtime:Sapiens2Runtime",
     from_checkpoint=_from_checkpoint,
     from_bundle=_from_bundle,
     synthetic="npu.models.sapiens2.synthetic",

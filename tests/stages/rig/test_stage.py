@@ -16,10 +16,11 @@ from rig_scenes import corrupt, observe, people, ring_cameras
 
 from pipeline.config import parse_config
 from pipeline.graph import Context, check_stages
-from pipeline.messages import PoseResult, now_ns
+from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from pipeline.wire import decode, encode_result
+from stages.models.sapiens2.result import PoseResult
 from stages.rig.calibration import Calibration, write_calibration
 from stages.rig.groups import RigRegistry
 from stages.rig.pose3d import Pose3DResult

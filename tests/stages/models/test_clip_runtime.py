@@ -25,10 +25,11 @@ from pipeline.config import parse_config
 from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
 from stages.infer import Infer, InferOptions
-from stages.jobs import ClipJob, Inferred
-from stages.runtimes import clip as runtimes
+from stages.jobs import Inferred
+from stages.models.clip import runtime as runtimes
+from stages.models.clip.job import ClipJob
+from stages.models.clip.runtime import ClipOptions, LabelsFileError, read_labels_file
 from stages.runtimes import open_runtime
-from stages.runtimes.clip import ClipOptions, LabelsFileError, read_labels_file
 
 CONFIG_LABELS = ["a person", "a bicycle"]
 SET_A = ["a person wearing a hard hat", "a person holding a phone", "a cyclist"]

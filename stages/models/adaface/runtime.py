@@ -8,7 +8,8 @@ import numpy as np
 from npu.models.adaface.preprocess import embedder_input
 from pipeline.messages import Frame
 from stages.job_policy import Target
-from stages.jobs import FaceInferred, FaceJob, frame_fields
+from stages.jobs import frame_fields
+from stages.models.adaface.job import FaceInferred, FaceJob
 from stages.runtimes import JobInputError, ModelOptions, Runtime
 
 

@@ -19,7 +19,8 @@ from pipeline.errors import NpucamError
 from pipeline.files import FileRefusedError, FileRuleError, FileWatch, read_regular
 from pipeline.messages import Frame
 from stages.job_policy import Target
-from stages.jobs import ClipInferred, ClipJob, Job, frame_fields
+from stages.jobs import Job, frame_fields
+from stages.models.clip.job import ClipInferred, ClipJob
 from stages.runtimes import JobInputError, ModelOptions, Prepared, Ran, Runtime, resolve
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ from npu.host_memory import faulted
 from npu.models.sapiens2.preprocess import crop_persons
 from pipeline.messages import Frame
 from stages.job_policy import Target
-from stages.jobs import PoseInferred, PoseJob, frame_fields
+from stages.jobs import frame_fields
+from stages.models.sapiens2.job import PoseInferred, PoseJob
 from stages.runtimes import JobInputError, ModelOptions, PacedTimer, Runtime, SlotOutput
 
 
