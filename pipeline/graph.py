@@ -15,12 +15,12 @@ the name only (and imports it with --import): validating a config runs no code i
 
     class Align(MapStage[AlignOptions]):  # self.options is typed AlignOptions
         kind = "align"
-        accepts = (FaceJob, PoseJob, ClipJob)  # what its inbox takes; () makes it a source
+        accepts = (Job,)                  # what its inbox takes; () makes it a source
         Options = AlignOptions
 
         def process(self, job):           # runs in a worker thread
-            if not isinstance(job, FaceJob):
-                return [job]              # pose and CLIP jobs pass through to infer
+            if not isinstance(job, LandmarkJob):
+                return [job]              # jobs without landmarks pass through to infer
             return [aligned(job, self.options.size)]
 
 - `run(inbox, out)` is the whole life of a stage: take items with `async for item in inbox`
