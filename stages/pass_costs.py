@@ -56,7 +56,8 @@ class PassCosts:
         return min(self.estimate_s[model], self.profiles[model].cost_s)
 
     def refuse(self, model: str) -> None:
-        """One of `model`'s jobs was refused by its optimistic cost (`npu_busy`)."""
+        """One of `model`'s jobs was refused (`npu_busy`) by its optimistic cost alone: it
+        would have missed its deadline even starting at once."""
         if model in self.unmeasured:
             self.refused.add(model)
 

@@ -411,16 +411,16 @@ class BatchScheduler:
             return [], []
         switch_s = self._switch_s(self.profiles[name])
         bound_finish = latest_start_ns + _s_to_ns(switch_s + self.cost_bound_s(name))
-        floor_finish = start_ns + _s_to_ns(switch_s + self.cost_floor_s(name))
+        idle_ns = _s_to_ns(switch_s + self.cost_floor_s(name))
+        floor_finish = start_ns + idle_ns
         safe: list[QueuedJob] = []
         at_risk: list[QueuedJob] = []
         for job in queue:
             if now > job.deadline_ns or floor_finish > job.deadline_ns:
-                if drop and now > job.deadline_ns:
-                    self._drop(job, "stale")
-                elif drop:
-                    self._drop(job, "npu_busy")
-                    self.costs.refuse(name)
+                if drop:
+                    self._drop(job, "stale" if now > job.deadline_ns else "npu_busy")
+                    if now <= job.deadline_ns < now + idle_ns:  # late even if started now
+                        self.costs.refuse(name)
             elif bound_finish > job.deadline_ns:
                 at_risk.append(job)
             else:
