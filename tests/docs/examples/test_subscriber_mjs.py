@@ -182,9 +182,9 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(
 
 RIG = "yard"
 RIG_CAMERAS = ["east", "north", "west", "south"]
-# how long the rig runs: a pose3d every 3 s of capture time once the four poses of its group are
-# done (9.6 s of NPU2 at NPU2 pace); the test wants three
-MULTICAM_SECONDS = {"none": 14, "npu2": 24}
+# how long the Node.js subscriber listens once the first pose3d is out: a pose3d every 3 s of
+# capture time once the four poses of its group are done (9.6 s of NPU2 at NPU2 pace)
+MULTICAM_SECONDS = {"none": 8, "npu2": 24}
 
 
 @pytest.fixture
@@ -253,32 +253,47 @@ def test_multicam_3d_publishes_pose3d_that_the_node_subscriber_decodes(
     sub.setsockopt(zmq.RCVHWM, 100_000)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)
+    # the run lasts until the test has what it checks (SIGTERM then: exit 0); 300 s is a
+    # hang guard. The Node.js subscriber starts once the first pose3d is out (the models'
+    # warm-up, however long a loaded host takes) and listens `seconds`, time for more.
     run = subprocess.Popen(
-        [str(NPUCAM), "run", str(config), "--duration", str(seconds)],
+        [str(NPUCAM), "run", str(config), "--duration", "300"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     out = (tmp_path / "node.jsonl").open("w")
-    js = subprocess.Popen(
-        [node, str(EXAMPLE), endpoint, "--seconds", str(seconds - 1)],
-        cwd=REPO,
-        stdout=out,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    js = None
     received: list[wire.Message] = []
+
+    def pose3d_count() -> int:
+        return sum(m.header["kind"] == "pose3d" for m in received)
+
     try:
-        end = time.monotonic() + seconds + 30
+        end = time.monotonic() + 240  # a hang guard
         while run.poll() is None and time.monotonic() < end:
             if sub.poll(100):
                 received.append(wire.decode(sub.recv_multipart()))
-        js_code = js.wait(timeout=20)
+            if js is None and pose3d_count():
+                js = subprocess.Popen(
+                    [node, str(EXAMPLE), endpoint, "--seconds", str(seconds)],
+                    cwd=REPO,
+                    stdout=out,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            if js is not None and js.poll() is not None and pose3d_count() >= 3:
+                break
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+        assert js is not None, "no pose3d message came"
+        js_code = js.wait(timeout=60)
         js_err = js.stderr.read()
         run_err = run.stderr.read()
     finally:
-        js.kill()
+        if js is not None:
+            js.kill()
         out.close()
         run.kill()
         sub.close()
