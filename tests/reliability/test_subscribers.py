@@ -202,9 +202,12 @@ def test_stuck_late_and_reconnecting_subscribers_leave_latency_unchanged(
         away_s = (back_at - away) / 1e9
         print(f"RECONNECT {cam}: {hole} seqs missed while away {away_s:.2f} s")
         # at least every message published while it was away (the healthy subscriber's
-        # count, not half of FPS: a loaded host publishes fewer), at most what FPS allows
+        # count, not half of FPS: a loaded host publishes fewer), at most what FPS allows;
+        # less 2: a message is stamped before it is sent, so one stamped just before `rejoin`
+        # can leave after the new socket connected (11 published, 10 missed under make
+        # test-loaded)
         away_published = sum(away < s.header["publish_ts"] < rejoin for s in healthy.frames(cam))
-        assert away_published <= hole <= FPS * (away_s + 0.5), (away_published, hole)
+        assert away_published - 2 <= hole <= FPS * (away_s + 0.5), (away_published, hole)
 
         # The stuck one got a prefix, lost what came while its buffers were full, then the
         # live stream again: the seq gap is the only place PUB's drops show.
