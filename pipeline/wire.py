@@ -263,7 +263,8 @@ def decode(parts: Sequence[bytes]) -> Message:
         )
     arrays: dict[str, np.ndarray] = {}
     for i, (desc, raw) in enumerate(zip(descs, parts[2:], strict=True)):
-        arrays[_part_name(topic, i, desc)] = _decode_part(topic, i, desc, raw)
+        name = _part_name(topic, i, desc)  # first: `a[k] = v` evaluates v before k
+        arrays[name] = _decode_part(topic, i, desc, raw)
     return Message(topic, header, arrays)
 
 

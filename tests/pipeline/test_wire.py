@@ -224,3 +224,13 @@ def test_encode_keeps_a_callers_parts_key_in_its_place():
     assert list(json.loads(body)) == ["v", "kind", "parts", "camera"]
     assert json.loads(body)["parts"][0]["shape"] == [3]
     assert bytes(raw) == np.arange(3, dtype=np.int32).tobytes()
+
+
+def test_a_part_described_without_a_name_is_a_wire_error_not_a_key_error():
+    # hypothesis found it (test_decode_raises_only_wire_error_whatever_the_bytes): the part
+    # was decoded before its name was checked, and its error message read desc["name"]
+    header = {"v": 1, "kind": None, "camera": None, "seq": None, "capture_ts": None,
+              "publish_ts": None, "backend": None, "model": None, "synthetic": None,
+              "parts": [{}]}  # fmt: skip
+    with pytest.raises(wire.WireError, match=r"parts\[0\] has no name"):
+        wire.decode([b"det/x", json.dumps(header).encode(), b""])
