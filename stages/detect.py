@@ -41,6 +41,7 @@ from stages.box_receiver import MAX_BOXES, MAX_MESSAGE_BYTES, BoxReceiver, BoxRe
 from stages.detectors.detections import DetectorOutput
 from stages.infer_options import enabled_models
 from stages.jobs import Job
+from stages.live_pose import CameraLive, LiveOptions, LivePerson
 from stages.preview import PreviewFrame, PreviewTap, run_taps
 from stages.rig.groups import RigRegistry
 from stages.runtimes import runtime_class
@@ -107,6 +108,9 @@ class DetectOptions(StageOptions):
     clip: Literal["off", "persons", "frame"] = "off"
     clip_interval_s: float = Field(1.0, ge=0)
     clip_max_per_frame: int = Field(4, ge=1)
+    # the per-frame whole-body pose (stages.live_pose): with it, person boxes come from the
+    # landmark models following each person, and BlazePose detects only when tracking needs it
+    live: LiveOptions = LiveOptions()
 
 
 def person_tracker(t: TrackerOptions, camera: str) -> PersonTracker:
@@ -156,10 +160,14 @@ class Detect(Stage[DetectOptions]):
         # person = "none": faces are tracked themselves, so a face still carries a track id
         self._face_trackers: dict[str, PersonTracker] = {}
         self._loaded = False
+        self._live: dict[str, CameraLive] = {}
+        self._live_detector = None
         self.model = "+".join(m for m in (self._person_model(), self._face_model()) if m)
 
     def _person_model(self) -> str:
         o = self.options
+        if o.live.enabled:
+            return "mediapipe-landmarks"
         return {
             "blazepose": "blazepose-detector",
             "onnx": f"onnx:{Path(o.person_model or '').name}",
@@ -193,6 +201,13 @@ class Detect(Stage[DetectOptions]):
             problems.append(f"{key}.person_regions: person = 'roi' needs at least one region")
         if person == "zmq" and not opts.get("boxes_endpoint"):
             problems.append(f"{key}.boxes_endpoint: person = 'zmq' needs the detector's endpoint")
+        live = opts.get("live")
+        if isinstance(live, dict) and live.get("enabled") and person != "blazepose":
+            problems.append(
+                f"{key}.live: the per-frame pose follows people with MediaPipe's landmark "
+                f"models and seeds them with BlazePose: it needs person = 'blazepose', not "
+                f"{person!r}"
+            )
         if face == "yunet" and not opts.get("face_model"):
             problems.append(f"{key}.face_model: face = 'yunet' needs the YuNet .onnx file")
         if face == "roi" and not opts.get("face_regions"):
@@ -254,7 +269,11 @@ class Detect(Stage[DetectOptions]):
         def path(p: str | None) -> Path | None:
             return None if p is None else base / p
 
-        if o.person == "blazepose":
+        if o.person == "blazepose" and o.live.enabled:
+            from stages.landmarks.detection import PoseDetector
+
+            self._live_detector = PoseDetector(path(o.person_model), o.live.detector_min_score)
+        elif o.person == "blazepose":
             self.person_detector = BlazePosePerson(path(o.person_model), o.person_min_score)
         elif o.person == "onnx":
             self.person_detector = OnnxPersonDetector(
@@ -299,6 +318,14 @@ class Detect(Stage[DetectOptions]):
             "clock_jumps": sum(t.clock_jumps for t in trackers),
             "tracks_refused": sum(t.tracks_refused for t in trackers),
         }
+        live = [self._live[c] for c in self._cameras() if c in self._live]
+        if self.options.live.enabled:
+            out.update(
+                live_frames=sum(c.tracker.frames for c in live),
+                live_detector_runs=sum(c.tracker.detector_runs for c in live),
+                keyframes_fused=sum(c.keyframes_fused for c in live),
+                keyframes_unmatched=sum(c.keyframes_unmatched for c in live),
+            )
         r = self.receiver
         if r is not None:
             out.update(
@@ -336,6 +363,13 @@ class Detect(Stage[DetectOptions]):
         for tb in tracker.update(_xywh_to_xyxy(faces.boxes), faces.scores, frame.capture_ts_ns):
             ids[tb.detection] = tb.track_id
         return ids
+
+    def _camera_live(self, camera: str) -> CameraLive:
+        live = self._live.get(camera)
+        if live is None:  # made on the worker thread, like the detectors
+            assert self._live_detector is not None
+            live = self._live[camera] = CameraLive(camera, self.options.live, self._live_detector)
+        return live
 
     def _persons(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
         """Person boxes float32 [N, 4] xywh and scores float32 [N] of one frame."""
@@ -388,13 +422,25 @@ class Detect(Stage[DetectOptions]):
         return DetectorOutput(boxes[keep], scores[keep], keypoints[keep], found[0].names)
 
     def process(self, frame: Frame) -> list:
-        """One frame -> [Detections, *jobs] (blocking): its persons, faces, regions and the
+        """One frame -> [Detections, *live poses, *jobs] (blocking): its persons (with `live`,
+        followed by the landmark models, each with its per-frame pose), faces, regions and the
         frame itself as targets, and a job for each (model, target) stages.job_policy picks,
         made by the model's runtime; then the faces the dark stage found in poses."""
         self.load()
         o = self.options
         h, w = frame.image.shape[:2]
-        person_xywh, person_scores = self._persons(frame)
+        people: list[LivePerson] = []
+        if o.live.enabled:
+            live = self._camera_live(frame.camera)
+            people = live.people(frame)
+            person_xywh = np.array([p.box_xywh for p in people], np.float32).reshape(-1, 4)
+            person_scores = np.array([p.score for p in people], np.float32)
+            # a person the landmark model follows is a confirmed track: the tracker's score
+            # thresholds are for detector boxes
+            track_scores = np.ones(len(people), np.float32)
+        else:
+            person_xywh, person_scores = self._persons(frame)
+            track_scores = person_scores
         faces = self._faces(frame.image, person_xywh)
         tracks = self.camera_tracks(frame.camera)
         rig = self.rigs.of_camera(frame.camera)
@@ -404,7 +450,9 @@ class Detect(Stage[DetectOptions]):
                 frame.camera, frame.seq, frame.capture_ts_ns, frame.deadline_ns, (int(w), int(h))
             )
         with tracks.lock:
-            ids, boxes_of = self._track(frame, tracks, person_xywh, person_scores)
+            ids, boxes_of = self._track(frame, tracks, person_xywh, track_scores)
+            keyframes = list(tracks.keyframes)
+            tracks.keyframes.clear()
             # (holding tracks.lock: the tracker's pose queue and tracks)
             targets = job_policy.person_targets(tracks.tracker, boxes_of, o.pose, rig, rig_tag)
             face_ids, face_targets = self._face_targets(frame, faces, person_xywh, ids)
@@ -447,7 +495,8 @@ class Detect(Stage[DetectOptions]):
             labels=("person",) * len(person_scores) + ("face",) * n_faces,
             extra={"track_ids": ids + face_ids},
         )
-        return [det, *jobs]
+        poses = live.results(frame, people, ids, keyframes) if o.live.enabled else []
+        return [det, *poses, *jobs]
 
     def _track(
         self, frame: Frame, tracks: CameraTracks, person_xywh: np.ndarray, scores: np.ndarray

@@ -1,17 +1,33 @@
 """The per-camera person trackers of one pipeline run, shared by its detect stage (which
-submits pose jobs) and its dark stage (which finishes them and feeds pose-derived faces back):
-one TrackRegistry per run, owned by the pipeline's Context (Context.shared)."""
+submits pose jobs) and its dark stage (which finishes them and feeds pose-derived faces and
+real-weight keyframes back): one TrackRegistry per run, owned by the pipeline's Context
+(Context.shared)."""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from stages.models.adaface.job import FaceJob
 from stages.tracker import PersonTracker, PoseTag
 
 POSE_FACES_KEPT = 8  # face jobs from pose keypoints waiting for detect's next frame
+KEYFRAMES_KEPT = 32  # Sapiens2 poses waiting for detect's next frame (the live pose's keyframes)
+
+
+@dataclass(frozen=True)
+class Keyframe:
+    """A real-weight Sapiens2 pose of one track, for the live pose's fusion: keypoints float32
+    [K, 3] (x, y, score) in frame pixels, on the frame (seq, capture_ts_ns) it was computed on."""
+
+    track_id: int
+    seq: int
+    capture_ts_ns: int
+    keypoints: np.ndarray
 
 
 class CameraTracks:
@@ -26,6 +42,9 @@ class CameraTracks:
         # face jobs built from Sapiens2 face keypoints (the dark stage's face_points), sent
         # on by detect with its next frame of this camera; the newest POSE_FACES_KEPT
         self.pose_faces: deque[FaceJob] = deque(maxlen=POSE_FACES_KEPT)
+        # real-weight Sapiens2 poses for detect's live pose (never a synthetic model's), taken
+        # by detect with its next frame of this camera; the newest KEYFRAMES_KEPT
+        self.keyframes: deque[Keyframe] = deque(maxlen=KEYFRAMES_KEPT)
 
     def expire_poses(self, at_ns: int) -> None:
         """Free the tracks whose pose job is past its deadline (or retry time) unanswered."""

@@ -18,7 +18,7 @@ from stages.models.adaface.job import FaceJob
 from stages.models.sapiens2.job import PoseInferred, PoseJob
 from stages.models.sapiens2.result import PoseResult
 from stages.postprocess import PostprocessError, result_fields, xyxy
-from stages.tracks import TrackRegistry
+from stages.tracks import Keyframe, TrackRegistry
 
 MAX_BLUR_KERNEL = 99  # DARK's blur kernel: the heatmaps are 64 x 48 (Sapiens2: 256 x 192)
 
@@ -41,7 +41,8 @@ class DarkOptions(StageOptions):
 class Dark(MapStage[DarkOptions]):
     """Inferred pose heatmaps -> PoseResult: DARK keypoints in frame pixels through the crop
     window the infer stage recorded, with the track id and the pose's age (the track's pose
-    refresh is marked finished in the run's tracker, stages.tracks.TrackRegistry)."""
+    refresh is marked finished in the run's tracker, stages.tracks.TrackRegistry, and a
+    real-weight pose is handed to detect's live pose there as a keyframe)."""
 
     kind = "dark"
     accepts = (PoseInferred,)
@@ -73,9 +74,13 @@ class Dark(MapStage[DarkOptions]):
         if tracks is not None:
             tag = tracks.finish_pose(job.track_id, job.capture_ts_ns, at)
             face = self._face_job(job, keypoints) if self.options.face_points else None
-            if face is not None:
-                with tracks.lock:
+            with tracks.lock:
+                if face is not None:
                     tracks.pose_faces.append(face)
+                if not item.synthetic:  # synthetic weights are never fused into real keypoints
+                    tracks.keyframes.append(
+                        Keyframe(job.track_id, job.seq, job.capture_ts_ns, keypoints)
+                    )
         if tag is not None and tag.tracked:  # the tracker's word: since its previous pose
             since_ms = None if tag.since_previous_ns is None else tag.since_previous_ns / 1e6
         else:  # no tracker in this run (a split config), or the track expired while its
