@@ -124,3 +124,18 @@ def test_dark_keeps_since_previous_when_the_track_expired_while_its_pose_ran(tmp
     assert tracker.track(tb.track_id) is None
     (result,) = Dark("dark", DarkOptions(), ctx).process(item)
     assert result.since_previous_ms == pytest.approx(500.0)
+
+
+def test_dark_hands_real_weight_poses_to_the_live_pose_and_never_synthetic_ones(tmp_path):
+    ctx = context(tmp_path)
+    tracks = TrackRegistry.of(ctx).add("cam", PersonTracker("cam"))
+    dark = Dark("dark", DarkOptions(), ctx)
+    maps, _ = peaked_heatmaps(3, 24, 18)
+    dark.process(pose_item(maps, (50, 50, 40, 40), track_id=7))  # synthetic weights
+    assert not tracks.keyframes
+    real = pose_item(maps, (50, 50, 40, 40), track_id=7)
+    real.synthetic = False
+    (result,) = dark.process(real)
+    (kf,) = tracks.keyframes
+    assert (kf.track_id, kf.seq, kf.capture_ts_ns) == (7, real.job.seq, real.job.capture_ts_ns)
+    np.testing.assert_array_equal(kf.keypoints, result.keypoints)
