@@ -13,6 +13,8 @@ const MIN_SCORE = Number(params.get("min_score") ?? 0.3); // keypoints drawn abo
 const WIDTH = 640; // canvas width in px; the height keeps the frame's aspect
 const DETS_KEPT = 64; // det messages kept per camera to join a frame by seq
 const POSE_KEEP_MS = 3000; // a track's pose is drawn this long after it arrived
+const LIVE_KEEP_MS = 500; // a per-frame ("live") pose replaces the track's keyframe this long
+const SOURCE_ABSENT = 0; // a live pose's `source` column (docs/protocol.md)
 const LABEL_KEEP_MS = 10000; // face identities and CLIP labels
 const FRAME_FRESH_MS = 2000; // older frames: boxes follow the latest det instead
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
@@ -75,7 +77,7 @@ function lagMs(h) {
   return Number(BigInt(h.publish_ts_str) - BigInt(h.capture_ts_str)) / 1e6;
 }
 
-const state = { meta: null, cameras: new Map(), rigs: new Map(), stats: null, synthetic: false, view: null };
+const state = { meta: null, cameras: new Map(), rigs: new Map(), stats: null, synthetic: new Set(), view: null };
 
 class Camera {
   constructor(name) {
@@ -103,12 +105,13 @@ class Camera {
     this.frameDirty = false;
     this.dets = new Map(); // seq -> det message
     this.latestDet = null;
-    this.poses = new Map(); // track id -> {keypoints, count, at}
+    this.poses = new Map(); // track id -> {keypoints, count, at}: Sapiens2's keyframes
+    this.livePoses = new Map(); // track id -> {keypoints, count, source, age, at}: per frame
     this.faces = new Map(); // track id -> {identity, similarity, reason, at}
     this.untrackedFaces = []; // face messages without a track: [{msg, at}]
     this.clips = new Map(); // track id, or "frame" -> {label, probability, at}
-    this.counts = { frames: 0, boxes: 0, skeletons: 0, renders: 0 };
-    this.lastDrawn = { boxes: 0, skeletons: 0 };
+    this.counts = { frames: 0, boxes: 0, skeletons: 0, liveSkeletons: 0, renders: 0 };
+    this.lastDrawn = { boxes: 0, skeletons: 0, liveSkeletons: 0 };
   }
 
   det(msg) {
@@ -296,9 +299,12 @@ function camera(name) {
 
 function handle(msg) {
   const h = msg.header;
-  if (h.synthetic && !state.synthetic) {
-    state.synthetic = true;
-    document.getElementById("synthetic").hidden = false;
+  if (h.synthetic && !state.synthetic.has(h.model)) {
+    // names the synthetic models: the per-frame pose beside them has real weights
+    state.synthetic.add(h.model);
+    const banner = document.getElementById("synthetic");
+    banner.textContent = `SYNTHETIC weights (${[...state.synthetic].sort().join(", ")}): their results are meaningless`;
+    banner.hidden = false;
   }
   const now = performance.now();
   switch (h.kind) {
@@ -318,7 +324,14 @@ function handle(msg) {
       rig(h.camera).update(msg, now);
       break;
     case "pose":
-      camera(h.camera).poses.set(h.track_id, { keypoints: msg.arrays.keypoints.data, count: h.count, at: now });
+      if (h.live) {
+        const a = msg.arrays;
+        camera(h.camera).livePoses.set(h.track_id, {
+          keypoints: a.keypoints.data, count: h.count, source: a.source.data, age: a.keyframe_age_ms.data, at: now,
+        });
+      } else {
+        camera(h.camera).poses.set(h.track_id, { keypoints: msg.arrays.keypoints.data, count: h.count, at: now });
+      }
       break;
     case "face":
       if (h.track_id === null) {
@@ -400,6 +413,7 @@ function render(cam, now) {
   g.clearRect(0, 0, W, H);
   let boxes = 0;
   let skeletons = 0;
+  let liveSkeletons = 0;
   if (det) {
     const s = W / det.header.width;
     const tracks = new Set();
@@ -419,9 +433,15 @@ function render(cam, now) {
       if (text) tag(g, text, x1, isPerson ? y1 : y2 + 16, colour);
     });
     // a pose is drawn while its track is in the frame's det; with no tracked box at all
-    // (a config without a person detector in this process), every recent pose
+    // (a config without a person detector in this process), every recent pose. A track's
+    // per-frame pose, while it comes, is drawn instead of its (older) Sapiens2 keyframe.
+    for (const [track, pose] of cam.livePoses) {
+      if (now - pose.at > LIVE_KEEP_MS) cam.livePoses.delete(track);
+      else if ((tracks.has(track) || tracks.size === 0) && skeleton(g, pose, s)) liveSkeletons += 1;
+    }
     for (const [track, pose] of cam.poses) {
       if (now - pose.at > POSE_KEEP_MS) cam.poses.delete(track);
+      else if (cam.livePoses.has(track)) continue;
       else if ((tracks.has(track) || tracks.size === 0) && skeleton(g, pose, s)) skeletons += 1;
     }
     for (const { msg, at } of cam.untrackedFaces) {
@@ -434,11 +454,13 @@ function render(cam, now) {
     }
   }
   cam.counts.boxes += boxes;
-  cam.counts.skeletons += skeletons;
+  cam.counts.skeletons += skeletons + liveSkeletons;
+  cam.counts.liveSkeletons += liveSkeletons;
   cam.counts.renders += 1;
-  cam.lastDrawn = { boxes, skeletons };
+  cam.lastDrawn = { boxes, skeletons: skeletons + liveSkeletons, liveSkeletons };
   cam.overlay.dataset.boxes = String(boxes);
-  cam.overlay.dataset.skeletons = String(skeletons);
+  cam.overlay.dataset.skeletons = String(skeletons + liveSkeletons);
+  cam.overlay.dataset.liveSkeletons = String(liveSkeletons);
   cam.statsBox.textContent = statsText(cam, det);
 }
 
@@ -446,7 +468,15 @@ function personText(cam, track, now) {
   if (track === null) return "";
   const clip = cam.clips.get(track);
   const label = clip && now - clip.at < LABEL_KEEP_MS ? `  ${clip.label} ${clip.probability.toFixed(2)}` : "";
-  return `#${track}${label}`;
+  return `#${track}${keyframeText(cam.livePoses.get(track))}${label}`;
+}
+
+// A live pose's keyframe: the youngest age behind any of its points, or "no keyframe yet".
+function keyframeText(pose) {
+  if (!pose) return "";
+  let age = Infinity;
+  for (let k = 0; k < pose.count; k++) if (pose.source[k] !== SOURCE_ABSENT && pose.age[k] < age) age = pose.age[k];
+  return Number.isFinite(age) ? `  keyframe ${(age / 1000).toFixed(1)} s` : "  no keyframe";
 }
 
 function faceText(cam, track, now) {
