@@ -46,7 +46,7 @@ from stages.preview import PreviewFrame, PreviewTap, run_taps
 from stages.rig.groups import RigRegistry
 from stages.runtimes import runtime_class
 from stages.tracker import MAX_TRACKS, PersonTracker, iou_matrix
-from stages.tracks import CameraTracks, TrackRegistry
+from stages.tracks import CameraTracks, NewestFrame, TrackRegistry
 
 MIN_FACE_SEARCH_PX = 8  # face_in = "persons": person boxes narrower or lower are skipped
 FACE_DUPLICATE_IOU = 0.5  # face_in = "persons": the same face found in two person boxes
@@ -453,6 +453,18 @@ class Detect(Stage[DetectOptions]):
             ids, boxes_of = self._track(frame, tracks, person_xywh, track_scores)
             keyframes = list(tracks.keyframes)
             tracks.keyframes.clear()
+            tracks.tracked_on(
+                {
+                    tid: NewestFrame(
+                        frame.seq,
+                        frame.capture_ts_ns,
+                        frame.deadline_ns,
+                        frame.image,
+                        job_policy.xywh(box),
+                    )
+                    for tid, box in boxes_of.items()
+                }
+            )
             # (holding tracks.lock: the tracker's pose queue and tracks)
             targets = job_policy.person_targets(tracks.tracker, boxes_of, o.pose, rig, rig_tag)
             face_ids, face_targets = self._face_targets(frame, faces, person_xywh, ids)

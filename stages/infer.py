@@ -166,6 +166,7 @@ class Infer(InferReport, Stage[InferOptions]):
                 pacing=pacing,
             )
             self.runtimes[name] = rt
+            rt.attach(self.context)
             job_type = rt.job_type
             if job_type in self._model_of:
                 raise ModelLoadError(

@@ -16,6 +16,7 @@ from stages.models.adaface.job import FaceJob
 from stages.tracker import PersonTracker, PoseTag
 
 POSE_FACES_KEPT = 8  # face jobs from pose keypoints waiting for detect's next frame
+NEWEST_KEPT_NS = 10 * 1_000_000_000  # a track's newest frame, kept while it may come back
 KEYFRAMES_KEPT = 32  # Sapiens2 poses waiting for detect's next frame (the live pose's keyframes)
 
 
@@ -28,6 +29,19 @@ class Keyframe:
     seq: int
     capture_ts_ns: int
     keypoints: np.ndarray
+
+
+@dataclass(frozen=True)
+class NewestFrame:
+    """The newest frame detect tracked a person on: its identity, image (uint8 BGR) and the
+    track's box there (float32 [4] xywh); a pose job takes it when the device is about to run
+    (stages.models.sapiens2.runtime)."""
+
+    seq: int
+    capture_ts_ns: int
+    deadline_ns: int
+    image: np.ndarray
+    box_xywh: np.ndarray
 
 
 class CameraTracks:
@@ -45,6 +59,21 @@ class CameraTracks:
         # real-weight Sapiens2 poses for detect's live pose (never a synthetic model's), taken
         # by detect with its next frame of this camera; the newest KEYFRAMES_KEPT
         self.keyframes: deque[Keyframe] = deque(maxlen=KEYFRAMES_KEPT)
+        # track id -> the newest frame it was tracked on (kept NEWEST_KEPT_NS after that)
+        self.newest: dict[int, NewestFrame] = {}
+
+    def tracked_on(self, newest: dict[int, NewestFrame]) -> None:
+        """Record the tracks of detect's latest frame (call holding `lock`); entries of
+        tracks not seen for NEWEST_KEPT_NS go."""
+        self.newest.update(newest)
+        if newest:
+            horizon = max(f.capture_ts_ns for f in newest.values()) - NEWEST_KEPT_NS
+            for tid in [t for t, f in self.newest.items() if f.capture_ts_ns < horizon]:
+                del self.newest[tid]
+
+    def newest_frame(self, track_id: int) -> NewestFrame | None:
+        with self.lock:
+            return self.newest.get(track_id)
 
     def expire_poses(self, at_ns: int) -> None:
         """Free the tracks whose pose job is past its deadline (or retry time) unanswered."""

@@ -263,6 +263,10 @@ class Runtime(Generic[ModelOptionsT, JobT]):
         it, e.g. stages[3].clip); paths resolve against base_dir."""
         return []
 
+    def attach(self, context: Any) -> None:
+        """After loading: the run's shared objects (pipeline.graph.Context.shared) this
+        model's host glue uses, if any (Sapiens2 reads each track's newest frame)."""
+
     def started(self, base_dir: Path) -> None:
         """After loading, on the device thread: anything the model computes once before its
         first job (CLIP encodes its label prompts). base_dir resolves the options' paths."""

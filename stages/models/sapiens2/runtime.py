@@ -1,7 +1,11 @@
 """Sapiens2-Pose in the infer stage: a PoseJob's frame cropped at the model's input size
-(npu.models.sapiens2.preprocess) -> heatmaps float32 [K, h, w] and the crop window."""
+(npu.models.sapiens2.preprocess) -> heatmaps float32 [K, h, w] and the crop window. A track's
+refresh takes the newest frame detect tracked it on when its pass is dispatched, not the frame
+it was queued with (stages.tracks.CameraTracks.newest)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +17,7 @@ from stages.job_policy import Target
 from stages.jobs import frame_fields
 from stages.models.sapiens2.job import PoseInferred, PoseJob
 from stages.runtimes import JobInputError, ModelOptions, PacedTimer, Runtime, SlotOutput
+from stages.tracks import TrackRegistry
 
 
 class Sapiens2Runtime(Runtime[ModelOptions, PoseJob]):
@@ -20,6 +25,26 @@ class Sapiens2Runtime(Runtime[ModelOptions, PoseJob]):
 
     job_type = PoseJob
     inferred_type = PoseInferred
+    tracks: TrackRegistry | None = None
+
+    def attach(self, context: Any) -> None:
+        self.tracks = TrackRegistry.of(context)
+
+    def freshen(self, job: PoseJob) -> None:
+        """Move a track's refresh to the newest frame detect tracked it on, if newer than its
+        own (not a rig group's job: the group is posed on its own frames)."""
+        cam = None if self.tracks is None or job.group is not None else self.tracks.get(job.camera)
+        newest = None if cam is None else cam.newest_frame(job.track_id)
+        if newest is None or newest.capture_ts_ns <= job.capture_ts_ns:
+            return
+        if job.pose_age_s is not None:
+            job.pose_age_s += (newest.capture_ts_ns - job.capture_ts_ns) / 1e9
+        job.seq, job.capture_ts_ns, job.deadline_ns = (
+            newest.seq,
+            newest.capture_ts_ns,
+            newest.deadline_ns,
+        )
+        job.image, job.box_xywh = newest.image, newest.box_xywh
 
     @classmethod
     def make_job(cls, target: Target, frame: Frame) -> PoseJob:
@@ -45,6 +70,7 @@ class Sapiens2Runtime(Runtime[ModelOptions, PoseJob]):
 
     def prepare_one(self, job: PoseJob) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.model.config
+        self.freshen(job)  # the prepare thread runs it as the pass is dispatched
         if job.image is None:
             raise JobInputError(f"camera {job.camera!r} #{job.seq}: pose job without a frame")
         rgb = np.ascontiguousarray(job.image[..., ::-1])
