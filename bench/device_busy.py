@@ -158,7 +158,9 @@ def device_busy(cfg: Config, seconds: float, chaining: str, tmp: Path) -> dict:
     options = InferOptions.model_validate(
         {"backend": "npu", "sapiens2": {"enabled": True, "bundle": str(bundle)}}
     )
-    context = types.SimpleNamespace(config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics())
+    context = types.SimpleNamespace(
+        config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics(), shared=lambda k, f: f()
+    )
     stage = Infer("infer", options, context)
     window: list[float] = []
     published: list[int] = []

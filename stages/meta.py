@@ -14,6 +14,7 @@ import sys
 
 from npu import models
 from pipeline.config import Config
+from stages.landmarks.result import WIRE_META as LIVE_POSE_META
 from stages.rig.pose3d import WIRE_META as POSE3D_META
 
 META_VERSION = 1
@@ -37,6 +38,8 @@ def contract() -> dict:
             out[spec.kind] = spec.wire_meta()
     if "face" in out:
         out["face"]["landmarks"] = FACE_LANDMARKS
+    if "pose" in out:
+        out["pose"]["live"] = LIVE_POSE_META
     out["pose3d"] = dict(POSE3D_META)
     return out
 

@@ -12,6 +12,21 @@ from stages.models.sapiens2.result import PoseResult
 
 # the `source` column (stages.landmarks.fusion's codes): what each keypoint is this frame
 SOURCE_NAMES = ("absent", "cpu", "keyframe")
+# how a subscriber tells and reads a per-frame pose (the `meta` topic's pose.live, docs/meta.json)
+WIRE_META = {
+    "marker": "a pose message whose header has \"live\": true is a per-frame pose; without it, "
+    "a Sapiens2 keyframe",
+    "model": "mediapipe-landmarks",
+    "header": {
+        "landmark_models": "the landmark models run this frame: body, hands, face",
+        "keyframe_seq": "seq of the Sapiens2 keyframe fused into this track, null if none yet",
+    },
+    "parts": {
+        "source": "int8 [K]: per keypoint, index into source_names",
+        "keyframe_age_ms": "float32 [K]: age of the keyframe behind the value, NaN if none",
+    },
+    "source_names": list(SOURCE_NAMES),
+}
 
 
 @dataclass(slots=True, kw_only=True)

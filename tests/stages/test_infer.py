@@ -64,8 +64,11 @@ def make_stage(tmp_path, cache, models=("sapiens2", "adaface", "clip"), **over) 
         else:
             raw[key] = value
     options = InferOptions.model_validate(raw)
+    shared: dict = {}  # pipeline.graph.Context.shared: the run's one object per key
     context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp_path), metrics=Metrics()
+        config=types.SimpleNamespace(base_dir=tmp_path),
+        metrics=Metrics(),
+        shared=lambda key, factory: shared.setdefault(key, factory()),
     )
     return Infer("infer", options, context)
 
@@ -821,7 +824,9 @@ options = InferOptions.model_validate({
     "sim": {"registry_dir": tmp + "/hwctx", "pacing": "stand-in"},
     "adaface": {"enabled": True, "synthetic": True},
 })
-context = types.SimpleNamespace(config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics())
+context = types.SimpleNamespace(
+    config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics(), shared=lambda k, f: f()
+)
 stage = Infer("infer", options, context)
 
 class Out:

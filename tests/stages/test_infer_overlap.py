@@ -99,7 +99,9 @@ def device_busy(tmp_path, monkeypatch, layers: int | None, seconds: float) -> di
         {"backend": "npu", "sapiens2": {"enabled": True, "bundle": str(bundle)}}
     )
     context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp_path), metrics=Metrics()
+        config=types.SimpleNamespace(base_dir=tmp_path),
+        metrics=Metrics(),
+        shared=lambda key, factory: factory(),  # Context.shared; one call per run here
     )
     stage = Infer("infer", options, context)
     window: list[float] = []

@@ -77,7 +77,9 @@ def make_stage(tmp_path: Path, cache: Path, clip: dict) -> Infer:
         }
     )
     context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp_path), metrics=Metrics()
+        config=types.SimpleNamespace(base_dir=tmp_path),
+        metrics=Metrics(),
+        shared=lambda key, factory: factory(),  # Context.shared; one call per run here
     )
     return Infer("infer", options, context)
 
