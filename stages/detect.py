@@ -364,6 +364,13 @@ class Detect(Stage[DetectOptions]):
             ids[tb.detection] = tb.track_id
         return ids
 
+    def live_cost(self) -> tuple[float, int]:
+        """(CPU seconds of the landmark models, person-frames) of the per-frame pose so far,
+        over every camera (the person detector's time is not in it)."""
+        live = list(self._live.values())
+        cpu = sum(c.cpu_s - c.detector_cpu_s for c in live)
+        return cpu, sum(c.person_frames for c in live)
+
     def _camera_live(self, camera: str) -> CameraLive:
         live = self._live.get(camera)
         if live is None:  # made on the worker thread, like the detectors

@@ -5,6 +5,7 @@ that track's real-weight Sapiens2 keyframes fused in (fusion.KeyframeFusion)."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -15,6 +16,7 @@ from pydantic import Field
 from npu.models.sapiens2.keypoints import NAMES as KEYPOINT_NAMES
 from pipeline.graph import StageOptions
 from pipeline.messages import Frame, now_ns
+from stages.detectors.detections import DetectorOutput
 from stages.landmarks.fusion import Fused, KeyframeFusion
 from stages.landmarks.parts import anchor_points, sapiens308_parts
 from stages.landmarks.result import LivePoseResult
@@ -52,6 +54,21 @@ class LivePerson:
     score: float
 
 
+class _TimedDetector:
+    """The person detector, its thread CPU time counted apart from the landmark models'."""
+
+    def __init__(self, detector: PersonDetector) -> None:
+        self.detector = detector
+        self.cpu_s = 0.0
+
+    def detect(self, image: np.ndarray, colour_order: str = "bgr") -> DetectorOutput:
+        c0 = time.thread_time()
+        try:
+            return self.detector.detect(image, colour_order)
+        finally:
+            self.cpu_s += time.thread_time() - c0
+
+
 def _box(xy: np.ndarray, size: tuple[int, int], margin: float) -> np.ndarray:
     w, h = size
     lo = np.clip(xy.min(axis=0), 0, [w, h])
@@ -66,15 +83,18 @@ class CameraLive:
     """One camera's landmark tracker and per-track fusion. `people(frame)` runs the landmark
     models; `results(frame, people, track_ids, keyframes)` fuses the keyframes that arrived and
     returns a LivePoseResult for each person the detect stage's tracker tracks. Counters:
-    keyframes_fused, keyframes_unmatched (its track or frame no longer followed)."""
+    keyframes_fused, keyframes_unmatched (its track or frame no longer followed); cpu_s (the
+    thread's CPU time in both calls, the person detector's included), detector_cpu_s and
+    person_frames, which `npucam plan` prices from."""
 
     def __init__(
         self, camera: str, options: LiveOptions, detector: PersonDetector, **models: object
     ) -> None:
         self.camera = camera
         self.options = options
+        self._detector = _TimedDetector(detector)
         self.tracker = LandmarkTracker(
-            detector,
+            self._detector,
             parts=options.parts,
             max_people=options.max_people,
             detect_every=options.detect_every,
@@ -88,8 +108,21 @@ class CameraLive:
         self._previous_ts: dict[int, int] = {}  # detect track id -> its previous live pose
         self.keyframes_fused = 0
         self.keyframes_unmatched = 0
+        self.cpu_s = 0.0
+        self.person_frames = 0
+
+    @property
+    def detector_cpu_s(self) -> float:
+        return self._detector.cpu_s
 
     def people(self, frame: Frame) -> list[LivePerson]:
+        c0 = time.thread_time()
+        try:
+            return self._people(frame)
+        finally:
+            self.cpu_s += time.thread_time() - c0
+
+    def _people(self, frame: Frame) -> list[LivePerson]:
         if self._last_ts is not None and frame.capture_ts_ns <= self._last_ts:
             self._reset()  # the clock went back: nothing fused across the jump
         self._last_ts = frame.capture_ts_ns
@@ -146,6 +179,20 @@ class CameraLive:
         """One LivePoseResult per person with a detect track id (track_ids[i] is people[i]'s),
         after fusing `keyframes` (Sapiens2 poses of earlier frames, by detect track id) into
         their landmark tracks."""
+        c0 = time.thread_time()
+        try:
+            return self._results(frame, people, track_ids, keyframes)
+        finally:
+            self.cpu_s += time.thread_time() - c0
+            self.person_frames += len(people)
+
+    def _results(
+        self,
+        frame: Frame,
+        people: list[LivePerson],
+        track_ids: list[int | None],
+        keyframes: list[Keyframe],
+    ) -> list[LivePoseResult]:
         ts = frame.capture_ts_ns
         mapping = {
             tid: p.landmarks.track_id

@@ -51,6 +51,13 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
         )
         if c.detect_ms is not None:
             lines.append(f"    {c.people:.2f} people, {c.faces:.2f} faces a frame ({c.scene})")
+        if c.live_ms_per_person is not None and c.detect_ms is not None:
+            other = c.detect_ms - c.live_people * c.live_ms_per_person
+            lines.append(
+                f"    per-frame pose: {c.live_people:.2f} people followed a frame, "
+                f"{c.live_ms_per_person:.1f} ms a person-frame (landmark models); the rest of "
+                f"detect {max(other, 0.0):.1f} ms a frame"
+            )
     if plan.costs:
         lines += ["", "device time per pass:"]
         for m in plan.costs.values():
@@ -103,6 +110,7 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
             f"  detect thread: {100 * d['asked'] / d['capacity']:.0f}% -> "
             f"{100 * d['predicted'] / d['capacity']:.0f}% of the {d['capacity']:.2f} core it gets"
         )
+    lines += _live_lines(plan)
     lines += ["", f"bottleneck: {plan.bottleneck}", "", "drops by reason:"]
     if "detect" in plan.drops:
         d = plan.drops["detect"]
@@ -135,6 +143,33 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
     if plan.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _live_lines(plan: Plan) -> list[str]:
+    """What detect's one thread fits of the per-frame pose: person-frames a second after the
+    rest of its work at every camera's rate, and what goes first when it does not fit."""
+    live = [c for c in plan.cameras if c.live_ms_per_person is not None and c.detect_ms]
+    detect = plan.utilisation.get("detect")
+    if not live or detect is None:
+        return []
+    other_s = sum(
+        c.fps * max(c.detect_ms - c.live_people * c.live_ms_per_person, 0.0) / 1e3
+        for c in live
+        if c.detect_ms is not None and c.live_ms_per_person is not None
+    )
+    per_person_s = sum(c.live_ms_per_person or 0.0 for c in live) / len(live) / 1e3
+    fits = max(detect["capacity"] - other_s, 0.0) / per_person_s
+    asked = sum(c.fps * c.live_people for c in live)
+    fps = sum(c.fps for c in live)
+    return [
+        "",
+        "per-frame pose (detect's one thread):",
+        f"  fits {fits:.1f} person-frames/s after detect's other work; the cameras ask "
+        f"{asked:.1f} ({fps:.1f} frames/s x the people followed): "
+        f"{fits / fps:.2f} people a frame across the cameras at their full rate",
+        "  what goes first: whole frames (detect's inbox keeps the latest: queue_full); every "
+        "followed person keeps a pose on each frame detect processes",
+    ]
 
 
 def plan_json(plan: Plan) -> dict:

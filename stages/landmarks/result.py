@@ -14,7 +14,7 @@ from stages.models.sapiens2.result import PoseResult
 SOURCE_NAMES = ("absent", "cpu", "keyframe")
 # how a subscriber tells and reads a per-frame pose (the `meta` topic's pose.live, docs/meta.json)
 WIRE_META = {
-    "marker": "a pose message whose header has \"live\": true is a per-frame pose; without it, "
+    "marker": 'a pose message whose header has "live": true is a per-frame pose; without it, '
     "a Sapiens2 keyframe",
     "model": "mediapipe-landmarks",
     "header": {

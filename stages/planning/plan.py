@@ -65,6 +65,10 @@ class CameraPlan:
     pose_every_s: float | None = None
     note: str = ""
     loop_s: float = 0.0  # seconds before its planned scene repeats (0: no scene)
+    # detect's per-frame pose: ms of the landmark models a person-frame, people followed a
+    # frame (None, 0: not on)
+    live_ms_per_person: float | None = None
+    live_people: float = 0.0
 
 
 @dataclass
@@ -301,6 +305,8 @@ def make_plan(  # noqa: C901
                 "" if sc is None else sc.source, r, 1 - r / p.fps if sc is not None else 0.0,
                 per_model, every, p.note,
                 len(sc.frames) / p.fps if sc is not None and sc.frames and p.fps > 0 else 0.0,
+                None if sc is None or sc.live_person_s is None else sc.live_person_s * 1e3,
+                0.0 if sc is None else sc.live_people,
             )
         )  # fmt: skip
     budget = context_budget(costs, infer_opts.context_slots or 16) if infer_opts else {}
@@ -447,6 +453,9 @@ def _name(
         assert det_i is not None
         opts = config.stages[det_i].options
         person, face = opts.get("person", "blazepose"), opts.get("face", "blazeface")
+        live = opts.get("live")
+        if isinstance(live, dict) and live.get("enabled"):
+            person = f"{person} + the per-frame landmark models"
         return (
             f"CPU: the detect stage {config.stage_names[det_i]!r} (person {person}, face "
             f"{face}; one worker thread)"

@@ -216,6 +216,10 @@ class Scene:
     detect_s: float
     source: str
     high_score: float = 0.5
+    # with detect's per-frame pose (`live`): seconds of the landmark models a person-frame
+    # (within detect_s), and the people they followed a frame
+    live_person_s: float | None = None
+    live_people: float = 0.0
 
     @property
     def mean_people(self) -> float:
@@ -273,6 +277,7 @@ def _scene(detect: Any, cam: CameraProbe, frames: list[np.ndarray], source: str)
     start = 10**15  # a clock of its own: only differences matter to the tracker
     detect.process(Frame(cam.name, -1, start - period, start, frames[0]))  # load and warm up
     cpu, stretch = [], []
+    live_cpu0, live_n0 = detect.live_cost()
     for i, image in enumerate(frames):
         ts = start + i * period
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -284,7 +289,15 @@ def _scene(detect: Any, cam: CameraProbe, frames: list[np.ndarray], source: str)
         boxes = np.asarray(det.boxes, np.float32).reshape(-1, 4)
         scores = np.asarray(det.scores, np.float32).reshape(-1)
         out.append((boxes[person], scores[person], boxes[~person]))
-    return Scene(out, detect_seconds(cpu, stretch), source, detect.options.tracker.high_score)
+    scene = Scene(out, detect_seconds(cpu, stretch), source, detect.options.tracker.high_score)
+    if detect.options.live.enabled:
+        live_cpu, live_n = detect.live_cost()
+        n = live_n - live_n0
+        scene.live_people = n / len(frames)
+        if n:
+            stretch_s = max(1.0, float(np.median(stretch)))
+            scene.live_person_s = (live_cpu - live_cpu0) / n * stretch_s
+    return scene
 
 
 def detect_seconds(cpu: list[float], stretch: list[float]) -> float:

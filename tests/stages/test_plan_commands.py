@@ -364,3 +364,28 @@ def test_finding_9_the_plan_shows_each_models_contexts_and_whose_loads_evicted_t
     assert f"its contexts evicted: {pose.evicted['clip']} by clip" in text
     data = plan_json(p)
     assert data["contexts"]["clip"]["evicted"]["sapiens2"] == clip.evicted["sapiens2"]
+
+
+def test_the_plan_prices_the_per_frame_pose_and_what_the_detect_thread_fits(monkeypatch):
+    # a chosen host: detect 30 ms a frame of which 20 ms is one person's landmark models
+    measure = plan_module.measure_scenes
+    monkeypatch.setattr(
+        plan_module,
+        "measure_scenes",
+        lambda *a, **kw: {
+            n: dataclasses.replace(sc, detect_s=0.030, live_person_s=0.020, live_people=1.0)
+            for n, sc in measure(*a, **kw).items()
+        },
+    )
+    p = make_plan("configs/demo.toml", frames=8, horizon_s=60.0)
+    assert [c.live_ms_per_person for c in p.cameras] == [20.0, 20.0]
+    text = format_plan(p)
+    assert "per-frame pose: 1.00 people followed a frame, 20.0 ms a person-frame" in text
+    assert "the rest of detect 10.0 ms a frame" in text
+    fps = sum(c.fps for c in p.cameras)
+    fits = (p.utilisation["detect"]["capacity"] - fps * 0.010) / 0.020
+    assert f"fits {fits:.1f} person-frames/s after detect's other work" in text
+    assert f"the cameras ask {fps:.1f} ({fps:.1f} frames/s" in text
+    assert "what goes first: whole frames" in text
+    assert "person blazepose + the per-frame landmark models" in p.bottleneck
+    assert plan_json(p)["cameras"][0]["live_ms_per_person"] == 20.0

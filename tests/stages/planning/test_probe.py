@@ -62,3 +62,17 @@ def test_scenes_hold_the_detectors_boxes_per_frame():
     for boxes, scores, faces in scene.frames:
         assert boxes.shape == (len(scores), 4) and faces.shape == (0, 4)  # face = "none"
     assert scene.mean_people == pytest.approx(1.0)  # carphone's one person, every frame
+
+
+def test_the_per_frame_pose_is_priced_per_person_frame_apart_from_the_detector():
+    config = load_config("configs/demo.toml")  # its detect stage has `live` on
+    cams = [c for c in probe_cameras(config, 10.0, 12, 0.3) if c.name == "carphone"]
+    index = next(i for i, s in enumerate(config.stages) if s.kind == "detect")
+    scene = measure_scenes(config, index, cams, 12)["carphone"]
+    assert scene.live_people == pytest.approx(1.0)  # carphone's one person, every frame
+    assert scene.live_person_s is not None and 0 < scene.live_person_s < scene.detect_s
+    plain = load_config("configs/multicam-pose.toml")  # no `live`: nothing priced
+    index = next(i for i, s in enumerate(plain.stages) if s.kind == "detect")
+    cams = [c for c in probe_cameras(plain, 10.0, 4, 0.3) if c.name == "carphone"]
+    scene = measure_scenes(plain, index, cams, 4)["carphone"]
+    assert scene.live_person_s is None and scene.live_people == 0
