@@ -35,6 +35,7 @@ class Recorder:
     endpoint: str
     topic: str = ""
     rcvhwm: int = 1000
+    also: tuple[str, ...] = ()  # more topic prefixes to subscribe to
     seen: list[Seen] = field(default_factory=list)
 
     async def start(self) -> Recorder:
@@ -42,7 +43,8 @@ class Recorder:
         self.sock = ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
-        self.sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        for topic in (self.topic, *self.also):
+            self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.sock.connect(self.endpoint)
         self._task = asyncio.create_task(self._read())
         return self
