@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,10 +36,11 @@ from pipeline.config import Config
 from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, now_ns
-from pipeline.queues import BoundedQueue
+from pipeline.queues import BoundedQueue, QueueClosed
 from stages import job_policy
 from stages.align import blazeface_alignment_points
 from stages.box_receiver import MAX_BOXES, MAX_MESSAGE_BYTES, BoxReceiver, BoxReceiverError
+from stages.detect_workers import Lane, default_workers, lane_of
 from stages.detectors.detections import DetectorOutput
 from stages.infer_options import enabled_models
 from stages.jobs import Job
@@ -111,6 +114,9 @@ class DetectOptions(StageOptions):
     # the per-frame whole-body pose (stages.live_pose): with it, person boxes come from the
     # landmark models following each person, and BlazePose detects only when tracking needs it
     live: LiveOptions = LiveOptions()
+    # worker threads for detection and landmarks, each camera pinned to one; None: the cores
+    # left after the NPU stage's host glue (stages.detect_workers.default_workers)
+    workers: int | None = Field(None, ge=1, le=64)
 
 
 def person_tracker(t: TrackerOptions, camera: str) -> PersonTracker:
@@ -147,8 +153,8 @@ class Detect(Stage[DetectOptions]):
 
     def __init__(self, name, options, context) -> None:
         super().__init__(name, options, context)
-        self.person_detector = None
-        self.face_detector = None
+        self._local = threading.local()  # each worker thread's own _Detectors
+        self._receiver_lock = threading.Lock()
         self.receiver: BoxReceiver | None = None
         self.tracks = TrackRegistry.of(context)
         self.rigs = RigRegistry.of(context)
@@ -159,9 +165,7 @@ class Detect(Stage[DetectOptions]):
         self._makers = {w.model: runtime_class(w.model) for w in self.wanted}
         # person = "none": faces are tracked themselves, so a face still carries a track id
         self._face_trackers: dict[str, PersonTracker] = {}
-        self._loaded = False
         self._live: dict[str, CameraLive] = {}
-        self._live_detector = None
         self.model = "+".join(m for m in (self._person_model(), self._face_model()) if m)
 
     def _person_model(self) -> str:
@@ -244,19 +248,45 @@ class Detect(Stage[DetectOptions]):
             if w.runs_on.target in found
         )
 
+    @property
+    def person_detector(self) -> Any:
+        return self._local.detectors.person
+
+    @property
+    def face_detector(self) -> Any:
+        return self._local.detectors.face
+
     def load(self) -> None:
-        """Build the detectors (in the thread that will run them) and the box receiver; a
-        failure closes the receiver if it had started."""
-        if self._loaded:
+        """Build this thread's detectors (a worker's own: LiteRT interpreters stay on the
+        thread that made them) and, once per stage, the box receiver; a failure closes the
+        receiver if it had started."""
+        if getattr(self._local, "detectors", None) is not None:
             return
         try:
-            self._build()
+            with self._receiver_lock:
+                if self.options.person == "zmq" and self.receiver is None:
+                    self._start_receiver()
+            self._local.detectors = self._build()
         except BaseException:
             self.close()
             raise
-        self._loaded = True
 
-    def _build(self) -> None:
+    def _start_receiver(self) -> None:
+        o = self.options
+        curve = security.curve_for(
+            self.context.config, bind=False, socket=f"detect {self.name} boxes"
+        )
+        self.receiver = BoxReceiver(
+            o.boxes_endpoint,
+            self._cameras(),
+            lambda camera: self.metrics.drop(self.name, camera, "error"),
+            curve,
+            f"detect {self.name} boxes",
+            max_boxes=o.boxes_max_per_message,
+            max_bytes=o.boxes_max_message_bytes,
+        )
+
+    def _build(self) -> _Detectors:
         from stages.detectors.blazeface import BlazeFace
         from stages.detectors.blazepose import BlazePosePerson
         from stages.detectors.onnx_person import OnnxPersonDetector
@@ -269,14 +299,15 @@ class Detect(Stage[DetectOptions]):
         def path(p: str | None) -> Path | None:
             return None if p is None else base / p
 
+        d = _Detectors()
         if o.person == "blazepose" and o.live.enabled:
             from stages.landmarks.detection import PoseDetector
 
-            self._live_detector = PoseDetector(path(o.person_model), o.live.detector_min_score)
+            d.live = PoseDetector(path(o.person_model), o.live.detector_min_score)
         elif o.person == "blazepose":
-            self.person_detector = BlazePosePerson(path(o.person_model), o.person_min_score)
+            d.person = BlazePosePerson(path(o.person_model), o.person_min_score)
         elif o.person == "onnx":
-            self.person_detector = OnnxPersonDetector(
+            d.person = OnnxPersonDetector(
                 path(o.person_model),
                 o.person_format,
                 o.person_input_size,
@@ -284,29 +315,16 @@ class Detect(Stage[DetectOptions]):
                 o.person_min_score,
             )
         elif o.person == "roi":
-            self.person_detector = FixedRegions(_regions(o.person_regions))
-        elif o.person == "zmq":
-            cameras = self._cameras()
-            curve = security.curve_for(
-                self.context.config, bind=False, socket=f"detect {self.name} boxes"
-            )
-            self.receiver = BoxReceiver(
-                o.boxes_endpoint,
-                cameras,
-                lambda camera: self.metrics.drop(self.name, camera, "error"),
-                curve,
-                f"detect {self.name} boxes",
-                max_boxes=o.boxes_max_per_message,
-                max_bytes=o.boxes_max_message_bytes,
-            )
+            d.person = FixedRegions(_regions(o.person_regions))
         if o.face in ("blazeface", "roi"):
             face = BlazeFace(o.face_variant, path(o.face_model), o.face_min_score)
-            self.face_detector = (
+            d.face = (
                 face if o.face == "blazeface" else DetectInRegions(face, _regions(o.face_regions))
             )
         elif o.face == "yunet":
             kwargs = {} if o.face_min_score is None else {"score_threshold": o.face_min_score}
-            self.face_detector = YuNet(path(o.face_model), **kwargs)
+            d.face = YuNet(path(o.face_model), **kwargs)
+        return d
 
     def gauges(self) -> dict[str, float]:
         """On `stats` and Prometheus (any thread): clock jumps and refused tracks over this
@@ -373,9 +391,10 @@ class Detect(Stage[DetectOptions]):
 
     def _camera_live(self, camera: str) -> CameraLive:
         live = self._live.get(camera)
-        if live is None:  # made on the worker thread, like the detectors
-            assert self._live_detector is not None
-            live = self._live[camera] = CameraLive(camera, self.options.live, self._live_detector)
+        if live is None:  # made on the camera's worker thread, like the detectors
+            detector = self._local.detectors.live
+            assert detector is not None
+            live = self._live[camera] = CameraLive(camera, self.options.live, detector)
         return live
 
     def _persons(self, frame: Frame) -> tuple[np.ndarray, np.ndarray]:
@@ -591,15 +610,48 @@ class Detect(Stage[DetectOptions]):
         return job
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
+        """Frames -> the camera's worker (stages.detect_workers): a frame is taken from the
+        inbox only while some worker could start it, so with one worker the inbox's `latest`
+        policy decides what waits, as before; with more, a frame whose worker is busy waits
+        in that worker's lane (the newest per camera; a replaced one is a queue_full drop)."""
         assert inbox is not None
         loop = asyncio.get_running_loop()
         wanted = self.options.cameras
-        worker = ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}")
+        n = self.options.workers or default_workers()
+        pools = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}-{i}") for i in range(n)
+        ]
+        lanes = [Lane() for _ in range(n)]
+        pinned = lane_of(self._cameras(), n)
+        busy = [False] * n
+        can_start = asyncio.Event()
+        can_start.set()
         previews = _preview_targets(self.context, out)
+
+        def idle_worker() -> bool:
+            return any(not b and not len(lane) for b, lane in zip(busy, lanes, strict=True))
+
+        async def work(i: int) -> None:
+            while (frame := await lanes[i].get()) is not None:
+                busy[i] = True
+                try:
+                    await self._one(frame, pools[i], out)
+                finally:
+                    busy[i] = False
+                    if idle_worker():
+                        can_start.set()
+
+        tasks: list[asyncio.Task] = []
         try:
-            await loop.run_in_executor(worker, self.load)
+            await asyncio.gather(*(loop.run_in_executor(p, self.load) for p in pools))
             self.metrics.add_gauges(self.name, self.gauges)
-            async for frame in inbox:
+            tasks = [asyncio.create_task(work(i)) for i in range(n)]
+            while True:
+                await can_start.wait()
+                try:
+                    frame = await inbox.get()
+                except QueueClosed:
+                    break
                 if wanted is not None and frame.camera not in wanted:
                     await out.send(frame)
                     continue
@@ -607,24 +659,56 @@ class Detect(Stage[DetectOptions]):
                     # never waits nor evicts a result: a full inbox skips this preview
                     if tap.due(frame.camera, frame.capture_ts_ns) and len(queue) < queue.size:
                         queue.put_nowait(PreviewFrame.of(frame))
-                start = time.perf_counter()
-                try:
-                    items = await loop.run_in_executor(worker, self.process, frame)
-                except Exception:
-                    self.item_failed(frame)
-                    continue
-                finally:
-                    self.metrics.observe_work(self.name, time.perf_counter() - start)
-                for item in items:
-                    await out.send(item)
+                if lanes[pinned.get(frame.camera, 0)].put(frame) is not None:
+                    self.metrics.drop(self.name, frame.camera, "queue_full")
+                if not idle_worker():
+                    can_start.clear()
+            for lane in lanes:
+                lane.close()
+            await asyncio.gather(*tasks)
         finally:
-            # close() joins the receiver's thread, so it runs on the worker, never the loop;
-            # queued there it also comes after a load or frame still running (on cancel), so
-            # no receiver that load starts outlives it. Shielded: a second cancel must not
-            # unqueue it.
-            closed = loop.run_in_executor(worker, self.close)
-            worker.shutdown(wait=False)
+            for task in tasks:
+                task.cancel()
+            # close() joins the receiver's thread, so it runs on a worker, never the loop;
+            # queued after every worker's running load or frame (on cancel), so no receiver
+            # a load starts outlives it. Shielded: a second cancel must not unqueue it.
+            others = [pool.submit(_nothing) for pool in pools[1:]]
+            closed = loop.run_in_executor(pools[0], self._close_after, others)
+            for pool in pools:
+                pool.shutdown(wait=False)
             await asyncio.shield(closed)
+
+    async def _one(self, frame: Frame, pool: ThreadPoolExecutor, out: Outbox) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            items = await loop.run_in_executor(pool, self.process, frame)
+        except Exception:
+            self.item_failed(frame)
+            return
+        finally:
+            self.metrics.observe_work(self.name, time.perf_counter() - start)
+        for item in items:
+            await out.send(item)
+
+    def _close_after(self, others: list[Future]) -> None:
+        """close(), on the first worker, once the other workers ran what they had queued."""
+        wait(others)
+        self.close()
+
+
+def _nothing() -> None:
+    """A worker's turn that does nothing: it runs once what was queued before it has."""
+
+
+@dataclass
+class _Detectors:
+    """One worker thread's detectors (None: not configured). live: the person detector that
+    seeds the per-frame landmark tracker (stages.landmarks.detection)."""
+
+    person: Any = None
+    face: Any = None
+    live: Any = None
 
 
 def _declared(config: Config) -> list[tuple[str, RunsOn | None]]:
