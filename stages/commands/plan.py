@@ -106,9 +106,11 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
     )
     if "detect" in u:
         d = u["detect"]
+        who = "detect thread" if d["workers"] == 1 else f"detect's {d['workers']:.0f} workers"
         lines.append(
-            f"  detect thread: {100 * d['asked'] / d['capacity']:.0f}% -> "
-            f"{100 * d['predicted'] / d['capacity']:.0f}% of the {d['capacity']:.2f} core it gets"
+            f"  {who}: {100 * d['asked'] / d['capacity']:.0f}% -> "
+            f"{100 * d['predicted'] / d['capacity']:.0f}% of the {d['capacity']:.2f} core"
+            f"{'s they get' if d['workers'] > 1 else ' it gets'}"
         )
     lines += _live_lines(plan)
     lines += ["", f"bottleneck: {plan.bottleneck}", "", "drops by reason:"]
@@ -163,7 +165,9 @@ def _live_lines(plan: Plan) -> list[str]:
     fps = sum(c.fps for c in live)
     return [
         "",
-        "per-frame pose (detect's one thread):",
+        "per-frame pose (detect's workers):"
+        if detect["workers"] > 1
+        else "per-frame pose (detect's one thread):",
         f"  fits {fits:.1f} person-frames/s after detect's other work; the cameras ask "
         f"{asked:.1f} ({fps:.1f} frames/s x the people followed): "
         f"{fits / fps:.2f} people a frame across the cameras at their full rate",

@@ -23,6 +23,7 @@ import numpy as np
 
 from pipeline.config import Config, load_config
 from pipeline.graph import stage_class
+from stages.detect_workers import default_workers, lane_of
 from stages.planning.npu import (
     CameraLoad,
     ModelCost,
@@ -228,10 +229,21 @@ def make_plan(  # noqa: C901
     infer_host = 0.0
     outcome: NpuOutcome | None = None
     rates = dict(det_offered)
+    workers = (detect_opts.workers if detect_opts else None) or default_workers(cores)
+    pinned = lane_of(list(scenes), workers)
     for _ in range(3):
         others = capture_cpu + push_cpu + infer_host
-        capacity = min(1.0, max(0.05, cores - others))
-        new = water_fill(det_offered, det_cost, capacity) if scenes else {}
+        # each worker is one thread (at most a core); the cameras pinned to it share it
+        per_worker = min(1.0, max(0.05, (cores - others) / workers))
+        capacity = per_worker * min(workers, max(len(scenes), 1))
+        new = {}
+        for k in set(pinned.values()):
+            mine = [c for c in scenes if pinned[c] == k]
+            new.update(
+                water_fill(
+                    {c: det_offered[c] for c in mine}, {c: det_cost[c] for c in mine}, per_worker
+                )
+            )
         if outcome is not None and all(abs(new[c] - rates[c]) <= 0.02 * rates[c] for c in new):
             break
         rates = new
@@ -254,8 +266,8 @@ def make_plan(  # noqa: C901
     util: dict[str, dict[str, float]] = {
         "cpu": {
             "cores": cores,
-            # detect is one thread: it can ask at most one core
-            "asked": (capture_cpu + push_cpu + min(det_asked, 1.0) + infer_host) / cores,
+            # detect's workers are threads: each can ask at most one core
+            "asked": (capture_cpu + push_cpu + min(det_asked, workers) + infer_host) / cores,
             "predicted": min(1.0, (capture_cpu + push_cpu + det_run + infer_host) / cores),
             "capture": capture_cpu,
             "push": push_cpu,
@@ -264,7 +276,12 @@ def make_plan(  # noqa: C901
         },
     }
     if scenes:
-        util["detect"] = {"asked": det_asked, "predicted": det_run, "capacity": capacity}
+        util["detect"] = {
+            "asked": det_asked,
+            "predicted": det_run,
+            "capacity": capacity,
+            "workers": workers,
+        }
     if outcome is not None:
         # superseded jobs (queue_full) are the same work as the job that replaced them
         asked = {
@@ -456,9 +473,11 @@ def _name(
         live = opts.get("live")
         if isinstance(live, dict) and live.get("enabled"):
             person = f"{person} + the per-frame landmark models"
+        n = int(util["detect"]["workers"])
+        threads = "one worker thread" if n == 1 else f"{n} worker threads"
         return (
             f"CPU: the detect stage {config.stage_names[det_i]!r} (person {person}, face "
-            f"{face}; one worker thread)"
+            f"{face}; {threads})"
         )
     if which == "npu":
         by = {m: util["npu"].get(m, 0.0) for m in costs}

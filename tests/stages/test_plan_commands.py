@@ -389,3 +389,26 @@ def test_the_plan_prices_the_per_frame_pose_and_what_the_detect_thread_fits(monk
     assert "what goes first: whole frames" in text
     assert "person blazepose + the per-frame landmark models" in p.bottleneck
     assert plan_json(p)["cameras"][0]["live_ms_per_person"] == 20.0
+
+
+def test_detect_workers_share_the_cores_with_each_camera_on_one_worker(tmp_path, monkeypatch):
+    # a chosen host: 25 ms a frame on both demo cameras (25 and 30 fps): 1.37 threads' worth
+    fix_detect_cost(monkeypatch, 0.025)
+    text = Path("configs/demo.toml").read_text().replace("../", f"{Path.cwd()}/")
+    plans = {}
+    for workers in (1, 2):
+        path = tmp_path / f"w{workers}.toml"
+        path.write_text(
+            text.replace('face_in = "persons"', f'face_in = "persons"\nworkers = {workers}')
+        )
+        plans[workers] = make_plan(str(path), frames=8, horizon_s=60.0)
+    one, two = plans[1], plans[2]
+    assert one.utilisation["detect"]["workers"] == 1 and two.utilisation["detect"]["workers"] == 2
+    assert one.detect_drop > 0.2  # one thread cannot take 1.37 cores of frames
+    # two workers, one camera each, each camera 0.62-0.75 of a core: fits what the cores leave
+    per_worker = two.utilisation["detect"]["capacity"] / 2
+    for c in two.cameras:
+        expect = min(c.fps, per_worker / 0.025)
+        assert c.detect_fps == pytest.approx(expect, rel=0.02), c
+    assert "  detect's 2 workers: " in format_plan(two)
+    assert "  detect thread: " in format_plan(one) and "one worker thread" in one.bottleneck
