@@ -491,8 +491,13 @@ class Detect(Stage[DetectOptions]):
                     for tid, box in boxes_of.items()
                 }
             )
-            # (holding tracks.lock: the tracker's pose queue and tracks)
-            targets = job_policy.person_targets(tracks.tracker, boxes_of, o.pose, rig, rig_tag)
+            # (holding tracks.lock: the tracker's pose queue and tracks); a rig posed by the
+            # per-frame poses gets them below, and Sapiens2 refreshes its tracks as keyframes
+            by_jobs = rig is not None and not rig.live
+            targets = job_policy.person_targets(
+                tracks.tracker, boxes_of, o.pose, rig if by_jobs else None,
+                rig_tag if by_jobs else None,
+            )  # fmt: skip
             face_ids, face_targets = self._face_targets(frame, faces, person_xywh, ids)
             targets += face_targets
             if o.clip != "off":
@@ -501,12 +506,15 @@ class Detect(Stage[DetectOptions]):
             targets.append(job_policy.Target("frame", np.array([0, 0, w, h], np.float32)))
             marks = self._marks.setdefault(frame.camera, {})
             picked = job_policy.decide(
-                self.wanted, targets, frame.capture_ts_ns, marks, refresh_all=rig_tag is not None
-            )
+                self.wanted, targets, frame.capture_ts_ns, marks,
+                refresh_all=by_jobs and rig_tag is not None,
+            )  # fmt: skip
             jobs = [self._job(model, target, frame, tracks) for model, target in picked]
-        if rig_tag is not None:
+        if rig_tag is not None and by_jobs:
             refreshed = [t.track_id for m, t in picked if self._cadence[m] == "refresh"]
             rig.posed(frame.camera, frame.seq, refreshed)
+        elif rig_tag is not None and o.live.enabled:  # the per-frame poses pose the group
+            rig.posed(frame.camera, frame.seq, rig.chosen(boxes_of))
         if o.faces:
             with tracks.lock:
                 jobs.extend(tracks.pose_faces)

@@ -427,6 +427,8 @@ class _Run:
         cam.seq += 1
         deadline = t + round(load.staleness_s * NS)
         tag = None if cam.rig is None else cam.rig.place(load.name, cam.seq, t, deadline, (0, 0))
+        if cam.rig is not None and cam.rig.live:  # posed by the per-frame poses: Sapiens2
+            tag = None  # refreshes its tracks as keyframes, as a camera of no rig
         targets = _targets(cam, detect, tracked, boxes, face_boxes, tag, t)
         picked = job_policy.decide(self.wanted, targets, t, cam.marks, refresh_all=tag is not None)
         for m, target in picked:
@@ -545,7 +547,8 @@ def _targets(
     for tb in tracked:
         ids[tb.detection] = tb.track_id
     boxed = {tb.track_id: tb.box for tb in tracked}
-    targets = job_policy.person_targets(tracks.tracker, boxed, detect.pose, cam.rig, tag)
+    rig = None if cam.rig is not None and cam.rig.live else cam.rig
+    targets = job_policy.person_targets(tracks.tracker, boxed, detect.pose, rig, tag)
     face_ids = _face_tracks(cam, face_boxes, boxes, ids, t)
     if detect.face != "none":
         source = "yunet" if detect.face == "yunet" else "blazeface"

@@ -88,7 +88,9 @@ class RigGroups:
 
     fps: camera -> frames per second (the tolerance and wait of FrameGrouper follow from
     them unless given); pose_interval_ns: capture time between posed groups (0: every group);
-    max_people: pose jobs per camera per posed frame. clock: monotonic ns (FrameGrouper's)."""
+    max_people: pose jobs per camera per posed frame. clock: monotonic ns (FrameGrouper's).
+    live: its groups are posed by detect's per-frame poses (rig3d `poses = "live"`), not by
+    Sapiens2 jobs of the group."""
 
     def __init__(
         self,
@@ -99,8 +101,10 @@ class RigGroups:
         pose_interval_ns: int = 0,
         max_people: int = 4,
         clock: Callable[[], int] = time.monotonic_ns,
+        live: bool = False,
     ) -> None:
         self.name = name
+        self.live = live
         self.grouper = FrameGrouper(fps, tolerance_ns, wait_ns, clock=clock)
         self.cameras = self.grouper.cameras
         self.pose_interval_ns = pose_interval_ns

@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -29,6 +29,7 @@ from pipeline.config import NAME_PATTERN, Config
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import now_ns
 from pipeline.queues import BoundedQueue, QueueClosed
+from stages.landmarks.result import LivePoseResult
 from stages.models.sapiens2.result import PoseResult
 from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
@@ -50,6 +51,10 @@ class Rig3DOptions(StageOptions):
     sync_wait_ms: float | None = Field(None, gt=0)  # wait for a view; default two periods
     pose_interval_ms: float = Field(0.0, ge=0)  # capture time between posed groups
     max_people: int = Field(4, ge=1, le=64)  # pose jobs per camera of a posed group
+    # what poses a group: "keyframes", Sapiens2 jobs of the group's frames (dark's results);
+    # "live", detect's per-frame poses of every group (its `live` table on, `to` this stage;
+    # Sapiens2 keyframes are fused into them there, and dark's own results are not used)
+    poses: Literal["keyframes", "live"] = "keyframes"
     wait_ms: float | None = Field(None, gt=0)  # for poses; default half the least staleness
     min_confidence: float = Field(0.3, ge=0, le=1)
     max_error_px: float = Field(15.0, gt=0)
@@ -84,6 +89,7 @@ def rig_groups(
         pose_interval_ns=round(o.pose_interval_ms * 1e6),
         max_people=o.max_people,
         clock=clock,
+        live=o.poses == "live",
     )
 
 
@@ -127,7 +133,13 @@ class Rig3D(Stage[Rig3DOptions]):
         self._keypoints = len(keypoints308.NAMES)
         self._size_warned: set[str] = set()
         self._trc: dict[int, tuple[list[float], list[np.ndarray]]] = {}
-        self.counts = {"published": 0, "timed_out": 0, "people": 0, "late_poses": 0}
+        self.counts = {
+            "published": 0,
+            "timed_out": 0,
+            "people": 0,
+            "late_poses": 0,
+            "other_poses": 0,
+        }
         self._points_total = 0
         self._points_triangulated = 0
         self._clock_states: dict[str, str] = {}
@@ -168,6 +180,17 @@ class Rig3D(Stage[Rig3DOptions]):
                         "two views from one point triangulate nothing"
                     )
         detects = [s.options.get("cameras") for s in config.stages if s.kind == "detect"]
+        if opts.get("poses") == "live":
+            live = [
+                s.options.get("live")
+                for s in config.stages
+                if s.kind == "detect" and isinstance(s.options.get("live"), dict)
+            ]
+            if not any(d.get("enabled") for d in live):
+                problems.append(
+                    f"{key}.poses: 'live' needs a detect stage with its `live` table enabled "
+                    "(the per-frame poses that pose every group)"
+                )
         for j, cam in enumerate(cameras):
             if cam in names and not any(d is None or cam in d for d in detects):
                 problems.append(
@@ -222,6 +245,9 @@ class Rig3D(Stage[Rig3DOptions]):
     def _take(self, item: PoseResult) -> None:
         if item.camera not in self.groups.cameras:
             return  # another camera's pose (dark sends every camera's)
+        if self.groups.live != isinstance(item, LivePoseResult):
+            self.counts["other_poses"] += 1  # the kind of pose that does not pose this rig
+            return
         group = self.groups.group_of(item.camera, item.seq)
         if group is None:
             self.counts["late_poses"] += 1  # its group has left, or was never posed
@@ -245,6 +271,8 @@ class Rig3D(Stage[Rig3DOptions]):
                 break
             self.counts["timed_out"] += not done
             results = list(self._results.pop(plan.id, {}).values())
+            if self.groups.live and expected is not None:  # a person detect did not choose
+                results = [r for r in results if (r.camera, r.track_id) in expected]
             self.groups.forget(plan.id)
             try:
                 result = await asyncio.to_thread(self._reconstruct, plan, results)

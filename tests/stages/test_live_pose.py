@@ -22,6 +22,7 @@ from stages.detect import Detect, DetectOptions
 from stages.landmarks.fusion import SOURCE_ABSENT, SOURCE_CPU, SOURCE_KEYFRAME
 from stages.landmarks.result import LivePoseResult
 from stages.models.sapiens2.job import PoseJob
+from stages.rig.groups import RigGroups, RigRegistry
 from stages.tracks import Keyframe
 
 NS = 1_000_000_000
@@ -164,3 +165,19 @@ def test_live_needs_the_blazepose_person_detector(tmp_path):
         check_stages(parse_config(data_, tmp_path / "run.toml"))
     assert "stages[1].live: the per-frame pose follows people" in str(err.value)
     assert "needs person = 'blazepose', not 'roi'" in str(err.value)
+
+
+def test_a_live_rigs_groups_are_posed_by_the_per_frame_poses_not_sapiens2_group_jobs(
+    tmp_path, frames
+):
+    stage = make_stage(tmp_path)
+    rig = RigGroups("hall", {"cam": 60.0, "other": 60.0}, pose_interval_ns=0, live=True)
+    RigRegistry.of(stage.context).add(rig)
+    outs = run(stage, frames[:4])
+    groups = rig.posed_groups()
+    assert len(groups) >= 3  # the last may still be open
+    for items, group in zip(outs, groups, strict=False):
+        (pose,) = live_of(items)
+        assert group.jobs["cam"] == (pose.track_id,)  # the per-frame pose is its view's pose
+    jobs = [i for o in outs for i in o if isinstance(i, PoseJob)]
+    assert jobs and all(j.group is None for j in jobs)  # Sapiens2: keyframe refreshes only

@@ -20,6 +20,7 @@ from pipeline.messages import now_ns
 from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from pipeline.wire import decode, encode_result
+from stages.landmarks.result import LivePoseResult
 from stages.models.sapiens2.result import PoseResult
 from stages.rig.calibration import Calibration, write_calibration
 from stages.rig.groups import RigRegistry
@@ -41,7 +42,7 @@ class Sink:
         self.items.append(item)
 
 
-def rig_config(tmp_path, cams, **options):
+def rig_config(tmp_path, cams, detect=None, **options):
     write_calibration(
         tmp_path / "Calib.toml",
         Calibration({f"cam_{i + 1:02d}": c for i, c in enumerate(cams)}),
@@ -54,7 +55,7 @@ def rig_config(tmp_path, cams, **options):
         ],
         "stages": [
             {"kind": "capture"},
-            {"kind": "detect", "person": "none", "face": "none"},
+            detect or {"kind": "detect", "person": "none", "face": "none"},
             stage,
         ],
     }
@@ -71,13 +72,19 @@ def walk(seed: int, steps: int, n_people: int = 3):
     return cams, start[None] + velocity[None] * t, rng
 
 
-def play(tmp_path, seed=3, steps=10, drop_frame=(), drop_pose=(), **options):
+LIVE_DETECT = {"kind": "detect", "face": "none", "live": {"enabled": True}}
+
+
+def play(tmp_path, seed=3, steps=10, drop_frame=(), drop_pose=(), decoys=False, **options):
     """Run the stage over a walk: frames placed as detect places them, the poses of each
     group fed in a random order. drop_frame: (step, camera) whose frame never reaches detect;
-    drop_pose: (step, camera) whose frame is posed but whose poses never arrive. Returns
+    drop_pose: (step, camera) whose frame is posed but whose poses never arrive. With
+    poses = "live" the poses are detect's per-frame LivePoseResults; decoys: each pose also
+    comes as the other kind, 200 px off (the rig must not use it). Returns
     (truth [T, P, K, 3], the published results)."""
     cams, truth, rng = walk(seed, steps)
-    config = rig_config(tmp_path, cams, **options)
+    live = options.get("poses") == "live"
+    config = rig_config(tmp_path, cams, LIVE_DETECT if live else None, **options)
     (_, _, (cls, opts)) = check_stages(config)
     assert cls is Rig3D
 
@@ -104,18 +111,23 @@ def play(tmp_path, seed=3, steps=10, drop_frame=(), drop_pose=(), **options):
                 if (step, name) in drop_pose:
                     continue
                 for p in order:
-                    results.append(
-                        PoseResult(
-                            camera=name,
-                            seq=step,
-                            capture_ts_ns=ts,
-                            deadline_ns=ts + 5000 * MS,
-                            backend="sim",
-                            model="test",
-                            track_id=10 * v + int(p),
-                            keypoints=seen[v, p].astype(np.float32),
+                    kinds = [live, not live] if decoys else [live]
+                    for as_live in kinds:
+                        keypoints = seen[v, p].astype(np.float32)
+                        if as_live != live:
+                            keypoints[:, :2] += 200.0
+                        results.append(
+                            (LivePoseResult if as_live else PoseResult)(
+                                camera=name,
+                                seq=step,
+                                capture_ts_ns=ts,
+                                deadline_ns=ts + 5000 * MS,
+                                backend="sim",
+                                model="test",
+                                track_id=10 * v + int(p),
+                                keypoints=keypoints,
+                            )
                         )
-                    )
             for i in rng.permutation(len(results)):
                 await inbox.put(results[i])
             await asyncio.sleep(0.01)
@@ -163,6 +175,26 @@ def test_published_points_are_within_15_mm_and_ids_persist(tmp_path):
             ids_of.setdefault(p, set()).add(rid)
     assert {p: len(ids) for p, ids in ids_of.items()} == {0: 1, 1: 1, 2: 1}
     assert len(set().union(*ids_of.values())) == 3
+
+
+@pytest.mark.parametrize("poses", ["keyframes", "live"])
+def test_a_rig_uses_the_poses_it_is_posed_by_and_ignores_the_other_kind(tmp_path, poses):
+    # with "live", detect's per-frame poses triangulate every group and Sapiens2's (which
+    # the same run also publishes) are ignored; with "keyframes", the other way round
+    truth, results = play(tmp_path, steps=4, decoys=True, poses=poses)
+    assert [r.seq for r in results] == list(range(4))
+    for step, r in enumerate(results):
+        d = errors_mm(truth[step], r)
+        assert len(d) > 0.95 * 3 * 308 and d.mean() <= 15.0, d.mean()
+
+
+def test_a_live_rig_needs_a_detect_stage_with_the_per_frame_pose(tmp_path):
+    from pipeline.config import ConfigError
+
+    cams, _, _ = walk(1, 1)
+    config = rig_config(tmp_path, cams, poses="live")  # detect without `live`
+    with pytest.raises(ConfigError, match=r"stages\[2\]\.poses: 'live' needs a detect stage"):
+        check_stages(config)
 
 
 def test_a_dropped_frame_degrades_the_group_to_the_other_views(tmp_path):
