@@ -362,7 +362,9 @@ def test_npucam_subscribe_with_client_key_flags(write_config, keys):
     server_key = str(keys["server"][0])
 
     async def main():
-        pipeline, task = await start(path, duration=15.0)
+        # runs until the subscribers are done (stopped below): three `npucam subscribe`
+        # processes starting on a loaded host took longer than a fixed 15 s run
+        pipeline, task = await start(path, duration=120.0)
         publish = pipeline.stages["publish"]
         await asyncio.wait_for(publish.bound.wait(), 5)
         ep = publish.endpoint

@@ -91,11 +91,15 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(
     )
     # (topic, seq, publish_ts) names one message: a frame can have several poses, faces, labels
     ours: dict[tuple[str, int, str], wire.Message] = {}
-    # the node subscribers start once the models are warm (the first pose: each model's
-    # paced warm-up pass takes its NPU2 time), so their seconds see every kind however long
-    # a loaded host takes to start the demo
+    # the node subscribers start once the models are warm (the first Sapiens2 pose, not a
+    # per-frame one: each model's paced warm-up pass takes its NPU2 time), so their seconds
+    # see every kind however long a loaded host takes to start the demo
     ready = time.monotonic() + 60
-    while time.monotonic() < ready and not any(k[0].startswith("pose/") for k in ours):
+
+    def warm() -> bool:
+        return any(k[0].startswith("pose/") and not m.header.get("live") for k, m in ours.items())
+
+    while time.monotonic() < ready and not warm():
         if sub.poll(100):
             msg = wire.decode(sub.recv_multipart())
             ours[msg.topic, msg.header["seq"], str(msg.header["publish_ts"])] = msg
@@ -161,11 +165,11 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(
     assert matched >= 0.9 * len(lines), (matched, len(lines))
 
     poses = doc_out.splitlines()
-    ours_poses = {
-        (t, seq, msg.header["track_id"]): msg
-        for (t, seq, _), msg in ours.items()
-        if t.startswith("pose/")
-    }
+    # a frame's per-frame pose and a Sapiens2 keyframe of it share (topic, seq, track)
+    ours_poses: dict[tuple[str, int, int], list[wire.Message]] = {}
+    for (t, seq, _), msg in ours.items():
+        if t.startswith("pose/"):
+            ours_poses.setdefault((t, seq, msg.header["track_id"]), []).append(msg)
     assert poses, doc_err
     for line in poses:
         m = re.fullmatch(
@@ -174,11 +178,11 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(
             line,
         )
         assert m, line
-        msg = ours_poses.get((f"pose/{m[1]}", int(m[2]), int(m[3])))
-        if msg is not None:
-            x, y = msg.arrays["keypoints"][0, :2]  # nose is keypoint 0
-            # printed to 0.1 px (JS rounds ties up, Python to even: compare within 0.05)
-            assert abs(float(m[4]) - x) <= 0.0501 and abs(float(m[5]) - y) <= 0.0501, line
+        msgs = ours_poses.get((f"pose/{m[1]}", int(m[2]), int(m[3])), [])
+        noses = [msg.arrays["keypoints"][0, :2] for msg in msgs]  # nose is keypoint 0
+        # printed to 0.1 px (JS rounds ties up, Python to even: compare within 0.05)
+        near = [abs(float(m[4]) - x) <= 0.0501 and abs(float(m[5]) - y) <= 0.0501 for x, y in noses]
+        assert not msgs or any(near), (line, noses)
 
 
 RIG = "yard"

@@ -118,7 +118,12 @@ def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(
             banner_text = driver.execute_script(
                 "return document.getElementById('synthetic').textContent"
             )
-            if done and banner:
+            # and the device busy figure, which the infer stage's first stats bring
+            stats_text = driver.execute_script(
+                "return [...document.querySelectorAll('.camera .stats')].map(e => e.textContent)"
+            )
+            busy = len(stats_text) == 2 and all("%" in t for t in stats_text)
+            if done and banner and busy:
                 break
             time.sleep(0.5)
         driver.save_screenshot(str(tmp_path / "view.png"))
