@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import cv2
+import numpy as np
 import zmq
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,6 +99,7 @@ def measure(clip: Path, cameras: int, live: bool, seconds: float, tmp: Path) -> 
     dets: dict[str, set[int]] = {}
     people: dict[tuple[str, int], set[int]] = {}
     posed: dict[tuple[str, int], set[int]] = {}
+    lags: list[int] = []  # capture -> publish of the per-frame poses, ns
     start = None
     end = time.monotonic() + total + 30
     while time.monotonic() < end and proc.poll() is None:
@@ -118,6 +120,7 @@ def measure(clip: Path, cameras: int, live: bool, seconds: float, tmp: Path) -> 
             people[key] = ids - {None}
         elif h.get("live"):
             posed.setdefault(key, set()).add(h["track_id"])
+            lags.append(h["publish_ts"] - h["capture_ts"])
     proc.terminate()
     proc.wait(timeout=30)
     sub.close()
@@ -125,7 +128,9 @@ def measure(clip: Path, cameras: int, live: bool, seconds: float, tmp: Path) -> 
     rates = [len(dets.get(f"c{i}", ())) / seconds for i in range(cameras)]
     with_people = [k for k, v in people.items() if v]
     covered = sum(people[k] <= posed.get(k, set()) for k in with_people)
+    lag = np.percentile(np.array(lags) / 1e6, [50, 95]) if lags else [float("nan")] * 2
     return {
+        "lag_ms": (float(lag[0]), float(lag[1])),
         "fps": rates,
         "keeps_up": all(r >= KEEP_UP * FPS for r in rates),
         "posed": covered / len(with_people) if with_people else float("nan"),
@@ -138,7 +143,10 @@ def main() -> int:
     ap.add_argument("--max-cameras", type=int, default=4)
     args = ap.parse_args()
     clips = {"bikes 640x272": asset_path("bikes.mp4"), "Pose2Sim cam01 720x1280": clip_720p()}
-    print("clip | detect | cameras | published fps per camera | frames with every person posed")
+    print(
+        "clip | detect | cameras | published fps per camera | frames with every person posed "
+        "| per-frame pose capture -> publish p50 / p95 ms"
+    )
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, clip in clips.items():
@@ -148,7 +156,8 @@ def main() -> int:
                     r = measure(clip, n, live, args.seconds, Path(tmp))
                     fps = ", ".join(f"{x:.1f}" for x in r["fps"])
                     posed = f"{100 * r['posed']:.1f}%" if live else "-"
-                    print(f"{name} | {mode} | {n} | {fps} | {posed}", flush=True)
+                    lag = "{:.0f} / {:.0f}".format(*r["lag_ms"]) if live else "-"
+                    print(f"{name} | {mode} | {n} | {fps} | {posed} | {lag}", flush=True)
                     if not r["keeps_up"]:
                         break
                     sustained = n
