@@ -11,8 +11,11 @@ takes faces, CLIP rate-limited regions, and a model from elsewhere what its spec
 A camera of a rig (a rig3d stage, stages.rig.groups) is posed by the rig instead: each frame
 is placed in its rig's group, and only frames of posed groups get pose jobs, one per tracked
 person (the largest boxes first, up to the rig's max_people), tagged with the group.
-Detectors run in the stage's own worker thread (LiteRT interpreters stay on the thread that
-made them).
+With `live` (stages.live_pose), MediaPipe's landmark models follow each person on every
+frame, their boxes are the person boxes, and each tracked person's per-frame pose goes out
+beside the Detections. Detectors and landmark models run on the stage's worker threads, each
+camera pinned to one (stages.detect_workers; LiteRT interpreters stay on the thread that made
+them).
 """
 
 from __future__ import annotations
