@@ -87,9 +87,7 @@ class CameraLive:
     thread's CPU time in both calls, the person detector's included), detector_cpu_s and
     person_frames, which `npucam plan` prices from."""
 
-    def __init__(
-        self, camera: str, options: LiveOptions, detector: PersonDetector, **models: object
-    ) -> None:
+    def __init__(self, camera: str, options: LiveOptions, detector: PersonDetector) -> None:
         self.camera = camera
         self.options = options
         self._detector = _TimedDetector(detector)
@@ -98,10 +96,9 @@ class CameraLive:
             parts=options.parts,
             max_people=options.max_people,
             detect_every=options.detect_every,
-            **models,  # type: ignore[arg-type]
         )
         self._fusions: dict[int, KeyframeFusion] = {}  # by landmark track id
-        # per processed frame: capture time -> (its seq, detect track id -> landmark track id)
+        # per processed frame: (capture time, seq, detect track id -> landmark track id)
         self._frames: deque[tuple[int, int, dict[int, int]]] = deque()
         self._keyframe_seq: dict[int, int] = {}  # landmark track id -> seq of its keyframe
         self._last_ts: int | None = None
