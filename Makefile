@@ -52,7 +52,18 @@ $(MP_VENV)/.made: bench/mediapipe-requirements.txt
 	$(MP_VENV)/bin/python -m pip install -q -r bench/mediapipe-requirements.txt
 	touch $@
 
-setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made
+# Pose2Sim's own calibration converters, the reference for stages/rig/importers.py, in a venv of
+# their own (bench/pose2sim-requirements.txt says why); npucam never imports Pose2Sim.
+P2S_VENV := .venv-pose2sim
+
+$(P2S_VENV)/.made: bench/pose2sim-requirements.txt
+	test -x $(P2S_VENV)/bin/python || $(PYTHON) -m venv $(P2S_VENV)
+	$(P2S_VENV)/bin/python -m pip install -q --no-deps pose2sim==0.10.49
+	$(P2S_VENV)/bin/python -m pip install -q -r bench/pose2sim-requirements.txt
+	touch $@
+
+setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made \
+	$(P2S_VENV)/.made
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
