@@ -200,6 +200,23 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lenses_only(views: list[CameraViews], intrinsics: list[Intrinsics]) -> Calibration:
+    """Each camera's lens from its own checkerboard images (which need not be one instant:
+    a checkerboard's corners have no identity across cameras, so it gives no extrinsics),
+    every camera at the world origin; `--intrinsics` takes the lenses back for a ChArUco run."""
+    cameras = {}
+    for i, (cam, intr) in enumerate(zip(views, intrinsics, strict=True)):
+        _say(f"{cam.name}: intrinsics from {intr.views} views, RMS {intr.rms:.3f} px")
+        cameras[f"cam_{i + 1:02d}"] = Camera(
+            cam.name, cam.size, intr.matrix, intr.distortions, np.zeros(3), np.zeros(3)
+        )
+    _say(
+        "checkerboard: lenses only, every camera at the world origin (no extrinsics); pass "
+        "this file to --intrinsics to solve the poses from a ChArUco board, or import them"
+    )
+    return Calibration(cameras, {"adjusted": False, "error": max(i.rms for i in intrinsics)})
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     missing = [o for o in ("camera", "out") if getattr(args, o) is None]
     if missing:
@@ -226,7 +243,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.intrinsics
         else [calibrate_intrinsics(board, cam, fix_k3) for cam in views]
     )
-    if len(views) == 1:
+    if isinstance(board, Checkerboard) and len(views) > 1:
+        calibration = _lenses_only(views, intrinsics)
+    elif len(views) == 1:
         lens, intr = views[0], intrinsics[0]
         camera = Camera(
             lens.name, lens.size, intr.matrix, intr.distortions, np.zeros(3), np.zeros(3)
