@@ -1,0 +1,55 @@
+"""Real 3D offline on Pose2Sim's single-person demo (bench/demo_3d.py): the four videos'
+LandmarkTracker body keypoints triangulated with the imported Qualisys calibration.
+
+Measured on all 100 frames (docs/benchmarks.md, "Real 3D on the Pose2Sim demo"): 99.8% of body
+keypoints triangulated; median reprojection error per view 11.4 / 7.6 / 14.3 / 8.7 px over the
+views each point was made from (12.2 / 10.1 / 16.3 / 9.1 px over every view that saw it); limb
+length CV 7-53%. The issue's targets (<= 4 px per view, <= 5% per limb) are not met: the strict
+xfail keeps that on record. The fast test runs the first 10 frames and holds what does hold:
+every body keypoint triangulated, every view within 20 px at the median.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "demo_3d.py"
+TARGET_PX = 4.0  # the issue's median reprojection error per view
+TARGET_CV = 0.05  # the issue's limb-length coefficient of variation
+SEEN_PX = 20.0  # measured 8-18 px on these frames: a broken calibration or pairing gives 100s
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("demo_3d", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(600)
+def test_first_frames_triangulate_every_body_keypoint_within_20px():
+    result = _bench().run(frames=10)
+    print("\n".join(result.lines()))
+    body = result.points[:, _bench().BODY_IDX]
+    assert body.shape == (10, 19, 3)
+    assert np.isfinite(body).all()
+    for cam, seen in zip(result.cameras, result.error_seen, strict=True):
+        assert len(seen) >= 0.95 * body.shape[0] * body.shape[1], cam.name
+        assert np.median(seen) < SEEN_PX, cam.name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.xfail(strict=True, reason="BlazePose 2D on these views: 7.6-14.3 px, limbs 7-53%")
+def test_whole_clip_meets_the_issue_targets():
+    result = _bench().run()
+    print("\n".join(result.lines()))
+    assert all(np.median(e) <= TARGET_PX for e in result.error_used)
+    assert all(cv <= TARGET_CV for cv in result.limb_cv.values())
