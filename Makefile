@@ -21,8 +21,12 @@ $(VENV)/.test: $(VENV)/.runtime pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+DEMO_CALIB := .cache/npucam/pose2sim/Demo_SinglePerson/calibration
+
+# the Pose2Sim demo's Qualisys calibration as the TOML configs/studio-3d.toml names
 .cache/npucam/.fetched: pipeline/assets.py | $(VENV)/.runtime
 	$(PY) -m pipeline.assets
+	$(VENV)/bin/npucam calibrate import qualisys $(DEMO_CALIB)/Calib.qca.txt -o $(DEMO_CALIB)/Calib.toml
 	touch $@
 
 setup: $(VENV)/.runtime .cache/npucam/.fetched
