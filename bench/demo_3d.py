@@ -2,6 +2,7 @@
 with the lab's Qualisys calibration, and how well the views agree.
 
 Usage: python bench/demo_3d.py [--demo Demo_SinglePerson] [--frames N] [--raw-distortion]
+                              [--pose2sim]
 Each of the four 60 fps videos goes through its own stages.landmarks LandmarkTracker (body,
 one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
 one instant (the demo's videos are synchronised). The calibration is the demo's Calib.qca.txt
@@ -10,14 +11,17 @@ radial and tangential coefficients as written instead of Pose2Sim's division by 
 "Importing a calibration"). Triangulation is stages/rig/triangulate.py with Pose2Sim's defaults.
 Prints per view the median reprojection error of the triangulated body keypoints (over the views
 each was triangulated from, and over every view that saw it) and each limb's coefficient of
-variation of length over the clip (stages/rig/quality.py); tests/stages/rig/test_demo_3d.py
-asserts them.
+variation of length over the clip (stages/rig/quality.py); with --pose2sim, how far npucam's
+3D points are from Pose2Sim's own triangulation of the same 2D keypoints (run in the reference
+venv by bench/pose2sim_reference.py). tests/stages/rig/test_demo_3d.py asserts them.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +36,7 @@ from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
 from stages.landmarks.detection import PoseDetector  # noqa: E402
 from stages.landmarks.schema import BODY_IDX, to_308  # noqa: E402
 from stages.landmarks.tracker import LandmarkTracker  # noqa: E402
-from stages.rig.calibration import Calibration, Camera  # noqa: E402
+from stages.rig.calibration import Calibration, Camera, write_calibration  # noqa: E402
 from stages.rig.importers import QUALISYS_SUBPIXELS, import_calibration  # noqa: E402
 from stages.rig.quality import (  # noqa: E402
     LIMBS,
@@ -43,6 +47,8 @@ from stages.rig.quality import (  # noqa: E402
 from stages.rig.triangulate import MIN_CONFIDENCE, triangulate  # noqa: E402
 
 FPS = 60.0
+REFERENCE_PYTHON = ROOT / ".venv-pose2sim" / "bin" / "python"
+REFERENCE_SCRIPT = ROOT / "bench" / "pose2sim_reference.py"
 
 
 @dataclass
@@ -140,15 +146,65 @@ def run(demo: str = "Demo_SinglePerson", frames: int = 0, raw_distortion: bool =
     return measure(qualisys_cameras(demo, raw_distortion), *landmarks(demo, frames))
 
 
+@dataclass
+class Agreement:
+    """npucam's body points against Pose2Sim's triangulation of the same 2D: distances in mm
+    where both triangulated, and the points only one of them did."""
+
+    mm: np.ndarray
+    only_npucam: int
+    only_pose2sim: int
+
+    def line(self) -> str:
+        return (
+            f"against Pose2Sim's triangulation: median {np.median(self.mm):.2f} mm, 99th "
+            f"percentile {np.percentile(self.mm, 99):.2f} mm, largest {self.mm.max():.1f} mm over "
+            f"{len(self.mm)} body points; {self.only_npucam} triangulated by npucam only, "
+            f"{self.only_pose2sim} by Pose2Sim only"
+        )
+
+
+def pose2sim_agreement(result: Demo3D) -> Agreement:
+    """Pose2Sim's triangulation_from_best_cameras on result's 2D keypoints and calibration."""
+    if not REFERENCE_PYTHON.is_file():
+        raise RuntimeError(
+            f"{REFERENCE_PYTHON}: the Pose2Sim reference venv is missing; run `make setup-test`"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        calib, kp, out = (Path(tmp) / n for n in ("Calib.toml", "kp.npz", "points.npz"))
+        write_calibration(calib, Calibration({c.name: c for c in result.cameras}))
+        np.savez(kp, keypoints=result.keypoints)
+        cmd = [
+            str(REFERENCE_PYTHON),
+            str(REFERENCE_SCRIPT),
+            "triangulate",
+            str(calib),
+            str(kp),
+            str(out),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{REFERENCE_SCRIPT} triangulate failed: {proc.stderr[-2000:]}")
+        with np.load(out) as data:
+            theirs = data["points"][:, BODY_IDX]
+    ours = result.points[:, BODY_IDX]
+    a, b = np.isfinite(ours).all(-1), np.isfinite(theirs).all(-1)
+    mm = np.linalg.norm(ours[a & b] - theirs[a & b], axis=-1) * 1000
+    return Agreement(mm, int((a & ~b).sum()), int((b & ~a).sum()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demo", default="Demo_SinglePerson")
     ap.add_argument("--frames", type=int, default=0, help="first N frames (default: all)")
     ap.add_argument("--raw-distortion", action="store_true")
+    ap.add_argument("--pose2sim", action="store_true", help="compare with Pose2Sim's 3D")
     args = ap.parse_args()
     result = run(args.demo, args.frames, args.raw_distortion)
     for line in result.lines():
         print(line)
+    if args.pose2sim:
+        print(pose2sim_agreement(result).line())
     return 0
 
 

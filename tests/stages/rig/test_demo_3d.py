@@ -4,9 +4,13 @@ LandmarkTracker body keypoints triangulated with the imported Qualisys calibrati
 Measured on all 100 frames (docs/benchmarks.md, "Real 3D on the Pose2Sim demo"): 99.8% of body
 keypoints triangulated; median reprojection error per view 11.4 / 7.6 / 14.3 / 8.7 px over the
 views each point was made from (12.2 / 10.1 / 16.3 / 9.1 px over every view that saw it); limb
-length CV 7-53%. The issue's targets (<= 4 px per view, <= 5% per limb) are not met: the strict
-xfail keeps that on record. The fast test runs the first 10 frames and holds what does hold:
-every body keypoint triangulated, every view within 20 px at the median.
+length CV 7-53%. The issue's targets (<= 4 px per view, <= 5% per
+limb) are not met: the strict xfail keeps that on record. Pose2Sim's own triangulation of the
+same 2D keypoints (its triangulation_from_best_cameras in the reference venv) agrees: the same
+1897 points triangulated, 0.51 mm apart at the median (bound 10 mm; p99 1.5 mm: npucam
+undistorts the points, Pose2Sim by default does not). The fast test runs the first 10 frames
+and holds what does hold there: every body keypoint triangulated, every view within 20 px at
+the median, Pose2Sim's 3D within 10 mm.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ BENCH = Path(__file__).resolve().parents[3] / "bench" / "demo_3d.py"
 TARGET_PX = 4.0  # the issue's median reprojection error per view
 TARGET_CV = 0.05  # the issue's limb-length coefficient of variation
 SEEN_PX = 20.0  # measured 8-18 px on these frames: a broken calibration or pairing gives 100s
+POSE2SIM_MM = 10.0  # the issue's bound between npucam's and Pose2Sim's 3D of the same 2D
 
 
 def _bench():
@@ -35,14 +40,32 @@ def _bench():
 
 @pytest.mark.timeout(600)
 def test_first_frames_triangulate_every_body_keypoint_within_20px():
-    result = _bench().run(frames=10)
+    bench = _bench()
+    result = bench.run(frames=10)
     print("\n".join(result.lines()))
-    body = result.points[:, _bench().BODY_IDX]
+    body = result.points[:, bench.BODY_IDX]
     assert body.shape == (10, 19, 3)
     assert np.isfinite(body).all()
     for cam, seen in zip(result.cameras, result.error_seen, strict=True):
         assert len(seen) >= 0.95 * body.shape[0] * body.shape[1], cam.name
         assert np.median(seen) < SEEN_PX, cam.name
+    agreement = bench.pose2sim_agreement(result)
+    print(agreement.line())
+    assert len(agreement.mm) == body.shape[0] * body.shape[1]
+    assert agreement.only_npucam == agreement.only_pose2sim == 0
+    assert np.median(agreement.mm) < POSE2SIM_MM
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_whole_clip_agrees_with_pose2sims_triangulation_within_10mm():
+    bench = _bench()
+    result = bench.run()
+    agreement = bench.pose2sim_agreement(result)
+    print(agreement.line())
+    total = np.isfinite(result.points[:, bench.BODY_IDX]).all(-1).sum()
+    assert agreement.only_npucam + agreement.only_pose2sim <= 0.01 * total
+    assert np.median(agreement.mm) < POSE2SIM_MM
 
 
 @pytest.mark.slow
