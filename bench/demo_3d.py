@@ -2,13 +2,15 @@
 with the lab's Qualisys calibration, and how well the views agree.
 
 Usage: python bench/demo_3d.py [--demo Demo_SinglePerson] [--frames N] [--raw-distortion]
-                              [--pose2sim]
+                              [--swap-sides] [--pose2sim]
 Each of the four 60 fps videos goes through its own stages.landmarks LandmarkTracker (body,
 one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
 one instant (the demo's videos are synchronised). The calibration is the demo's Calib.qca.txt
 imported as Pose2Sim converts it (stages/rig/importers.py); --raw-distortion keeps Qualisys'
 radial and tangential coefficients as written instead of Pose2Sim's division by 64 (docs/rig.md,
-"Importing a calibration"). Triangulation is stages/rig/triangulate.py with Pose2Sim's defaults.
+"Importing a calibration"). Triangulation is stages/rig/triangulate.py with Pose2Sim's defaults;
+--swap-sides first undoes a view's left/right swaps (stages/rig/sides.py, the rig3d stage's
+`swap_sides`).
 Prints per view the median reprojection error of the triangulated body keypoints (over the views
 each was triangulated from, and over every view that saw it) and each limb's coefficient of
 variation of length over the clip (stages/rig/quality.py); with --pose2sim, how far npucam's
@@ -44,6 +46,7 @@ from stages.rig.quality import (  # noqa: E402
     limb_lengths,
     reprojection_errors,
 )
+from stages.rig.sides import unswap_views  # noqa: E402
 from stages.rig.triangulate import MIN_CONFIDENCE, triangulate  # noqa: E402
 
 FPS = 60.0
@@ -62,13 +65,15 @@ class Demo3D:
     error_seen: list[np.ndarray]  # per view: px, over every view that saw it (score >= 0.3)
     limb_cv: dict[str, float]
     seconds_2d: float
+    swapped: np.ndarray  # bool [V, T]: the views --swap-sides mirrored
 
     def lines(self) -> list[str]:
         body = self.points[:, BODY_IDX]
         made = np.isfinite(body).all(-1).mean()
         out = [
+            f"views mirrored by swap_sides: {self.swapped.sum(1).tolist()} frames per view",
             f"body keypoints triangulated: {made:.1%} of {body.shape[0]} frames x "
-            f"{body.shape[1]} ({self.seconds_2d:.0f} s of 2D landmarks)"
+            f"{body.shape[1]} ({self.seconds_2d:.0f} s of 2D landmarks)",
         ]
         for cam, size, used, seen in zip(
             self.cameras, self.sizes, self.error_used, self.error_seen, strict=True
@@ -127,8 +132,15 @@ def landmarks(demo: str = "Demo_SinglePerson", frames: int = 0):
 
 
 def measure(
-    cameras: list[Camera], keypoints: np.ndarray, sizes: list[tuple[int, int]], seconds: float
+    cameras: list[Camera],
+    keypoints: np.ndarray,
+    sizes: list[tuple[int, int]],
+    seconds: float,
+    swap_sides: bool = False,
 ) -> Demo3D:
+    swapped = np.zeros(keypoints.shape[:2], bool)
+    if swap_sides:
+        keypoints, swapped = unswap_views(cameras, keypoints)
     tri = triangulate(cameras, keypoints)  # every frame at once: frames as the P axis
     points, used = tri.points, tri.used.transpose(2, 0, 1)  # [T, K, 3], [V, T, K]
     body = np.zeros(308, bool)
@@ -139,11 +151,19 @@ def measure(
     error_seen = reprojection_errors(cameras, points, xy, seen & body)
     lengths = limb_lengths(points)
     limb_cv = {name: coefficient_of_variation(lengths[name]) for name, _, _ in LIMBS}
-    return Demo3D(cameras, sizes, keypoints, points, used, error_used, error_seen, limb_cv, seconds)
+    return Demo3D(
+        cameras, sizes, keypoints, points, used, error_used, error_seen, limb_cv, seconds, swapped
+    )
 
 
-def run(demo: str = "Demo_SinglePerson", frames: int = 0, raw_distortion: bool = False) -> Demo3D:
-    return measure(qualisys_cameras(demo, raw_distortion), *landmarks(demo, frames))
+def run(
+    demo: str = "Demo_SinglePerson",
+    frames: int = 0,
+    raw_distortion: bool = False,
+    swap_sides: bool = False,
+) -> Demo3D:
+    cameras = qualisys_cameras(demo, raw_distortion)
+    return measure(cameras, *landmarks(demo, frames), swap_sides=swap_sides)
 
 
 @dataclass
@@ -198,9 +218,10 @@ def main() -> int:
     ap.add_argument("--demo", default="Demo_SinglePerson")
     ap.add_argument("--frames", type=int, default=0, help="first N frames (default: all)")
     ap.add_argument("--raw-distortion", action="store_true")
+    ap.add_argument("--swap-sides", action="store_true", help="undo a view's left/right swaps")
     ap.add_argument("--pose2sim", action="store_true", help="compare with Pose2Sim's 3D")
     args = ap.parse_args()
-    result = run(args.demo, args.frames, args.raw_distortion)
+    result = run(args.demo, args.frames, args.raw_distortion, args.swap_sides)
     for line in result.lines():
         print(line)
     if args.pose2sim:

@@ -6,11 +6,12 @@ Pose2Sim/calibration.py calib_<format>_fun and toml_write (pose2sim 0.10.49), as
 calibrate_cams_all does, so tests/stages/rig/test_importers.py can compare npucam's import
 with the file Pose2Sim writes.
 
-`python bench/pose2sim_reference.py triangulate CALIB.toml IN.npz OUT.npz` triangulates
+`python bench/pose2sim_reference.py triangulate CALIB.toml IN.npz OUT.npz [--swap]` triangulates
 IN's `keypoints` float [V, T, K, 3] (x, y, score per view) keypoint by keypoint with Pose2Sim's
 Pose2Sim/triangulation.py triangulation_from_best_cameras on common.computeP's projection
 matrices, as its triangulate_all does with its defaults (scores under 0.3 left out, 15 px, 2
-cameras, no left/right swap, points not undistorted), and writes `points` [T, K, 3] and `error`
+cameras, no left/right swap, points not undistorted; with --swap, its `handle_LR_swap` on, each
+keypoint's counterpart taken from IN's `mirror` [K]), and writes `points` [T, K, 3] and `error`
 [T, K] (NaN where not triangulated) for bench/demo_3d.py.
 """
 
@@ -41,8 +42,12 @@ TRIANGULATION = {
 LIKELIHOOD_THRESHOLD = 0.3
 
 
-def triangulate(calib: str, keypoints_in: str, out: str) -> int:
-    kp = np.load(keypoints_in)["keypoints"].astype(np.float64)
+def triangulate(calib: str, keypoints_in: str, out: str, *flags: str) -> int:
+    swap = "--swap" in flags
+    config = {"triangulation": {**TRIANGULATION["triangulation"], "handle_LR_swap": swap}}
+    with np.load(keypoints_in) as data:
+        kp = data["keypoints"].astype(np.float64)
+        mirror = data["mirror"] if swap else np.arange(kp.shape[2])
     projections = common.computeP(Path(calib), undistort=False)  # rtoml reads a str as TOML
     x, y, score = kp[..., 0].copy(), kp[..., 1].copy(), kp[..., 2].copy()
     below = ~(score >= LIKELIHOOD_THRESHOLD)  # triangulate_all: NaN under the threshold
@@ -55,8 +60,10 @@ def triangulate(calib: str, keypoints_in: str, out: str) -> int:
             if np.isfinite(score[:, t, k]).sum() < 2:
                 continue
             coords = np.array((x[:, t, k], y[:, t, k], score[:, t, k]))
+            m = mirror[k]
+            swapped = np.array((x[:, t, m], y[:, t, m], score[:, t, m]))
             q, err, _, _ = triangulation.triangulation_from_best_cameras(
-                TRIANGULATION, coords, coords, projections, None
+                config, coords, swapped, projections, None
             )
             points[t, k], error[t, k] = q, err
     np.savez(out, points=points, error=error)
