@@ -294,3 +294,19 @@ def test_import_command_exits_2_naming_the_problem(tmp_path, capsys):
     )
     assert "none.qca.txt: cannot read" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_qualisys_binning_halves_the_image_and_lens_but_not_the_pose(tmp_path):
+    """read_qca: size, focal length, centre and distortion divided by the binning factor
+    (the demo's fov_video starts at 0, 0), the pose unchanged."""
+    qca = pose2sim_demo() / "calibration" / "Calib.qca.txt"
+    full = import_calibration("qualisys", [qca])
+    binned = import_calibration("qualisys", [qca], binning=2)
+    for a, b in zip(full.cameras.values(), binned.cameras.values(), strict=True):
+        assert b.size == (a.size[0] // 2, a.size[1] // 2)
+        np.testing.assert_allclose(b.matrix[:2], a.matrix[:2] / 2, rtol=1e-15)
+        np.testing.assert_allclose(b.distortions, a.distortions / 2, rtol=1e-15)
+        np.testing.assert_array_equal(b.rotation, a.rotation)
+        np.testing.assert_array_equal(b.translation, a.translation)
+    with pytest.raises(CalibrationError, match="a binning factor applies to Qualisys files only"):
+        import_calibration("vicon", [qca], binning=2)
