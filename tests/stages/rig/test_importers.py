@@ -262,6 +262,12 @@ QCA = """<?xml version='1.0' encoding='ASCII'?>
             r"line 12, column 4: not valid XML: mismatched tag",
         ),
         (QCA.format(z="-3000", fu="107599").replace("none", "marker"), r"no camera to convert"),
+        (
+            QCA.format(z="-3000", fu="107599").replace(
+                "<calibration>", '<!DOCTYPE c [<!ENTITY a "aaaaaaaa">]>\n<calibration>'
+            ),
+            r"line 2: XML entities refused",
+        ),
     ],
 )
 def test_bad_qualisys_file_names_the_file_and_line(tmp_path, text, message):
