@@ -28,6 +28,7 @@ CONVERTERS = {
     "vicon": calibration.calib_vicon_fun,
     "easymocap": calibration.calib_easymocap_fun,
     "biocv": calibration.calib_biocv_fun,
+    "opencap": calibration.calib_opencap_fun,
 }
 
 

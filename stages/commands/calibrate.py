@@ -108,8 +108,8 @@ def register(subparsers) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     imp = actions.add_parser(
         "import",
-        help="convert another tool's calibration (Qualisys, Vicon, EasyMocap, bioCV, anipose, "
-        "...) to a Calib.toml",
+        help="convert another tool's calibration (Qualisys, Vicon, EasyMocap, bioCV, OpenCap, "
+        "anipose, ...) to a Calib.toml",
         description="Convert a calibration file as Pose2Sim's calibration.py converts it "
         "(docs/rig.md, \"Importing a calibration\") and write Pose2Sim's / anipose's TOML.",
     )
@@ -123,7 +123,7 @@ def register(subparsers) -> None:
         "files",
         nargs="+",
         metavar="FILE",
-        help="the file; easymocap: intri.yml and extri.yml; biocv: one .calib per camera",
+        help="the file; easymocap: intri.yml and extri.yml; biocv, opencap: one file per camera",
     )
     imp.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
     imp.add_argument(

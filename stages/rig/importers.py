@@ -7,6 +7,7 @@ named in its docstring, so its output is the file Pose2Sim's converter writes fo
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,11 +48,18 @@ class _Element:
         return found
 
 
-def _read_text(path: Path) -> str:
+def _read_text_size(path: Path) -> None:
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise CalibrationError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if size > MAX_FILE_BYTES:
+        raise CalibrationError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+
+
+def _read_text(path: Path) -> str:
+    _read_text_size(path)
+    try:
         return path.read_text(encoding="utf-8", errors="strict")
     except UnicodeDecodeError as exc:
         raise CalibrationError(f"{path}: not UTF-8 text ({exc.reason})") from None
@@ -134,11 +142,14 @@ def natural_key(text: str) -> list:
     return [int(c) if c.isdigit() else c.lower() for c in re.split(r"(\d+)", text)]
 
 
-def _rotate_x_pi(rotation: np.ndarray, translation: np.ndarray):
-    """Pose2Sim's rotate_cam(r, t, ang_x=np.pi) (Pose2Sim/common.py): the camera frame turned
-    half a turn about its x axis, built from np.cos / np.sin as Pose2Sim builds it."""
-    c, s = np.cos(np.pi), np.sin(np.pi)
-    turn = np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+def _rotate(rotation: np.ndarray, translation: np.ndarray, ang_x: float, ang_z: float):
+    """Pose2Sim's rotate_cam(r, t, ang_x, 0, ang_z) (Pose2Sim/common.py): [R | t] turned by
+    Rz(ang_z) Ry(0) Rx(ang_x), the matrices built as Pose2Sim builds them."""
+    cx, sx, cz, sz = np.cos(ang_x), np.sin(ang_x), np.cos(ang_z), np.sin(ang_z)
+    rx = np.array([[1.0, 0.0, 0.0], [0.0, cx, -sx], [0.0, sx, cx]])
+    ry = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [-0.0, 0.0, 1.0]])
+    rz = np.array([[cz, -sz, 0.0], [sz, cz, 0.0], [0.0, 0.0, 1.0]])
+    turn = rz @ ry @ rx
     return turn @ rotation, turn @ translation
 
 
@@ -208,7 +219,7 @@ def import_qualisys(paths: Sequence[Path], binning: int = 1) -> Calibration:
         rows = np.array([[_number(path, tr, f"r{i}{j}") for j in (1, 2, 3)] for i in (1, 2, 3)])
         position = np.array([_number(path, tr, k) for k in ("x", "y", "z")]) / 1000
         # Pose2Sim: R = rows.T; world_to_camera_persp: R.T (= rows), -R.T @ position
-        rotation, translation = _rotate_x_pi(rows, -rows @ position)
+        rotation, translation = _rotate(rows, -rows @ position, np.pi, 0.0)
         where = f"{path}: line {tag.line}: camera {name!r}"
         _whole_size(width, height, where, "fov_video")
         cameras.append(
@@ -388,6 +399,81 @@ def import_biocv(paths: Sequence[Path], binning: int = 1) -> Calibration:
     return _calibration([_biocv_file(p, i) for i, p in enumerate(paths)], paths[0])
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles plain containers, numbers and numpy arrays only: any other global a pickle
+    names (the way a pickle runs code) is refused (the Python docs' "Restricting Globals")."""
+
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _opencap_file(path: Path, index: int) -> Camera:
+    _read_text_size(path)
+    try:
+        with path.open("rb") as f:
+            data = _ArraysOnly(f).load()
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except Exception as exc:  # a damaged or foreign pickle fails in many ways
+        raise CalibrationError(f"{path}: not an OpenCap calibration pickle: {exc}") from None
+    if not isinstance(data, dict):
+        raise CalibrationError(f"{path}: expected a dict of arrays, got {type(data).__name__}")
+
+    def array(key: str, size: int) -> np.ndarray:
+        value = data.get(key)
+        try:
+            out = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            out = np.zeros(0)
+        if out.size != size or not np.isfinite(out).all():
+            raise CalibrationError(f"{path}: {key}: expected {size} finite numbers")
+        return out
+
+    height, width = array("imageSize", 2).ravel()
+    where = f"{path}: camera cam_{index:02d}"
+    _whole_size(width, height, where, "imageSize")
+    distortions = array("distortion", 5).ravel()[:4]
+    matrix = array("intrinsicMat", 9).reshape(3, 3)
+    rotation = array("rotation", 9).reshape(3, 3)
+    translation = array("translation", 3).ravel()
+    # Pose2Sim: the camera's pose in the world (world_to_camera_persp), rotate_cam by -pi/2
+    # about x and pi about z, back to world -> camera; the translation kept as it was, in mm
+    world_r = rotation.T
+    world_t = -world_r @ translation
+    turned_r, _ = _rotate(world_r, world_t, -np.pi / 2, np.pi)
+    return _camera(
+        f"cam_{index:02d}",
+        (width, height),
+        matrix,
+        distortions,
+        turned_r.T,
+        translation / 1000,
+        where,
+    )
+
+
+def import_opencap(paths: Sequence[Path], binning: int = 1) -> Calibration:
+    """OpenCap's `.pickle` files, one per camera: Pose2Sim's calib_opencap_fun. Each a dict:
+    imageSize (height, width), distortion (its first 4), intrinsicMat, rotation and translation
+    (world -> camera, mm); the world turned from OpenCap's vertical board to a horizontal
+    floor as Pose2Sim turns it; cameras cam_00, cam_01, ... in the order given. Read with an
+    unpickler that builds nothing but containers, numbers and numpy arrays."""
+    if not paths:
+        raise CalibrationError("opencap: expected one .pickle file per camera")
+    return _calibration([_opencap_file(p, i) for i, p in enumerate(paths)], paths[0])
+
+
 def import_toml(paths: Sequence[Path], binning: int = 1) -> Calibration:
     """A Pose2Sim / anipose / FreeMoCap / Caliscope TOML, which Pose2Sim reads unconverted
     (calibrate_cams_all: "No conversion needed"): read and checked as any calibration file."""
@@ -407,16 +493,14 @@ IMPORTERS: dict[str, Importer] = {
     "vicon": import_vicon,
     "easymocap": import_easymocap,
     "biocv": import_biocv,
+    "opencap": import_opencap,
     "anipose": import_toml,
     "pose2sim": import_toml,
     "freemocap": import_toml,
     "caliscope": import_toml,
 }
-# Pose2Sim's other two: OpenCap's are Python pickles (loading one runs code it names, so
-# npucam refuses it), and Pose2Sim's calib_optitrack_fun converts nothing (it raises).
+# Pose2Sim's calib_optitrack_fun converts nothing (it raises)
 REFUSED = {
-    "opencap": "OpenCap's calibration files are Python pickles, which can run any code when "
-    "loaded; npucam does not read them",
     "optitrack": "Pose2Sim has no OptiTrack converter either; enter the values by hand",
 }
 

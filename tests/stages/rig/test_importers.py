@@ -4,13 +4,16 @@ The reference is Pose2Sim 0.10.49's Pose2Sim/calibration.py, run unchanged in it
 (.venv-pose2sim, `make setup-test`) by bench/pose2sim_reference.py. On the demo's Qualisys
 file npucam's import projects 3D points as OpenCV's projectPoints does with the TOML Pose2Sim
 writes, within 0.01 px (the issue's bound; measured: 0, the two files are the same text). For
-Vicon, EasyMocap and bioCV, a known camera is written in the format as Pose2Sim reads it,
-imported, and its projections compared with the truth's (1e-6 px: float rounding only) and
-with Pose2Sim's conversion of the same file (0.01 px). Bad input names the file and line or key.
+Vicon, EasyMocap, bioCV and OpenCap, a known camera is written in the format as Pose2Sim reads
+it, imported, and its projections compared with the truth's (1e-6 px: float rounding only;
+OpenCap's world turned as Pose2Sim turns it) and with Pose2Sim's conversion of the same file
+(0.01 px). Bad input names the file and line or key; a pickle naming a global other than
+numpy's array constructors is refused without running it.
 """
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import tomllib
 from dataclasses import replace
@@ -200,7 +203,32 @@ def write_biocv(folder: Path, cams: list[Camera]) -> list[Path]:
     return paths
 
 
-WRITERS = {"vicon": write_vicon, "easymocap": write_easymocap, "biocv": write_biocv}
+def write_opencap(folder: Path, cams: list[Camera]) -> list[Path]:
+    """OpenCap's CameraParams as Pose2Sim's calib_opencap_fun reads them: imageSize (h, w),
+    distortion [1, 5], intrinsicMat, rotation, translation [3, 1] in mm (world -> camera)."""
+    paths = []
+    for i, cam in enumerate(cams):
+        params = {
+            "imageSize": np.array([[cam.size[1]], [cam.size[0]]]),
+            "distortion": np.append(cam.distortions, 0.0).reshape(1, 5),
+            "intrinsicMat": np.array(cam.matrix),
+            "rotation": _rot(cam),
+            "translation": np.array(cam.translation).reshape(3, 1) * 1000,
+        }
+        path = folder / f"cam{i}.pickle"
+        path.write_bytes(pickle.dumps(params))
+        paths.append(path)
+    return paths
+
+
+# OpenCap's world stands on a vertical board: Pose2Sim turns it by Rx(-pi/2) then Rz(pi)
+OPENCAP_TURN = np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, -1.0, 0.0]])
+WRITERS = {
+    "vicon": write_vicon,
+    "easymocap": write_easymocap,
+    "biocv": write_biocv,
+    "opencap": write_opencap,
+}
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
@@ -214,12 +242,13 @@ def test_import_projects_the_known_camera_and_as_pose2sim(fmt, tmp_path):
     assert main(["calibrate", "import", fmt, *map(str, files), "-o", str(out)]) == 0
     ours = list(read_calibration(out).cameras.values())
     assert len(ours) == 2
+    turn = OPENCAP_TURN if fmt == "opencap" else np.eye(3)
     for truth, cam in zip(known, ours, strict=True):
         pts = in_front(truth, volume_points())
-        assert np.abs(cam.project(pts) - truth.project(pts)).max() < EXACT_PX, fmt
-        np.testing.assert_allclose(cam.centre, truth.centre, atol=1e-9)
+        assert np.abs(cam.project(pts @ turn.T) - truth.project(pts)).max() < EXACT_PX, fmt
+        np.testing.assert_allclose(cam.centre, turn @ truth.centre, atol=1e-9)
     names = [c.name for c in ours]
-    assert names == (["cam_00", "cam_01"] if fmt == "biocv" else ["7", "12"])
+    assert names == (["cam_00", "cam_01"] if fmt in ("biocv", "opencap") else ["7", "12"])
     reference = pose2sim_convert(fmt, files, tmp_path / f"Calib_{fmt}.toml")
     assert_projects_as_reference(out, reference)
 
@@ -290,10 +319,23 @@ def test_bad_biocv_line_and_missing_easymocap_key_are_named(tmp_path):
         import_calibration("easymocap", [intri, extri])
 
 
+class _Payload:
+    def __reduce__(self):
+        return (print, ("ran",))
+
+
+def test_opencap_pickle_naming_any_other_global_is_refused_unrun(tmp_path, capsys):
+    path = tmp_path / "cam0.pickle"
+    path.write_bytes(pickle.dumps({"intrinsicMat": _Payload()}))
+    with pytest.raises(CalibrationError, match=rf"{path}: not an OpenCap .*refused global"):
+        import_calibration("opencap", [path])
+    assert "ran" not in capsys.readouterr().out
+
+
 def test_import_command_exits_2_naming_the_problem(tmp_path, capsys):
     out = tmp_path / "o.toml"
-    assert main(["calibrate", "import", "opencap", str(tmp_path / "a.pickle"), "-o", str(out)]) == 2
-    assert "pickles" in capsys.readouterr().err
+    assert main(["calibrate", "import", "optitrack", str(tmp_path / "a.xml"), "-o", str(out)]) == 2
+    assert "no OptiTrack converter" in capsys.readouterr().err
     assert (
         main(["calibrate", "import", "qualisys", str(tmp_path / "none.qca.txt"), "-o", str(out)])
         == 2
