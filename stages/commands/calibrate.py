@@ -34,6 +34,7 @@ from stages.rig.calibration import (
     read_calibration,
     write_calibration,
 )
+from stages.rig.importers import IMPORTERS, REFUSED, import_calibration
 from stages.sources import CameraSpec
 
 
@@ -51,13 +52,12 @@ def register(subparsers) -> None:
     p.add_argument(
         "--camera",
         action="append",
-        required=True,
         metavar="NAME=URL",
         help="a camera and its source (images:DIR, a video file, usb:N, rtsp://..., zmq:...); "
         "repeat for each camera. Recorded sources pair their f-th frames; live ones are "
         "grouped by capture time",
     )
-    p.add_argument("--out", required=True, metavar="FILE", help="the calibration file to write")
+    p.add_argument("--out", metavar="FILE", help="the calibration file to write")
     p.add_argument("--board", choices=("charuco", "checkerboard"), default="charuco")
     p.add_argument("--squares", default="7x5", metavar="CxR", help="ChArUco squares (default 7x5)")
     p.add_argument(
@@ -105,6 +105,31 @@ def register(subparsers) -> None:
         "--fps", type=float, default=30.0, metavar="F", help="live: the cameras' frame rate"
     )
     p.set_defaults(func=cmd_calibrate)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    imp = actions.add_parser(
+        "import",
+        help="convert another tool's calibration (Qualisys, Vicon, EasyMocap, bioCV, OpenCap, "
+        "anipose, ...) to a Calib.toml",
+        description="Convert a calibration file as Pose2Sim's calibration.py converts it "
+        "(docs/rig.md, \"Importing a calibration\") and write Pose2Sim's / anipose's TOML.",
+    )
+    imp.add_argument(
+        "format",
+        choices=sorted([*IMPORTERS, *REFUSED]),
+        metavar="FORMAT",
+        help=f"one of {', '.join(IMPORTERS)}",
+    )
+    imp.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="the file; easymocap: intri.yml and extri.yml; biocv, opencap: one file per camera",
+    )
+    imp.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
+    imp.add_argument(
+        "--binning", type=int, default=1, metavar="N", help="Qualisys: the binning factor (1)"
+    )
+    imp.set_defaults(func=cmd_import)
 
 
 def _size(text: str, option: str) -> tuple[int, int]:
@@ -161,7 +186,43 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    calibration = import_calibration(args.format, args.files, args.binning)
+    for cam in calibration.cameras.values():
+        fx, fy, cx, cy = (cam.matrix[i, j] for i, j in ((0, 0), (1, 1), (0, 2), (1, 2)))
+        x, y, z = cam.centre
+        _say(
+            f"{cam.name}: {cam.size[0]}x{cam.size[1]}, f {fx:.1f} {fy:.1f} px, centre "
+            f"{cx:.1f} {cy:.1f} px, at ({x:.3f}, {y:.3f}, {z:.3f})"
+        )
+    write_calibration(args.output, calibration)
+    _say(f"wrote {args.output} ({len(calibration.cameras)} cameras)")
+    return 0
+
+
+def _lenses_only(views: list[CameraViews], intrinsics: list[Intrinsics]) -> Calibration:
+    """Each camera's lens from its own checkerboard images (which need not be one instant:
+    a checkerboard's corners have no identity across cameras, so it gives no extrinsics),
+    every camera at the world origin; `--intrinsics` takes the lenses back for a ChArUco run."""
+    cameras = {}
+    for i, (cam, intr) in enumerate(zip(views, intrinsics, strict=True)):
+        _say(f"{cam.name}: intrinsics from {intr.views} views, RMS {intr.rms:.3f} px")
+        cameras[f"cam_{i + 1:02d}"] = Camera(
+            cam.name, cam.size, intr.matrix, intr.distortions, np.zeros(3), np.zeros(3)
+        )
+    _say(
+        "checkerboard: lenses only, every camera at the world origin (no extrinsics); pass "
+        "this file to --intrinsics to solve the poses from a ChArUco board, or import them"
+    )
+    return Calibration(cameras, {"adjusted": False, "error": max(i.rms for i in intrinsics)})
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    missing = [o for o in ("camera", "out") if getattr(args, o) is None]
+    if missing:
+        raise CalibrateCommandError(
+            f"calibrate: --{' and --'.join(missing)} required (or `npucam calibrate import`)"
+        )
     board = board_of(args)
     specs = camera_specs(args.camera)
     for option in ("every", "captures"):
@@ -182,7 +243,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.intrinsics
         else [calibrate_intrinsics(board, cam, fix_k3) for cam in views]
     )
-    if len(views) == 1:
+    if isinstance(board, Checkerboard) and len(views) > 1:
+        calibration = _lenses_only(views, intrinsics)
+    elif len(views) == 1:
         lens, intr = views[0], intrinsics[0]
         camera = Camera(
             lens.name, lens.size, intr.matrix, intr.distortions, np.zeros(3), np.zeros(3)

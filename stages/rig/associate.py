@@ -79,10 +79,13 @@ def associate(
     max_cost: float = MAX_COST_PX,
     min_confidence: float = MIN_CONFIDENCE,
     min_views: int = 2,
+    mirror: np.ndarray | None = None,
 ) -> list[dict[int, int]]:
     """people[v]: float [N_v, K, 3] camera v's 2D people. Returns the clusters seen by at
     least min_views cameras, each {view: person index in that view}, in order of their
-    lowest (view, index)."""
+    lowest (view, index). With mirror (int [K], each keypoint's other-side counterpart,
+    stages.rig.sides.MIRROR) a pair also scores with one view's sides exchanged, the lower
+    cost counting: a view whose 2D model swapped a person's sides still joins them."""
     if len(people) != len(cameras):
         raise AssociationError(f"{len(people)} people arrays for {len(cameras)} cameras")
     arrays = []
@@ -100,6 +103,10 @@ def associate(
     for va, vb in combinations(range(len(cameras)), 2):
         if len(arrays[va]) and len(arrays[vb]):
             cost = pair_costs(cameras[va], cameras[vb], arrays[va], arrays[vb], min_confidence)
+            if mirror is not None:
+                flipped = arrays[vb][:, mirror]
+                swapped = pair_costs(cameras[va], cameras[vb], arrays[va], flipped, min_confidence)
+                cost = np.fmin(cost, swapped)
             for i, j in zip(*np.nonzero(np.isfinite(cost)), strict=True):
                 cost_of[frozenset(((va, int(i)), (vb, int(j))))] = float(cost[i, j])
     edges = sorted((c, *sorted(pair)) for pair, c in cost_of.items() if c <= max_cost)

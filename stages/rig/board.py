@@ -1,7 +1,9 @@
 """Calibration boards (ChArUco, checkerboard) in metres and their corners found in an image.
 
 ChArUco corners come from OpenCV's cv2.aruco.CharucoDetector (marker detection, then corner
-interpolation and sub-pixel refinement); checkerboard corners from cv2.findChessboardCornersSB.
+interpolation and sub-pixel refinement); checkerboard corners as Pose2Sim's findCorners
+(Pose2Sim/calibration.py): cv2.findChessboardCorners refined by cv2.cornerSubPix, with
+cv2.findChessboardCornersSB where that finds none.
 A corner's id indexes the board's object points, so views of one board pair up across cameras.
 """
 
@@ -16,6 +18,9 @@ import numpy as np
 from stages.rig.calibration import CalibrationError
 
 MIN_CORNERS = 6  # fewer corners give an unreliable board pose; such a view counts as not found
+# Pose2Sim's findCorners: an 11x11 search window, 30 iterations or a 0.001 px step
+SUBPIX_WINDOW = (11, 11)
+SUBPIX_CRITERIA = (cv2.TERM_CRITERIA_EPS + cv2.TERM_CRITERIA_MAX_ITER, 30, 0.001)
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,12 @@ class Checkerboard:
 
     def detect(self, image: np.ndarray) -> BoardView | None:
         """uint8 [H, W] or BGR [H, W, 3] -> all corners, or None if the board is not found."""
-        found, corners = cv2.findChessboardCornersSB(_gray(image), self.corners)
+        gray = _gray(image)
+        found, corners = cv2.findChessboardCorners(gray, self.corners, None)
+        if found:
+            corners = cv2.cornerSubPix(gray, corners, SUBPIX_WINDOW, (-1, -1), SUBPIX_CRITERIA)
+        else:
+            found, corners = cv2.findChessboardCornersSB(gray, self.corners)
         if not found:
             return None
         return BoardView(np.arange(len(corners)), corners.reshape(-1, 2).astype(np.float64))

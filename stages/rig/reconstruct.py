@@ -1,7 +1,7 @@
 """One rig instant's 2D people -> 3D people: cross-view association (stages.rig.associate),
-rig person ids kept through the 2D tracks (RigPersonIds), triangulation of every keypoint
-(stages.rig.triangulate) and, optionally, a One Euro filter per rig person
-(stages.rig.filter).
+rig person ids kept through the 2D tracks (RigPersonIds), optionally left/right swaps of a view
+undone (stages.rig.sides), triangulation of every keypoint (stages.rig.triangulate) and,
+optionally, a One Euro filter per rig person (stages.rig.filter).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from stages.rig.associate import MAX_COST_PX, RigPersonIds, associate
 from stages.rig.associate import MIN_CONFIDENCE as ASSOCIATE_MIN_CONFIDENCE
 from stages.rig.calibration import Camera
 from stages.rig.filter import OneEuroFilter
+from stages.rig.sides import MIRROR, unswap_views
 from stages.rig.triangulate import MAX_ERROR_PX, MIN_CONFIDENCE, MIN_VIEWS, triangulate
 
 
@@ -66,6 +67,7 @@ class Reconstructor:
         max_association_px: float = MAX_COST_PX,
         person_max_age: int = 30,
         filter_params: FilterParams | None = None,
+        swap_sides: bool = False,
     ) -> None:
         self.cameras = list(cameras)
         self.names = [c.name for c in self.cameras]
@@ -76,6 +78,8 @@ class Reconstructor:
         self.person_max_age = person_max_age
         self.ids = RigPersonIds(person_max_age)
         self.filter_params = filter_params
+        self.swap_sides = swap_sides
+        self.swapped_views = 0  # views of a person mirrored by swap_sides, since the start
         self._filters: dict[int, tuple[OneEuroFilter, float, int]] = {}  # id -> (f, t, update)
         self._updates = 0
 
@@ -91,12 +95,14 @@ class Reconstructor:
             for n in self.names
         ]
         track_ids = [list(views[n].track_ids) if n in views else [] for n in self.names]
+        sides = self.swap_sides and k == len(MIRROR)  # the 308 keypoints, whose sides are named
         clusters = associate(
             self.cameras,
             people,
             max_cost=self.max_association_px,
             min_confidence=max(ASSOCIATE_MIN_CONFIDENCE, self.min_confidence),
             min_views=self.min_views,
+            mirror=MIRROR if sides else None,
         )
         ids = self.ids.update(clusters, track_ids)
         n_views = len(self.cameras)
@@ -104,6 +110,14 @@ class Reconstructor:
         for p, cluster in enumerate(clusters):
             for v, i in cluster.items():
                 observed[v, p] = people[v][i]
+        if sides:
+            observed, swapped = unswap_views(
+                self.cameras,
+                observed,
+                min_confidence=self.min_confidence,
+                max_error=self.max_error_px,
+            )
+            self.swapped_views += int(swapped.sum())
         tri = triangulate(
             self.cameras, observed, self.min_confidence, self.max_error_px, self.min_views
         )

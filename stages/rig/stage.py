@@ -61,6 +61,7 @@ class Rig3DOptions(StageOptions):
     min_views: int = Field(2, ge=2)
     max_association_px: float = Field(20.0, gt=0)
     person_max_age: int = Field(30, ge=1)  # groups a rig person id outlives its tracks
+    swap_sides: bool = False  # undo a view's left/right swaps (stages/rig/sides.py)
     filter: bool = False  # One Euro filter per rig person
     filter_min_cutoff: float = Field(1.0, gt=0)
     filter_beta: float = Field(1.0, ge=0)
@@ -126,6 +127,7 @@ class Rig3D(Stage[Rig3DOptions]):
             filter_params=FilterParams(o.filter_min_cutoff, o.filter_beta, o.filter_d_cutoff)
             if o.filter
             else None,
+            swap_sides=o.swap_sides,
         )
         self._results: dict[int, dict[tuple[str, int], PoseResult]] = defaultdict(dict)
         # K of the poses seen so far; before the first, Sapiens2's (meta.pose.count), so an
@@ -364,13 +366,15 @@ class Rig3D(Stage[Rig3DOptions]):
 
     def gauges(self) -> dict[str, float]:
         """The rig's sync numbers (RigGroups.gauges) and what it published: groups released,
-        those that timed out waiting for poses, people, poses for no pending group, and the
-        fraction of published keypoints triangulated."""
+        those that timed out waiting for poses, people, poses for no pending group, the
+        fraction of published keypoints triangulated and, with swap_sides, the views of a
+        person mirrored."""
         total = self._points_total
         return {
             **self.groups.gauges(),
             **{k: float(v) for k, v in self.counts.items()},
             "triangulated_fraction": self._points_triangulated / total if total else 0.0,
+            "swapped_views": float(self.reconstructor.swapped_views),
         }
 
     # -- .trc ---------------------------------------------------------------------------
