@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,23 +114,26 @@ class CameraLive:
     def detector_cpu_s(self) -> float:
         return self._detector.cpu_s
 
-    def people(self, frame: Frame) -> list[LivePerson]:
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Adds the thread's CPU time inside to cpu_s."""
         c0 = time.thread_time()
         try:
-            return self._people(frame)
+            yield
         finally:
             self.cpu_s += time.thread_time() - c0
 
-    def _people(self, frame: Frame) -> list[LivePerson]:
-        if self._last_ts is not None and frame.capture_ts_ns <= self._last_ts:
-            self._reset()  # the clock went back: nothing fused across the jump
-        self._last_ts = frame.capture_ts_ns
-        h, w = frame.image.shape[:2]
-        found = self.tracker.step(frame.image, frame.capture_ts_ns / 1e9)
-        return [
-            LivePerson(p, _box(p.body.xy, (w, h), self.options.box_margin), float(p.body.flag))
-            for p in found
-        ]
+    def people(self, frame: Frame) -> list[LivePerson]:
+        with self._timed():
+            if self._last_ts is not None and frame.capture_ts_ns <= self._last_ts:
+                self._reset()  # the clock went back: nothing fused across the jump
+            self._last_ts = frame.capture_ts_ns
+            h, w = frame.image.shape[:2]
+            found = self.tracker.step(frame.image, frame.capture_ts_ns / 1e9)
+            margin = self.options.box_margin
+            return [
+                LivePerson(p, _box(p.body.xy, (w, h), margin), float(p.body.flag)) for p in found
+            ]
 
     def _reset(self) -> None:
         self._fusions.clear()
@@ -176,19 +181,12 @@ class CameraLive:
         """One LivePoseResult per person with a detect track id (track_ids[i] is people[i]'s),
         after fusing `keyframes` (Sapiens2 poses of earlier frames, by detect track id) into
         their landmark tracks."""
-        c0 = time.thread_time()
-        try:
+        self.person_frames += len(people)
+        with self._timed():
             return self._results(frame, people, track_ids, keyframes)
-        finally:
-            self.cpu_s += time.thread_time() - c0
-            self.person_frames += len(people)
 
     def _results(
-        self,
-        frame: Frame,
-        people: list[LivePerson],
-        track_ids: list[int | None],
-        keyframes: list[Keyframe],
+        self, frame: Frame, people: list[LivePerson], track_ids: list, keyframes: list[Keyframe]
     ) -> list[LivePoseResult]:
         ts = frame.capture_ts_ns
         mapping = {

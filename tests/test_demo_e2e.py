@@ -28,19 +28,25 @@ def sub_socket(endpoint: str, topic: str = "") -> tuple[zmq.Context, zmq.Socket]
     return ctx, sub
 
 
-def test_demo_config_publishes_both_sample_cameras_and_exits_0(demo_config):
-    # demo.toml as shipped on a free port: on its own 5560 another run on the same machine
-    # (another checkout's tests) answered the subscriber, and the SIGTERM below hit a run
-    # that had not started
-    config, endpoint = demo_config
-    ctx, sub = sub_socket(endpoint, "det/")
-    proc = subprocess.Popen(
+def run_demo(config: Path) -> subprocess.Popen:
+    """`npucam run` of the demo for at most 60 s (the tests SIGTERM it once they have seen
+    what they check)."""
+    return subprocess.Popen(
         [str(NPUCAM), "run", str(config), "--duration", "60"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_demo_config_publishes_both_sample_cameras_and_exits_0(demo_config):
+    # demo.toml as shipped on a free port: on its own 5560 another run on the same machine
+    # (another checkout's tests) answered the subscriber, and the SIGTERM below hit a run
+    # that had not started
+    config, endpoint = demo_config
+    ctx, sub = sub_socket(endpoint, "det/")
+    proc = run_demo(config)
     cameras: dict[str, list[int]] = {}
     try:
         # SIGTERM once both cameras sent 21 det messages: how long a loaded host takes to
@@ -73,13 +79,7 @@ def test_the_demo_publishes_a_per_frame_pose_for_every_tracked_person_of_every_f
     only from the CPU model."""
     config, endpoint = demo_config
     ctx, sub = sub_socket(endpoint, "")
-    proc = subprocess.Popen(
-        [str(NPUCAM), "run", str(config), "--duration", "60"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = run_demo(config)
     persons: dict[tuple[str, int], set[int]] = {}  # (camera, seq) -> tracked person ids
     live: dict[tuple[str, int], set[int]] = {}
     headers = []
