@@ -101,6 +101,11 @@ class Timeline:
         self._next: dict[str, int] = {}
         self._turn = threading.Condition()
 
+    def enter(self, camera: str) -> None:
+        """A camera opened: the others wait for it until it says when its first frame is."""
+        with self._turn:
+            self._next[camera] = 0
+
     def wait_turn(self, camera: str, capture_ns: int, stop: threading.Event) -> bool:
         """Block until no other open camera has a frame captured before capture_ns left to
         deliver; False when stop was set."""
@@ -187,6 +192,8 @@ class RecordingSource(Source):
             self._timeline = _join(self.session, self._clock)
         except RecordingError as exc:
             raise SourceFailed(str(exc)) from None
+        if not self.realtime:
+            self._timeline.enter(self.camera)
         self._frames = (
             item for stem in stems for item in read_frames(stem.with_suffix(INDEX_SUFFIX))
         )
