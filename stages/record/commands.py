@@ -65,7 +65,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     sock.setsockopt(zmq.LINGER, 2000)
     try:
         sock.bind(args.bind)
-        endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         print(f"replay: {session} on {endpoint}", flush=True)
         subscribed = 0
         while subscribed < args.wait_for_subscribers and not stop.is_set():
