@@ -3,7 +3,9 @@ streams with a seq / capture-time sidecar (frame_log.py), and every message a pu
 the run sends, byte for byte with its receive time, in segmented logs (message_log.py); the
 recording folder bounded by size and age (retention.py). A write that fails (disk full,
 read-only folder) or finds no room drops its item, counted `storage`: the pipeline never waits
-on the disk beyond the item being written, and never stops for it."""
+on the disk beyond the item being written, and never stops for it. With `blur_faces`, a frame
+is stored only once the detect stage's Detections of it arrived, its faces blurred
+(privacy.py)."""
 
 from __future__ import annotations
 
@@ -17,20 +19,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from pydantic import Field
 
 from pipeline.config import Config
 from pipeline.graph import Context, Outbox, Stage, StageOptions
-from pipeline.messages import Frame, now_ns
+from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue
 from stages import publish
-from stages.record import frame_log, message_log
+from stages.record import frame_log, message_log, privacy
 from stages.record.retention import Retention, existing_segments
 from stages.record.segments import SegmentedLog
 
 log = logging.getLogger(__name__)
 
 INDEX_LINE_BYTES = 64  # a sidecar line at most: four integers of up to 19 digits, 3 commas
+NO_DETECTIONS = ("capture", "stages.capture:Capture", "publish", "stages.publish:Publish")
 MESSAGE_POLL_S = 0.2  # the message writer's wake-up when idle: expiry by age, stop
 
 
@@ -47,13 +51,16 @@ class RecordOptions(StageOptions):
     max_age_s: float | None = Field(None, gt=0)
     message_queue: int = Field(10_000, ge=1)  # messages waiting for the writer thread
     retry_s: float = Field(5.0, gt=0)  # after a failed write, the next try of a segment
+    blur_faces: bool = False  # store a frame once detect's Detections came, faces blurred
+    blur_margin: float = Field(0.2, ge=0, le=2)  # of a face box's size, added on each side
+    blur_wait_frames: int = Field(30, ge=1)  # frames of a camera waiting for their Detections
 
 
 class Record(Stage[RecordOptions]):
     """Frames -> segmented MJPEG + sidecar; the publish stage's messages -> segmented logs."""
 
     kind = "record"
-    accepts = (Frame,)
+    accepts = (Frame, Detections)
     Options = RecordOptions
 
     def __init__(self, name: str, options: RecordOptions, context: Context) -> None:
@@ -74,6 +81,8 @@ class Record(Stage[RecordOptions]):
         self._messages: queue.Queue = queue.Queue(options.message_queue)
         self.messages_dropped = 0  # at a full message_queue
         self._stop_messages = threading.Event()
+        self.faces = privacy.FaceJoin(options.blur_wait_frames) if options.blur_faces else None
+        self.unblurred_dropped = 0  # frames never stored: their Detections did not come
         publisher = _publisher(context.config, options.messages)
         self.taps = None if publisher is None else publish.taps(context, publisher)
         if self.taps is not None:
@@ -106,6 +115,12 @@ class Record(Stage[RecordOptions]):
                 f"stages[{index}].messages: no publish stage named {wanted!r} "
                 f"(publish stages: {', '.join(publishers) or 'none'})"
             )
+        if options.get("blur_faces") is True and not _detections_senders(config, index):
+            problems.append(
+                f"stages[{index}].blur_faces: no stage but capture sends to this stage, so no "
+                f"Detections come (add {config.stage_names[index]!r} to the detect stage's "
+                "`to`): no frame could be stored"
+            )
         if wanted is None and len(publishers) > 1:
             problems.append(
                 f"stages[{index}].messages: the config has several publish stages "
@@ -123,16 +138,24 @@ class Record(Stage[RecordOptions]):
             )
             writer.start()
         try:
-            async for frame in inbox:
+            async for item in inbox:
                 if not self.options.frames or (
-                    self.options.cameras is not None and frame.camera not in self.options.cameras
+                    self.options.cameras is not None and item.camera not in self.options.cameras
                 ):
                     continue
-                start = time.perf_counter()
-                if await asyncio.to_thread(self.store_frame, frame):
-                    self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
+                if self.faces is None:
+                    if isinstance(item, Frame):
+                        await self._store(item, None)
+                    continue
+                if isinstance(item, Frame):
+                    ready, given_up = self.faces.frame(item)
                 else:
-                    self.metrics.drop(self.name, frame.camera, "storage")
+                    ready, given_up = self.faces.detections(item)
+                self._unblurred(given_up)
+                for frame, faces in ready:
+                    await self._store(frame, faces)
+            if self.faces is not None:
+                self._unblurred(self.faces.pending())
             if self.taps is not None:
                 # the publish stage sends its final stats after its inbox drained
                 timeout = self.context.config.pipeline.drain_timeout_s
@@ -144,8 +167,21 @@ class Record(Stage[RecordOptions]):
             for frames in self.frame_logs.values():
                 frames.close()
 
-    def store_frame(self, frame: Frame) -> bool:
-        """Encode and write one frame (a worker thread); False when it was not stored."""
+    async def _store(self, frame: Frame, faces: np.ndarray | None) -> None:
+        start = time.perf_counter()
+        if await asyncio.to_thread(self.store_frame, frame, faces):
+            self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
+        else:
+            self.metrics.drop(self.name, frame.camera, "storage")
+
+    def _unblurred(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            self.unblurred_dropped += 1
+            self.metrics.drop(self.name, frame.camera, "storage")
+
+    def store_frame(self, frame: Frame, faces: np.ndarray | None = None) -> bool:
+        """Encode and write one frame (a worker thread), its face boxes (float32 [F, 4] px,
+        or None) blurred first; False when it was not stored."""
         frames = self.frame_logs.get(frame.camera)
         if frames is None:
             folder = self.session / frame_log.FRAMES_DIR / frame.camera
@@ -153,7 +189,10 @@ class Record(Stage[RecordOptions]):
             frames = self.frame_logs[frame.camera] = self._log(
                 folder, frame_log.FrameSegmentWriter, suffixes
             )
-        jpeg = frame_log.encode_jpeg(frame.image, self.options.jpeg_quality)
+        image = frame.image
+        if faces is not None:
+            image = privacy.blur_boxes(image, faces, self.options.blur_margin)
+        jpeg = frame_log.encode_jpeg(image, self.options.jpeg_quality)
         size = len(jpeg) + INDEX_LINE_BYTES + len(frame_log.INDEX_HEADER)
         return frames.write(
             size, lambda writer: writer.append(frame.seq, frame.capture_ts_ns, jpeg)
@@ -205,11 +244,24 @@ class Record(Stage[RecordOptions]):
             "write_failures": sum(x.failures for x in logs),
             "over_cap": sum(x.over_cap for x in logs),
             "messages_waiting": self._messages.qsize(),
+            "unblurred_dropped": self.unblurred_dropped,
         }
 
 
 def _append(record: bytes, writer: message_log.MessageSegmentWriter) -> int:
     return writer.append(record)
+
+
+def _detections_senders(config: Config, index: int) -> list[str]:
+    """The stages whose output goes to stages[index] (`to`, or by default the next stage),
+    but capture (frames) and publish (nothing)."""
+    name, names = config.stage_names[index], config.stage_names
+    senders = []
+    for i, stage in enumerate(config.stages):
+        targets = stage.to if stage.to is not None else names[i + 1 : i + 2]
+        if name in targets and stage.kind not in NO_DETECTIONS:
+            senders.append(names[i])
+    return senders
 
 
 def _publishers(config: Config) -> list[str]:
