@@ -57,26 +57,32 @@ class MessageSegmentWriter:
 
 
 def read_messages(path: Path) -> Iterator[tuple[int, list[bytes]]]:
-    """(receive_ts_ns, parts) of every complete record of a segment, in order."""
-    data = path.read_bytes()
-    if not data.startswith(MAGIC):
-        raise RecordingError(f"{path}: not a message segment (expected {MAGIC!r} at byte 0)")
-    at = len(MAGIC)
-    while at + 4 <= len(data):
-        (body,) = _LENGTH.unpack_from(data, at)
-        end = at + 4 + body
-        if end > len(data):
-            return  # the record being written when the process stopped
-        _, ts, count = _HEAD.unpack_from(data, at)
-        if body < 12 + 4 * count:
-            raise RecordingError(f"{path}: byte {at}: record of {count} parts in {body} bytes")
-        lengths = struct.unpack_from(f"<{count}I", data, at + 16)
-        if 12 + 4 * count + sum(lengths) != body:
-            raise RecordingError(f"{path}: byte {at}: part lengths do not add up to the record")
-        start = at + 16 + 4 * count
-        parts = []
-        for n in lengths:
-            parts.append(data[start : start + n])
-            start += n
-        yield ts, parts
-        at = end
+    """(receive_ts_ns, parts) of every complete record of a segment, in order, read record by
+    record (a segment is never all in memory, and a replay never waits on a whole file)."""
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise RecordingError(f"{path}: not a message segment (expected {MAGIC!r} at byte 0)")
+        at = len(MAGIC)
+        while len(head := f.read(4)) == 4:
+            (body,) = _LENGTH.unpack(head)
+            data = f.read(body)
+            if len(data) < body:
+                return  # the record being written when the process stopped
+            yield _record(path, at, head + data)
+            at += 4 + body
+
+
+def _record(path: Path, at: int, data: bytes) -> tuple[int, list[bytes]]:
+    """One whole record's (receive_ts_ns, parts); `at` its byte offset, for errors."""
+    body, ts, count = _HEAD.unpack_from(data)
+    if body < 12 + 4 * count:
+        raise RecordingError(f"{path}: byte {at}: record of {count} parts in {body} bytes")
+    lengths = struct.unpack_from(f"<{count}I", data, 16)
+    if 12 + 4 * count + sum(lengths) != body:
+        raise RecordingError(f"{path}: byte {at}: part lengths do not add up to the record")
+    start = 16 + 4 * count
+    parts = []
+    for n in lengths:
+        parts.append(data[start : start + n])
+        start += n
+    return ts, parts

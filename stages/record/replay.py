@@ -46,13 +46,13 @@ def replay(
     when `stop` is set."""
     prefixes = tuple(t.encode() for t in topics)
     first_ts: int | None = None
-    start = clock.monotonic()
+    start = 0.0
     sent = 0
     for ts, parts in records:
         if prefixes and not bytes(parts[0]).startswith(prefixes):
             continue
-        if first_ts is None:
-            first_ts = ts
+        if first_ts is None:  # the clock starts at the first message, once its segment is read
+            first_ts, start = ts, clock.monotonic()
         if speed is not None:
             delay = start + (ts - first_ts) / 1e9 / speed - clock.monotonic()
             if delay > 0 and clock.wait(stop, delay):
