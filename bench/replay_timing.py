@@ -13,6 +13,7 @@ recorded ones, in order, byte for byte.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -46,10 +47,15 @@ def record(folder: Path, seconds: float) -> Path:
     # on a fresh clone (tests/conftest.py's demo_config)
     config = folder / "demo.toml"
     config.write_text(text)
+    # a context table of its own: the simulator's is machine-wide (npu/sim.py), and other
+    # runs on this host may hold its 16 contexts
+    (folder / "hwctx").mkdir()
+    env = {**os.environ, "NPUCAM_SIM_HWCTX_DIR": str(folder / "hwctx")}
     subprocess.run(
         [sys.executable, "-m", "pipeline", "run", str(config), "--duration", str(seconds)],
         check=True,
         cwd=REPO,
+        env=env,
         stdout=subprocess.DEVNULL,
     )
     return folder / "rec" / "demo"

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # Every drop names one of these reasons (docs/architecture.md); device_timeout: an NPU
 # dispatch of the job passed its deadline (docs/inference.md); peer_slow: a zmq_push frame
 # its receiver could not take (stages/frame_push.py); storage: a record stage could not store
-# the item (disk full or read-only, or over its size cap with nothing left to delete).
+# the item (disk full or read-only, over its size cap with nothing left to delete, or a frame
+# to blur whose Detections never came: stages/record/).
 DROP_REASONS = (
     "queue_full", "stale", "npu_busy", "error", "device_timeout", "peer_slow", "storage"
 )  # fmt: skip
