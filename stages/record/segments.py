@@ -64,9 +64,10 @@ class SegmentedLog(Generic[W]):
         self.over_cap = 0  # writes refused: no room under max_bytes even after deletions
         self.last_error: str | None = None
 
-    def write(self, n: int, append: Callable[[W], int]) -> bool:
+    def write(self, n: int, append: Callable[[W], object]) -> bool:
         """Store one item of at most n bytes (n counts a new segment's header too) through
-        append(writer), which returns the bytes it added; False when it was not stored."""
+        append(writer); False when it was not stored. The segment grows by what the writer's
+        `bytes` grew (a new segment's header included)."""
         now = self._clock.monotonic()
         if self._retry_at is not None:
             if now < self._retry_at:
@@ -83,10 +84,14 @@ class SegmentedLog(Generic[W]):
             return False
         written = 0
         try:
+            before = 0
             if self._writer is None:
                 self._open(now)
+            else:
+                before = self._writer.bytes
             assert self._writer is not None
-            written = append(self._writer)
+            append(self._writer)
+            written = self._writer.bytes - before
         except OSError as exc:
             self._failed(exc, now)
             return False

@@ -28,6 +28,7 @@ from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue
 from stages import publish
 from stages.record import frame_log, message_log, privacy
+from stages.record.clips import CLIPS_DIR, ClipRule, EventClips
 from stages.record.retention import Retention, existing_segments
 from stages.record.segments import SegmentedLog
 
@@ -54,6 +55,7 @@ class RecordOptions(StageOptions):
     blur_faces: bool = False  # store a frame once detect's Detections came, faces blurred
     blur_margin: float = Field(0.2, ge=0, le=2)  # of a face box's size, added on each side
     blur_wait_frames: int = Field(30, ge=1)  # frames of a camera waiting for their Detections
+    clips: list[ClipRule] = []  # event clips (clips.py), announced on events/<camera>
 
 
 class Record(Stage[RecordOptions]):
@@ -92,6 +94,17 @@ class Record(Stage[RecordOptions]):
                 (message_log.MESSAGE_SUFFIX,),
             )
             self.taps.callables.append(self._tap)
+        self.clips = (
+            EventClips(self.session / CLIPS_DIR, tuple(options.clips), self.retention)
+            if options.clips
+            else None
+        )
+        # events go to the publish stage, which then waits for this stage to end: this stage
+        # cannot wait for its final stats
+        names = context.config.stage_names
+        self._feeds_publisher = publisher is not None and publisher in _targets(
+            context.config, names.index(name)
+        )
         self.metrics.add_gauges(self.name, self._gauges)
 
     @classmethod
@@ -121,6 +134,14 @@ class Record(Stage[RecordOptions]):
                 f"Detections come (add {config.stage_names[index]!r} to the detect stage's "
                 "`to`): no frame could be stored"
             )
+        if options.get("clips") and (
+            _publisher(config, wanted) is None
+            or _publisher(config, wanted) not in _targets(config, index)
+        ):
+            problems.append(
+                f"stages[{index}].clips: events need the publish stage whose messages this "
+                "stage logs, in this stage's `to` (they trigger the clips and carry events/)"
+            )
         if wanted is None and len(publishers) > 1:
             problems.append(
                 f"stages[{index}].messages: the config has several publish stages "
@@ -145,7 +166,7 @@ class Record(Stage[RecordOptions]):
                     continue
                 if self.faces is None:
                     if isinstance(item, Frame):
-                        await self._store(item, None)
+                        await self._store(item, None, out)
                     continue
                 if isinstance(item, Frame):
                     ready, given_up = self.faces.frame(item)
@@ -153,10 +174,13 @@ class Record(Stage[RecordOptions]):
                     ready, given_up = self.faces.detections(item)
                 self._unblurred(given_up)
                 for frame, faces in ready:
-                    await self._store(frame, faces)
+                    await self._store(frame, faces, out)
             if self.faces is not None:
                 self._unblurred(self.faces.pending())
-            if self.taps is not None:
+            if self.clips is not None:
+                self.clips.close_all()
+                await self._send_events(out)
+            if self.taps is not None and not self._feeds_publisher:
                 # the publish stage sends its final stats after its inbox drained
                 timeout = self.context.config.pipeline.drain_timeout_s
                 await asyncio.to_thread(self.taps.done.wait, timeout)
@@ -167,12 +191,18 @@ class Record(Stage[RecordOptions]):
             for frames in self.frame_logs.values():
                 frames.close()
 
-    async def _store(self, frame: Frame, faces: np.ndarray | None) -> None:
+    async def _store(self, frame: Frame, faces: np.ndarray | None, out: Outbox) -> None:
         start = time.perf_counter()
         if await asyncio.to_thread(self.store_frame, frame, faces):
             self.metrics.did(self.name, frame.camera, time.perf_counter() - start)
         else:
             self.metrics.drop(self.name, frame.camera, "storage")
+        await self._send_events(out)
+
+    async def _send_events(self, out: Outbox) -> None:
+        if self.clips is not None:
+            for event in self.clips.take():
+                await out.send(event)
 
     def _unblurred(self, frames: list[Frame]) -> None:
         for frame in frames:
@@ -193,6 +223,8 @@ class Record(Stage[RecordOptions]):
         if faces is not None:
             image = privacy.blur_boxes(image, faces, self.options.blur_margin)
         jpeg = frame_log.encode_jpeg(image, self.options.jpeg_quality)
+        if self.clips is not None:
+            self.clips.frame(frame.camera, frame.seq, frame.capture_ts_ns, jpeg)
         size = len(jpeg) + INDEX_LINE_BYTES + len(frame_log.INDEX_HEADER)
         return frames.write(
             size, lambda writer: writer.append(frame.seq, frame.capture_ts_ns, jpeg)
@@ -233,6 +265,8 @@ class Record(Stage[RecordOptions]):
             )
             if not stored:
                 self.metrics.drop(self.name, "", "storage")
+            if self.clips is not None:
+                self.clips.message(parts)
         self.message_log.close()
 
     def _gauges(self) -> dict[str, float]:
@@ -245,6 +279,7 @@ class Record(Stage[RecordOptions]):
             "over_cap": sum(x.over_cap for x in logs),
             "messages_waiting": self._messages.qsize(),
             "unblurred_dropped": self.unblurred_dropped,
+            "clip_frames_skipped": 0 if self.clips is None else self.clips.skipped,
         }
 
 
@@ -258,10 +293,15 @@ def _detections_senders(config: Config, index: int) -> list[str]:
     name, names = config.stage_names[index], config.stage_names
     senders = []
     for i, stage in enumerate(config.stages):
-        targets = stage.to if stage.to is not None else names[i + 1 : i + 2]
-        if name in targets and stage.kind not in NO_DETECTIONS:
+        if name in _targets(config, i) and stage.kind not in NO_DETECTIONS:
             senders.append(names[i])
     return senders
+
+
+def _targets(config: Config, index: int) -> list[str]:
+    """Where stages[index] sends its output: its `to`, or by default the next stage."""
+    stage = config.stages[index]
+    return stage.to if stage.to is not None else config.stage_names[index + 1 : index + 2]
 
 
 def _publishers(config: Config) -> list[str]:
