@@ -124,7 +124,8 @@ def main() -> None:
         kb = rows[0][2] / args.frames / 1024
         med[name] = cpu
         label = LABELS[name]
-        print(f"| {label} | {cpu:.2f} | {wall:.2f} | {kb:.0f} | {rows[0][3]:.1f} |")
+        psnr = "-" if np.isnan(rows[0][3]) else f"{rows[0][3]:.1f}"
+        print(f"| {label} | {cpu:.2f} | {wall:.2f} | {kb:.0f} | {psnr} |")
     ratios = [o[0] / r[0] for o, r in zip(results["ours"], results["reference"], strict=True)]
     print(
         f"CPU ratio ours / reference: median {statistics.median(ratios):.2f} "
