@@ -1,17 +1,21 @@
 """`npucam replay SESSION`: a recording's published messages on a PUB socket again, byte for
 byte and in order, at their recorded pace (or --speed times it, or --fast). Sends block at the
 high-water mark (ZMQ_XPUB_NODROP): an offline replay waits for a slow subscriber instead of
-dropping what it recorded."""
+dropping what it recorded. `npucam process SESSION --config CONFIG`: the config run over the
+recording with nothing dropped (process.py)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import threading
+from pathlib import Path
 
 import zmq
 
+from stages.record import process
 from stages.record.replay import messages, replay, session_folder
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sndhwm", type=int, default=1000, help="messages queued per subscriber")
     p.set_defaults(func=cmd_replay)
+
+    p = subparsers.add_parser(
+        "process",
+        help="run a config over a recording, nothing dropped (docs/recording.md)",
+    )
+    p.add_argument("session", help="a session folder written by a record stage")
+    p.add_argument("--config", required=True, type=Path, help="the pipeline config to run")
+    p.add_argument("--out", required=True, type=Path, help="folder for the take (created)")
+    p.set_defaults(func=cmd_process)
 
 
 def _positive(text: str) -> float:
@@ -84,6 +97,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         sock.close()
         ctx.term()
     return 0
+
+
+def cmd_process(args: argparse.Namespace) -> int:
+    session = session_folder(args.session)
+    config = process.offline_config(args.config, session, args.out)
+    total = sum(process.recorded_frames(session).values())
+    code = asyncio.run(process.run_offline(config, total))
+    take = args.out / process.TAKE
+    count = process.write_jsonl(take, args.out / "messages.jsonl")
+    print(f"process: {count} messages in {take} and {args.out / 'messages.jsonl'}", flush=True)
+    return code
 
 
 def _send(sock: zmq.Socket, parts: list[bytes], stop: threading.Event) -> None:
