@@ -124,13 +124,15 @@ class Retention:
 
 
 def existing_segments(root: Path, frame_suffixes: tuple[str, str], message_suffix: str) -> list:
-    """The segments already under root (earlier sessions, <session>/frames/<camera>/ and
-    <session>/messages/), oldest last write first, as closed Segments."""
+    """The segments already under root (earlier sessions, <session>/frames/<camera>/,
+    <session>/clips/<clip>/ and <session>/messages/), oldest last write first, as closed
+    Segments."""
     found: list[Segment] = []
     if not root.is_dir():
         return found
     video, index = frame_suffixes
-    for sidecar in root.glob(f"*/frames/*/*{index}"):
+    sidecars = [*root.glob(f"*/frames/*/*{index}"), *root.glob(f"*/clips/*/*{index}")]
+    for sidecar in sidecars:
         files = (sidecar.with_suffix(video), sidecar)
         found.append(_closed(files))
     for log_file in root.glob(f"*/messages/*{message_suffix}"):

@@ -134,6 +134,8 @@ class Record(Stage[RecordOptions]):
                 f"Detections come (add {config.stage_names[index]!r} to the detect stage's "
                 "`to`): no frame could be stored"
             )
+        if options.get("clips") and options.get("frames") is False:
+            problems.append(f"stages[{index}].clips: clips are of frames: needs frames = true")
         if options.get("clips") and (
             _publisher(config, wanted) is None
             or _publisher(config, wanted) not in _targets(config, index)

@@ -74,15 +74,20 @@ def test_segments_of_earlier_sessions_are_adopted_and_deleted_first(tmp_path):
             path = frames / f"000001{suffix}"
             path.write_bytes(b"y" * 100)
             os.utime(path, ns=(stamp * 10**9, stamp * 10**9))
+    clip = tmp_path / "s2" / "clips" / "000001-cam"
+    clip.mkdir(parents=True)
+    for suffix in (".mjpeg", ".csv"):
+        (clip / f"000001{suffix}").write_bytes(b"c" * 10)
+        os.utime(clip / f"000001{suffix}", ns=(300 * 10**9, 300 * 10**9))
     (tmp_path / "s2" / "messages").mkdir()
     (tmp_path / "s2" / "messages" / "000001.msgs").write_bytes(b"z" * 50)
     found = existing_segments(tmp_path, (".mjpeg", ".csv"), ".msgs")
-    assert [s.bytes for s in found] == [200, 200, 50]
+    assert sorted(s.bytes for s in found) == [20, 50, 200, 200]
     assert found[0].files[0].parts[-4] == "s1"
-    r = Retention(max_bytes=500, max_age_s=None)
+    r = Retention(max_bytes=520, max_age_s=None)
     r.adopt(found)
     mine = r.open(_files(tmp_path, "mine", 0))
-    assert r.reserve(100)  # 450 + 100: s1's frame segment goes
+    assert r.reserve(100)  # 470 + 100: s1's frame segment goes
     r.settle(mine, 100, 100)
     assert not (tmp_path / "s1" / "frames" / "cam" / "000001.mjpeg").exists()
     assert (tmp_path / "s2" / "frames" / "cam" / "000001.mjpeg").exists()
