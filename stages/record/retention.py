@@ -1,18 +1,34 @@
 """The retention of a recording folder: every segment under it (this run's and earlier
 sessions'), the bytes they hold, and deletion of the oldest closed segments first, so a write
-is only made once the folder has room for it under `max_bytes`, and a closed segment older than
-`max_age_s` is deleted. Space is reserved before a write and settled after it, so the frame
-and message writers of one run never overshoot the cap together."""
+is only made once the folder has room for it under `max_bytes` and the disk keeps
+`min_free_bytes` free, and a closed segment older than `max_age_s` is deleted. Space is
+reserved before a write and settled after it, so the frame and message writers of one run
+never overshoot the cap together."""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.messages import now_ns
+
+
+def disk_free(folder: Path) -> Callable[[], int]:
+    """Bytes free to an unprivileged writer on the filesystem of folder (or of its nearest
+    existing parent)."""
+
+    def free() -> int:
+        path = folder
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+    return free
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +47,16 @@ class Retention:
     """Segments oldest first; thread-safe. max_age_s None keeps segments of any age."""
 
     def __init__(
-        self, max_bytes: int, max_age_s: float | None, clock_ns: Callable[[], int] = now_ns
+        self,
+        max_bytes: int,
+        max_age_s: float | None,
+        clock_ns: Callable[[], int] = now_ns,
+        min_free_bytes: int = 0,
+        free_bytes: Callable[[], int] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
+        self.min_free_bytes = min_free_bytes
+        self._free_bytes = free_bytes
         self.max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
         self._clock_ns = clock_ns
         self._lock = threading.Lock()
@@ -73,13 +96,19 @@ class Retention:
         when even with every closed segment gone n would not fit (nothing is reserved)."""
         with self._lock:
             self._expire()
-            while self._used() + n > self.max_bytes:
+            while self._used() + n > self.max_bytes or self._disk_short(n):
                 oldest = next((s for s in self._segments if s.closed), None)
                 if oldest is None:
                     return False
                 self._delete(oldest)
             self._reserved += n
             return True
+
+    def _disk_short(self, n: int) -> bool:
+        """Writing n bytes would leave the disk with less than min_free_bytes free."""
+        if not self.min_free_bytes or self._free_bytes is None:
+            return False
+        return self._free_bytes() - n < self.min_free_bytes
 
     def settle(self, segment: Segment | None, reserved: int, written: int) -> None:
         """A write that reserved `reserved` bytes added `written` to `segment` (0 on failure)."""

@@ -80,6 +80,13 @@ class SegmentedLog(Generic[W]):
         ):
             self.close()
         if not self._retention.reserve(n):
+            if not self.over_cap:
+                log.warning(
+                    "recording: no room for a write in %s under max_bytes or min_free_bytes "
+                    "with every closed segment deleted; such writes are dropped (counted "
+                    "`storage`, gauge over_cap)",
+                    self.folder,
+                )
             self.over_cap += 1
             return False
         written = 0

@@ -29,7 +29,7 @@ from pipeline.queues import BoundedQueue
 from stages import publish
 from stages.record import frame_log, message_log, privacy
 from stages.record.clips import CLIPS_DIR, ClipRule, EventClips
-from stages.record.retention import Retention, existing_segments
+from stages.record.retention import Retention, disk_free, existing_segments
 from stages.record.segments import SegmentedLog
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class RecordOptions(StageOptions):
     segment_bytes: int = Field(64 << 20, ge=1 << 16)
     max_bytes: int = Field(10 << 30, ge=1 << 18)
     max_age_s: float | None = Field(None, gt=0)
+    min_free_bytes: int = Field(512 << 20, ge=0)  # the disk keeps this free; 0: no check
     message_queue: int = Field(10_000, ge=1)  # messages waiting for the writer thread
     retry_s: float = Field(5.0, gt=0)  # after a failed write, the next try of a segment
     blur_faces: bool = False  # store a frame once detect's Detections came, faces blurred
@@ -72,7 +73,12 @@ class Record(Stage[RecordOptions]):
             root = context.config.base_dir / root
         self.root = root
         self.session = root / (options.session or _unique_session(root))
-        self.retention = Retention(options.max_bytes, options.max_age_s)
+        self.retention = Retention(
+            options.max_bytes,
+            options.max_age_s,
+            min_free_bytes=options.min_free_bytes,
+            free_bytes=disk_free(root),
+        )
         self.retention.adopt(
             existing_segments(
                 root, (frame_log.VIDEO_SUFFIX, frame_log.INDEX_SUFFIX), message_log.MESSAGE_SUFFIX

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from stages.record.retention import Retention, existing_segments
+from stages.record.retention import Retention, disk_free, existing_segments
 
 
 def _files(tmp_path, name, size):
@@ -91,3 +91,29 @@ def test_segments_of_earlier_sessions_are_adopted_and_deleted_first(tmp_path):
     r.settle(mine, 100, 100)
     assert not (tmp_path / "s1" / "frames" / "cam" / "000001.mjpeg").exists()
     assert (tmp_path / "s2" / "frames" / "cam" / "000001.mjpeg").exists()
+
+
+def test_the_oldest_closed_segments_go_to_keep_min_free_bytes_free_on_the_disk(tmp_path):
+    capacity = 2000  # a disk of 2000 bytes holding only these files
+
+    def free():
+        return capacity - sum(p.stat().st_size for p in tmp_path.iterdir())
+
+    r = Retention(max_bytes=10**6, max_age_s=None, min_free_bytes=500, free_bytes=free)
+    segs = []
+    for i in range(3):
+        s = r.open(_files(tmp_path, f"s{i}", 400))
+        _write(r, s, 400)
+        r.close(s)
+        segs.append(s)
+    assert r.reserve(300)  # 800 free - 300 < 500: s0 goes, then 1200 - 300 >= 500
+    assert [s.files[0].exists() for s in segs] == [False, True, True]
+    r.settle(None, 300, 0)
+    assert not r.reserve(1600)  # even with s1 and s2 gone: 2000 - 1600 < 500
+    assert not any(s.files[0].exists() for s in segs[1:])
+
+
+def test_disk_free_reads_the_filesystem_of_the_nearest_existing_folder(tmp_path):
+    free = disk_free(tmp_path / "not" / "made" / "yet")
+    st = os.statvfs(tmp_path)
+    assert abs(free() - st.f_bavail * st.f_frsize) < 1 << 30  # the same filesystem, moments apart
