@@ -30,6 +30,7 @@ def disk_free(folder: Path) -> Callable[[], int]:
 
     return free
 
+
 log = logging.getLogger(__name__)
 
 
