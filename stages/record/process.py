@@ -3,7 +3,8 @@ nothing dropped. Each camera of the config reads its recorded camera (`recording
 paced, capture times shifted to the run's start), every inbox blocks and keeps stale items,
 every camera's staleness budget is a day, the publish stage binds a free loopback port and a
 record stage logs every message it sends into OUT (a session `take` that `npucam replay` reads),
-written out as JSON lines (messages.jsonl) at the end. Progress is the recorded frames the
+written out as JSON lines (messages.jsonl) at the end; the config's own record stages are
+left out. Progress is the recorded frames the
 capture stage has read against the recording's total."""
 
 from __future__ import annotations
@@ -59,7 +60,12 @@ def offline_config(config_path: Path, session: Path, out: Path) -> Config:
         camera["url"] = f"recording:{session.resolve()}?camera={name}"
         camera.update(realtime=False, loop=False, end="stop", staleness_ms=DAY_MS)
         camera.pop("fps", None)
-    stages = data.get("stages", [])
+    # the config's own record stages would record the recording again: the take replaces them
+    dropped = {s.get("name", "record") for s in data.get("stages", []) if s.get("kind") == "record"}
+    stages = data["stages"] = [s for s in data.get("stages", []) if s.get("kind") != "record"]
+    for stage in stages:
+        if "to" in stage:
+            stage["to"] = [t for t in stage["to"] if t not in dropped]
     publishers = [s for s in stages if s.get("kind") == "publish"]
     if len(publishers) != 1:
         raise ConfigError(f"{config_path}: process needs exactly one publish stage")

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from pipeline.config import ConfigError
 from stages.record import process
 from stages.record.frame_log import FrameSegmentWriter, encode_jpeg
 
+REPO = Path(__file__).resolve().parents[3]
 MS = 1_000_000
 T0 = 1_600_000_000 * 10**9
 
@@ -63,8 +67,37 @@ def test_every_recorded_frame_is_processed_and_written_out_as_json_lines(tmp_pat
     assert "process: 15/15 frames" in progress.getvalue()
 
 
+def test_the_configs_own_record_stages_are_left_out(tmp_path, write_config):
+    session, _ = _session(tmp_path)
+    text = CONFIG.replace('kind = "capture"', 'kind = "capture"\nto = ["publish", "rec"]')
+    path = write_config(text + '[[stages]]\nkind = "record"\nname = "rec"\npath = "mine"\n')
+    config = process.offline_config(path, session, tmp_path / "out")
+    kinds = [(s.kind, s.name) for s in config.stages]
+    assert kinds == [("capture", None), ("publish", None), ("record", process.RECORDER)]
+    assert config.stages[0].to == ["publish"]
+
+
 def test_a_config_camera_the_session_did_not_record_is_an_error_naming_it(tmp_path, write_config):
     session, _ = _session(tmp_path)
     path = write_config(CONFIG.replace('name = "cam"', 'name = "door"'))
     with pytest.raises(ConfigError, match=r"cameras\[0\]: the session .* has no camera 'door'"):
         process.offline_config(path, session, tmp_path / "out")
+
+
+def test_the_npucam_process_command_writes_the_take_and_its_json_lines(tmp_path, write_config):
+    session, _ = _session(tmp_path)
+    path = write_config(CONFIG)
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "pipeline", "process", str(session)]
+        + ["--config", str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "process: 15/15 frames" in run.stderr
+    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
+    assert [m["header"]["seq"] for m in lines if m["topic"] == "det/cam"] == list(range(15))
+    assert f"{len(lines)} messages in {out / 'take'}" in run.stdout
