@@ -1,10 +1,11 @@
 """Event clips (the record stage's `clips`): a published message that matches a rule (a topic
 prefix, and optionally a header field that is set) opens a clip of its camera's frames from
-`pre_s` before its capture time to `post_s` after it; a later match while the clip is open
-extends it. The pre-roll comes from a ring of the camera's last frames (the JPEGs the recorder
-coded, so a blurred frame stays blurred); a clip is a frame segment of its own
-(frame_log.py) in `<session>/clips/NNNNNN-<camera>/`, counted by the recording's retention, and
-each closed clip is announced as an `events/<camera>` message (ClipEvent)."""
+`pre_s` before its capture time to `post_s` after it (a message naming `cameras`, as a rig's
+pose3d does: one clip of each); a later match while the clip is open extends it. The pre-roll
+comes from a ring of the camera's last frames (the JPEGs the recorder coded, so a blurred
+frame stays blurred); a clip is a frame segment of its own (frame_log.py) in
+`<session>/clips/NNNNNN-<camera>/`, counted by the recording's retention, and each closed clip
+is announced as an `events/<camera>` message (ClipEvent)."""
 
 from __future__ import annotations
 
@@ -109,9 +110,14 @@ class EventClips:
             camera, capture_ts = header["camera"], int(header["capture_ts"])
         except (ValueError, KeyError, TypeError):
             return
+        # a rig's message (pose3d) names the rig: its clips are of the rig's cameras
+        cameras = header.get("cameras")
+        if not (isinstance(cameras, list) and all(isinstance(c, str) for c in cameras)):
+            cameras = [camera]
         for rule in rules:
             if rule.field is None or header.get(rule.field):
-                self._trigger(rule, topic, camera, capture_ts)
+                for each in cameras:
+                    self._trigger(rule, topic, each, capture_ts)
                 return
 
     def take(self) -> list[ClipEvent]:

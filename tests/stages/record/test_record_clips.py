@@ -76,6 +76,17 @@ def test_a_field_rule_triggers_only_on_messages_with_the_field_set(tmp_path):
     assert [e.header_fields()["frames"] for e in clips.take()] == [1]
 
 
+def test_a_rig_message_clips_each_of_the_rigs_cameras(tmp_path):
+    clips = _clips(tmp_path, ClipRule(topic="pose3d/", field="count", pre_s=0.1, post_s=0.0))
+    for camera in ("left", "right", "other"):
+        _frames(clips, camera, (0, 100))
+    clips.message(_message("pose3d/rig", "rig", 100 * MS, count=1, cameras=["left", "right"]))
+    clips.close_all()
+    events = clips.take()
+    assert sorted(e.camera for e in events) == ["left", "right"]
+    assert {e.header_fields()["frames"] for e in events} == {2}
+
+
 def test_clip_files_count_in_the_retention_and_close_at_the_end(tmp_path):
     clips = _clips(tmp_path, ClipRule(topic="x", pre_s=1.0, post_s=1.0))
     _frames(clips, "a", range(0, 500, 100))
