@@ -1,5 +1,5 @@
 """The recording folder under its cap for a long run: `npucam run` of a synthetic camera
-(1280x720 at 25 fps: ~1.5 MB/s of JPEG at quality 90) publishing and recording with
+(1280x720 at 25 fps: ~2.3 MB/s of JPEG at quality 90) publishing and recording with
 `max_bytes` (default 50 MB) for --seconds (default 600), the folder's size (every file under
 it) sampled every second from this process. Prints the samples' maximum against the cap, the
 bytes written in all (the last sidecar's offsets summed per segment seen), and the segments
