@@ -24,8 +24,12 @@ log = logging.getLogger(__name__)
 
 # Every drop names one of these reasons (docs/architecture.md); device_timeout: an NPU
 # dispatch of the job passed its deadline (docs/inference.md); peer_slow: a zmq_push frame
-# its receiver could not take (stages/frame_push.py).
-DROP_REASONS = ("queue_full", "stale", "npu_busy", "error", "device_timeout", "peer_slow")
+# its receiver could not take (stages/frame_push.py); storage: a record stage could not store
+# the item (disk full or read-only, over its size cap with nothing left to delete, or a frame
+# to blur whose Detections never came: stages/record/).
+DROP_REASONS = (
+    "queue_full", "stale", "npu_busy", "error", "device_timeout", "peer_slow", "storage"
+)  # fmt: skip
 # Histogram bucket upper bounds in seconds, from 0.1 ms to 10 s; the last bucket is +Inf.
 BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
              2.5, 5.0, 10.0)  # fmt: skip

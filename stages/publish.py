@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 import cv2
 import zmq
@@ -36,7 +38,7 @@ from pydantic import Field
 from pipeline import security, wire
 from pipeline.config import Config, SecuritySection
 from pipeline.errors import NpucamError
-from pipeline.graph import Outbox, Stage, StageOptions
+from pipeline.graph import Context, Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, Result, now_ns
 from pipeline.queues import BoundedQueue, camera_of
 from stages import meta, preview
@@ -49,6 +51,25 @@ SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 raw_send = zmq.backend.Socket.send
 SUBSCRIPTION_DRAIN_S = 0.1
 SUBSCRIPTION_CHECK_S = 0.001
+
+
+class Taps:
+    """What publish stage `name` of a run hands every message it sent (its parts, as sent),
+    after the send: how a record stage logs them (stages/record/stage.py). `done` is set once
+    the stage has sent its last message (the final stats)."""
+
+    def __init__(self) -> None:
+        self.callables: list[Callable[[list], None]] = []
+        self.done = threading.Event()
+
+    def __call__(self, parts: list) -> None:
+        for tap in self.callables:
+            tap(parts)
+
+
+def taps(context: Context, name: str) -> Taps:
+    """The Taps of publish stage `name` of this run (made on first use, by either side)."""
+    return context.shared(f"publish-taps/{name}", Taps)
 
 
 class PublishError(NpucamError):
@@ -104,6 +125,7 @@ class Publish(Stage[PublishOptions]):
         self._meta_due = False  # a subscription matching `meta` arrived since the last send
         self._plain: zmq.Socket | None = None
         self.subscriptions: SubscriptionGuard | None = None
+        self.taps = taps(context, name)
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
@@ -163,6 +185,7 @@ class Publish(Stage[PublishOptions]):
             for part in parts[:-1]:
                 raw_send(plain, part, SNDMORE_NOBLOCK)
             raw_send(plain, parts[-1], NOBLOCK)
+            self.taps(parts)
 
         self._meta = self._meta_message()
         self._warn_if_no_previews()
@@ -202,6 +225,7 @@ class Publish(Stage[PublishOptions]):
                 task.cancel()
             if self.options.stats:
                 await self._send_stats(sock)  # the final numbers, after the drain
+            self.taps.done.set()
             sock.disable_monitor()
             subscriptions.close()
             monitor.close(0)
@@ -250,6 +274,7 @@ class Publish(Stage[PublishOptions]):
             self._meta_due = False
             with contextlib.suppress(zmq.Again):
                 self._plain.send_multipart(self._meta, NOBLOCK)
+                self.taps(self._meta)
 
     def _meta_message(self) -> list:
         ts = now_ns()
@@ -336,8 +361,10 @@ class Publish(Stage[PublishOptions]):
             "stats": self.metrics.snapshot(),
         }
         self._stats_seq += 1
+        parts = wire.encode("stats", header)
         try:
-            await sock.send_multipart(wire.encode("stats", header), flags=zmq.NOBLOCK)
+            await sock.send_multipart(parts, flags=zmq.NOBLOCK)
+            self.taps(parts)
         except zmq.Again:
             log.debug("publish %s: stats message dropped at the high-water mark", self.name)
 

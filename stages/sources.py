@@ -300,9 +300,10 @@ class CameraReader:
     def _trusted(self, capture_ns: int, grab_ns: int) -> int:
         """A capture time the source sent (zmq: the sender's clock), or the arrival time
         when it is further than max_clock_skew_ms from it: one frame stamped a day ahead
-        must not hold the camera's deadlines and tracks a day ahead (counted, logged)."""
+        must not hold the camera's deadlines and tracks a day ahead (counted, logged). A
+        source with a timeline of its own (a recording) is taken as it is."""
         skew_ns = capture_ns - grab_ns
-        if abs(skew_ns) <= self.spec.max_clock_skew_ms * 1_000_000:
+        if self._source.own_timeline or abs(skew_ns) <= self.spec.max_clock_skew_ms * 1_000_000:
             return capture_ns
         self._counts["clock_skews"] += 1
         n = self._counts["clock_skews"]

@@ -59,7 +59,7 @@ def test_the_npy_scheme_is_unknown_until_its_kind_is_registered(tmp_path):
         assert (spec.kind, spec.live, spec.path) == ("npy", False, tmp_path / "frames.npy")
         with pytest.raises(SourceError, match=r"camera 'toy' \(npy:\): npy needs a file"):
             CameraSpec("toy", "npy:")
-        with pytest.raises(SourceError, match=r"expected a file path, .* synthetic: or npy:$"):
+        with pytest.raises(SourceError, match=r"file path, .* synthetic:, recording: or npy:$"):
             CameraSpec("toy", "ftp://host/a.mp4")
     finally:
         registry.unregister(KIND.name)

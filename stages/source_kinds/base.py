@@ -24,6 +24,9 @@ class Source:
 
     description = ""
     native_fps: float | None = None
+    # True: the capture times read() gives are the source's own timeline (a recording), taken
+    # as they are; False: a sender's clock, re-stamped when far from this host's (sources.py)
+    own_timeline = False
 
     def open(self) -> None:
         """Raise SourceFailed if the source cannot be opened now."""

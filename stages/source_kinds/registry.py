@@ -26,6 +26,7 @@ BUILTIN = (
     "stages.source_kinds.images",
     "stages.source_kinds.zmq_pull",
     "stages.source_kinds.synthetic",
+    "stages.source_kinds.recording",
 )
 PLUGIN_GROUP = "npucam.sources"  # entry points: name = "module:KIND", KIND a SourceKind
 PROBES = ("read", "live", "known")

@@ -1,0 +1,103 @@
+"""`npucam process`'s offline run (stages/record/process.py): the config's cameras read the
+recording unpaced, every recorded frame reaches publish (nothing dropped), capture times keep
+their recorded differences, the take is a replayable session written out as JSON lines, and a
+config camera the session did not record is an error naming it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import ConfigError
+from stages.record import process
+from stages.record.frame_log import FrameSegmentWriter, encode_jpeg
+
+REPO = Path(__file__).resolve().parents[3]
+MS = 1_000_000
+T0 = 1_600_000_000 * 10**9
+
+
+def _session(tmp_path, frames: int = 15):
+    folder = tmp_path / "session" / "frames" / "cam"
+    folder.mkdir(parents=True)
+    offsets = [i * 40 * MS + (i % 3) * MS for i in range(frames)]
+    for part in range(3):
+        writer = FrameSegmentWriter(folder / f"{part + 1:06d}")
+        for seq in range(part * 5, min(frames, part * 5 + 5)):
+            image = np.full((48, 64, 3), seq * 10 % 256, np.uint8)
+            writer.append(seq, T0 + offsets[seq], encode_jpeg(image, 90))
+        writer.close()
+    return tmp_path / "session", offsets
+
+
+CONFIG = """
+[[cameras]]
+name = "cam"
+url = "synthetic:"
+fps = 5
+[[stages]]
+kind = "capture"
+[[stages]]
+kind = "publish"
+bind = "tcp://127.0.0.1:5560"
+inbox = { size = 1, policy = "latest" }
+"""
+
+
+def test_every_recorded_frame_is_processed_and_written_out_as_json_lines(tmp_path, write_config):
+    session, offsets = _session(tmp_path)
+    path = write_config(CONFIG)
+    out = tmp_path / "out"
+    config = process.offline_config(path, session, out)
+    progress = io.StringIO()
+    assert asyncio.run(process.run_offline(config, 15, progress)) == 0
+    assert process.write_jsonl(out / process.TAKE, out / "messages.jsonl") > 15
+    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
+    det = [m["header"] for m in lines if m["topic"] == "det/cam"]
+    assert [h["seq"] for h in det] == list(range(15))  # no frame dropped, in order
+    ts = [h["capture_ts"] for h in det]
+    assert [t - ts[0] for t in ts] == offsets  # the recorded differences, exactly
+    assert "process: 15/15 frames" in progress.getvalue()
+
+
+def test_the_configs_own_record_stages_are_left_out(tmp_path, write_config):
+    session, _ = _session(tmp_path)
+    text = CONFIG.replace('kind = "capture"', 'kind = "capture"\nto = ["publish", "rec"]')
+    path = write_config(text + '[[stages]]\nkind = "record"\nname = "rec"\npath = "mine"\n')
+    config = process.offline_config(path, session, tmp_path / "out")
+    kinds = [(s.kind, s.name) for s in config.stages]
+    assert kinds == [("capture", None), ("publish", None), ("record", process.RECORDER)]
+    assert config.stages[0].to == ["publish"]
+
+
+def test_a_config_camera_the_session_did_not_record_is_an_error_naming_it(tmp_path, write_config):
+    session, _ = _session(tmp_path)
+    path = write_config(CONFIG.replace('name = "cam"', 'name = "door"'))
+    with pytest.raises(ConfigError, match=r"cameras\[0\]: the session .* has no camera 'door'"):
+        process.offline_config(path, session, tmp_path / "out")
+
+
+def test_the_npucam_process_command_writes_the_take_and_its_json_lines(tmp_path, write_config):
+    session, _ = _session(tmp_path)
+    path = write_config(CONFIG)
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "pipeline", "process", str(session)]
+        + ["--config", str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "process: 15/15 frames" in run.stderr
+    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
+    assert [m["header"]["seq"] for m in lines if m["topic"] == "det/cam"] == list(range(15))
+    assert f"{len(lines)} messages in {out / 'take'}" in run.stdout
