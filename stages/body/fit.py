@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.spatial.transform import Rotation
 
 from pipeline.errors import NpucamError
+from stages.body.chain import UnitChain
 from stages.body.keypoint_map import BodyKeypoints
 from stages.body.limits import JointLimits
 from stages.body.model import AnnyModel, RestBody, special_procrustes
+from stages.body.rotations import matrix_to_rotvec, rotvec_to_matrix
 
 # the bones the fit moves (both sides for .L/.R), besides the root; the others keep the rest
 # pose relative to their parent
@@ -102,23 +103,30 @@ class BodyFrame:
 
 
 class PoseSolver:
-    """Levenberg-Marquardt on one frame for a fixed rest body."""
+    """Levenberg-Marquardt on one frame for a fixed rest body. units: the bones chained
+    (stages/body/chain.py), by default the root and FITTED_BONES (the others folded onto
+    them); bench/body_fit.py passes every bone for its unfolded reference."""
 
-    def __init__(self, model: AnnyModel, points: BodyKeypoints, config: FitConfig) -> None:
+    def __init__(
+        self,
+        model: AnnyModel,
+        points: BodyKeypoints,
+        config: FitConfig,
+        units: np.ndarray | None = None,
+    ) -> None:
         self.model = model
         self.points = points
         self.config = config
-        self.bones = np.array([0] + [model.bone(b) for b in FITTED_BONES])
+        self.bones = np.array(sorted([0] + [model.bone(b) for b in FITTED_BONES]))
+        self.units = self.bones if units is None else np.asarray(units)
+        self.fit_rows = np.searchsorted(self.units, self.bones)
+        if not np.array_equal(self.units[self.fit_rows], self.bones):
+            raise BodyFitError("the chained units must include the root and every fitted bone")
         self.limits = JointLimits(model.bone_labels, self.bones, model.reference)
-        b = model.bone_count
-        self.subtree = np.zeros((len(self.bones), b))
-        for i, bone in enumerate(self.bones):
-            inside = np.zeros(b, dtype=bool)
-            inside[bone] = True
-            for j in range(bone + 1, b):
-                inside[j] = inside[model.parents[j]]
-            self.subtree[i] = inside
-        self.parent = model.parent_or_self[self.bones]
+        self.parent_reference_t = model.reference[model.parent_or_self[self.bones]].transpose(
+            0, 2, 1
+        )
+        self.parent_reference_t[0] = model.reference[0].T
         axes = self.limits.free_axes()
         self.step_map = np.zeros((3 + 3 * len(self.bones), 3 + axes.shape[1]))
         self.step_map[:3, :3] = np.eye(3)
@@ -127,29 +135,29 @@ class PoseSolver:
 
     def set_rest(self, rest: RestBody) -> None:
         self.rest = rest
-        self.anchors = self.points.anchors(rest)
-        self.active = np.nonzero(np.abs(self.anchors).sum(axis=(0, 2)) > 0)[0]
-        self.a = self.anchors[:, self.active]
-        self.weight_share = self.a[..., 3] @ self.subtree[:, self.active].T  # [N, nd]
+        self.chain = UnitChain(self.model, rest, self.units, self.points.anchors(rest))
+        self.subtree = self.chain.subtree[self.fit_rows]
+        self.weight_share = self.chain.weight_share[:, self.fit_rows]
 
-    def keypoints(self, pose: Pose) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Mapped points [N, 3], per-point per-active-bone terms [N, na, 3], bone poses."""
-        posed = self.model.pose(self.rest, pose.rotations, self.root_delta(pose.translation))
-        terms = np.einsum("bij,nbj->nbi", posed.transforms[self.active], self.a)
-        return terms.sum(axis=1), terms, posed.poses
+    def keypoints(self, pose: Pose) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """Mapped points [N, 3], their per-unit terms [N, units, 3], and the units' world
+        poses and parent rotations (for the Jacobian)."""
+        transforms, poses, parent_rot = self.chain.forward(
+            pose.rotations[self.units], pose.translation
+        )
+        points, terms = self.chain.keypoints(transforms)
+        return points, terms, (poses, parent_rot)
 
-    def root_delta(self, translation: np.ndarray) -> np.ndarray:
-        """The root's local-ref delta translation d0 for a world root position (W0 = U0^T d0)."""
-        return self.model.reference[0] @ translation
-
-    def jacobian(self, terms: np.ndarray, poses: np.ndarray) -> np.ndarray:
+    def jacobian(self, terms: np.ndarray, posed: tuple) -> np.ndarray:
         """[N, 3, 3 + 3 nd]: d point / d (root translation, each fitted bone's rotation
-        increment), the increment being E in D <- E D (local-ref axes)."""
-        sums = np.einsum("nbc,db->ndc", terms, self.subtree[:, self.active])
-        pivot = poses[self.bones, :, 3]
+        increment), the increment being E in D <- E D (local-ref axes): a turn of bone b by
+        w (world) about its posed head moves point n by w x (S[n, b] - s[n, b] head_b), S
+        the sum of its terms over b's subtree and s their weight."""
+        poses, parent_rot = posed
+        sums = np.einsum("nuc,du->ndc", terms, self.subtree)
+        pivot = poses[self.fit_rows, :, 3]
         v = sums - self.weight_share[..., None] * pivot[None]
-        axes = poses[self.parent, :, :3] @ self.model.reference[self.parent].transpose(0, 2, 1)
-        axes[0] = self.model.reference[0].T
+        axes = parent_rot[self.fit_rows] @ self.parent_reference_t
         # d/d delta of (w x v) = -[v]x A: column k is -(v x A[:, k])
         cols = -np.cross(v[:, :, None, :], axes.transpose(0, 2, 1)[None], axis=-1)
         n, nd = v.shape[:2]
@@ -191,7 +199,7 @@ class PoseSolver:
 
     def _prior_residual(self, pose: Pose, prior: Pose) -> np.ndarray:
         rel = pose.rotations[self.bones] @ prior.rotations[self.bones].transpose(0, 2, 1)
-        return Rotation.from_matrix(rel).as_rotvec()
+        return matrix_to_rotvec(rel)
 
     def solve(
         self, pose: Pose, prior: Pose, targets: np.ndarray, conf: np.ndarray, iterations: int
@@ -232,7 +240,7 @@ class PoseSolver:
     def _apply(self, pose: Pose, step: np.ndarray) -> Pose:
         out = pose.copy()
         out.translation = pose.translation + step[:3]
-        turn = Rotation.from_rotvec(step[3:].reshape(-1, 3)).as_matrix()
+        turn = rotvec_to_matrix(step[3:].reshape(-1, 3))
         moved = special_procrustes(turn @ pose.rotations[self.bones])
         out.rotations[self.bones] = self.limits.clamp(moved)
         return out

@@ -10,7 +10,8 @@ delta (anny/utils/kinematics.py `forward_kinematic`), so its rotation vector is 
 from __future__ import annotations
 
 import numpy as np
-from scipy.spatial.transform import Rotation
+
+from stages.body.rotations import matrix_to_rotvec, rotvec_to_matrix
 
 # bone (without .L/.R) -> ((x lo, x hi), (y lo, y hi), (z lo, z hi)) degrees, bone frame
 # (0, 0) locks an axis: the knee is a hinge (flexion), the elbow flexion and pronation, the
@@ -63,7 +64,7 @@ class JointLimits:
 
     def bone_frame_rotvecs(self, rotations: np.ndarray) -> np.ndarray:
         """[n, 3] rotation vectors of the deltas [n, 3, 3] (local-ref) in the bones' frames."""
-        phi = Rotation.from_matrix(rotations).as_rotvec()
+        phi = matrix_to_rotvec(rotations)
         return np.einsum("nji,nj->ni", self.frames, phi)
 
     def violation(self, rotations: np.ndarray) -> np.ndarray:
@@ -81,5 +82,5 @@ class JointLimits:
             return rotations
         out = rotations.copy()
         world = np.einsum("nij,nj->ni", self.frames[moved], clipped[moved])
-        out[moved] = Rotation.from_rotvec(world).as_matrix()
+        out[moved] = rotvec_to_matrix(world)
         return out
