@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import sparse
 
 from pipeline.errors import NpucamError
 from stages.body.anny_data import PHENOTYPES, blendshape_coefficients
@@ -32,9 +33,11 @@ def special_procrustes(m: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class RestBody:
     """One phenotype's rest body: vertices float64 [V, 3], bone heads [B, 3] and rest
-    orientations [B, 3, 3] (world, m), and the phenotype [6] it was built from."""
+    orientations [B, 3, 3] (world, m), the phenotype [6] it was built from and its compact
+    blendshape coefficients [r]."""
 
     phenotype: np.ndarray
+    coefficients: np.ndarray
     vertices: np.ndarray
     heads: np.ndarray
     orientations: np.ndarray
@@ -77,9 +80,21 @@ class AnnyModel:
         self._dense_skin = np.zeros((len(self.template_vertices), b))
         np.add.at(self._dense_skin, (rows, self.skin_indices.ravel()), self.skin_weights.ravel())
         # the keypoint regressor folded through the skinning weights: keypoint k = sum over
-        # bones j of T_j [sum_v kw[k, v] w[v, j] (x_v, 1)]
-        self._keypoint_skin = self.keypoint_weights[:, :, None] * self._dense_skin[None]
+        # bones j of T_j [sum_v kw[k, v] w[v, j] (x_v, 1)], as a sparse [K B, n] matrix over
+        # the n vertices the regressor reads
         self._keypoint_vertices = np.nonzero(self.keypoint_weights.any(axis=0))[0]
+        idx = self._keypoint_vertices
+        folded = self.keypoint_weights[:, idx, None] * self._dense_skin[None, idx]  # [K, n, B]
+        self._keypoint_skin = sparse.csr_matrix(folded.transpose(0, 2, 1).reshape(-1, len(idx)))
+        # and, the rest vertices being linear in the blendshape coefficients, so are the
+        # anchors: template [K B, 4] + c @ basis [r, K B 3]
+        homog = np.concatenate([self.template_vertices[idx], np.ones((len(idx), 1))], axis=1)
+        self._anchor_template = self._keypoint_skin @ homog
+        r = self.vertex_basis.shape[0]
+        per_vertex = self.vertex_basis[:, idx].transpose(1, 0, 2).reshape(len(idx), r * 3)
+        self._anchor_basis = np.ascontiguousarray(
+            (self._keypoint_skin @ per_vertex).reshape(-1, r, 3).transpose(1, 0, 2)
+        ).reshape(r, -1)
 
     @classmethod
     def load(cls, path: Path) -> AnnyModel:
@@ -121,7 +136,8 @@ class AnnyModel:
             if vertices
             else np.empty((0, 3))
         )
-        return RestBody(np.asarray(phenotype, np.float64), verts, heads, special_procrustes(m))
+        phenotype = np.asarray(phenotype, np.float64)
+        return RestBody(phenotype, c, verts, heads, special_procrustes(m))
 
     def pose(self, rest: RestBody, rotations: np.ndarray, root_translation: np.ndarray) -> Posed:
         """Forward kinematics in the "local-ref" parameterisation (utils/kinematics.py
@@ -175,19 +191,16 @@ class AnnyModel:
 
     def keypoint_anchors(self, rest: RestBody) -> np.ndarray:
         """[23, B, 4] per keypoint and bone, the skin-weighted sum of the regressed rest
-        vertices in homogeneous form: keypoint k = sum_j T_j anchors[k, j]. Needs the rest
-        vertices of the regressed ones only (rest built with vertices=True, or use
-        `rest_keypoint_vertices`)."""
-        idx = self._keypoint_vertices
-        verts = rest.vertices[idx] if len(rest.vertices) else self.rest_keypoint_vertices(rest)
-        homog = np.concatenate([verts, np.ones((len(idx), 1))], axis=1)
-        return np.einsum("kvj,vc->kjc", self._keypoint_skin[:, idx], homog)
-
-    def rest_keypoint_vertices(self, rest: RestBody) -> np.ndarray:
-        """Rest positions of the vertices the keypoint regressor reads, float64 [n, 3]."""
-        idx = self._keypoint_vertices
-        c = self.phenotype_coefficients(rest.phenotype)
-        return self.template_vertices[idx] + np.tensordot(c, self.vertex_basis[:, idx], 1)
+        vertices in homogeneous form: keypoint k = sum_j T_j anchors[k, j]. From the rest
+        vertices, or without them (vertices=False) from the coefficients."""
+        shape = (len(self.keypoint_labels), self.bone_count, 4)
+        if len(rest.vertices):
+            idx = self._keypoint_vertices
+            homog = np.concatenate([rest.vertices[idx], np.ones((len(idx), 1))], axis=1)
+            return (self._keypoint_skin @ homog).reshape(shape)
+        anchors = self._anchor_template.copy()
+        anchors[:, :3] += (rest.coefficients @ self._anchor_basis).reshape(-1, 3)
+        return anchors.reshape(shape)
 
     def keypoints(self, anchors: np.ndarray, posed: Posed) -> np.ndarray:
         """COCO-23 keypoints float64 [23, 3] from keypoint_anchors without skinning the mesh."""
