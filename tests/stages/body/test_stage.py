@@ -1,0 +1,67 @@
+"""The body stage between queues: its rig's pose3d results in, body results out in order,
+other rigs' ignored, a result it cannot fit counted as an error drop."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+from body_scenes import PHENOTYPE, observe, walk_and_wave
+
+from pipeline.graph import Outbox, stage_kinds
+from pipeline.messages import Result
+from pipeline.metrics import Metrics
+from pipeline.queues import BoundedQueue
+from stages.body.result import BodyResult
+from stages.body.stage import Body, BodyOptions
+from stages.rig.pose3d import Pose3DResult
+
+
+def _pose3d(rig: str, seq: int, points: np.ndarray) -> Pose3DResult:
+    return Pose3DResult(
+        camera=rig,
+        seq=seq,
+        capture_ts_ns=seq,
+        deadline_ns=2**62,
+        points=points.astype(np.float32),
+        person_ids=(3,),
+    )
+
+
+def test_the_rigs_pose3d_results_become_body_results_in_order(body_model):
+    seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
+    points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
+    items = [
+        _pose3d("hall", 0, points[0:1]),
+        _pose3d("yard", 1, points[1:2]),
+        _pose3d("hall", 2, np.zeros((1, 17, 4))),  # not 308 keypoints: cannot be fitted
+        _pose3d("hall", 3, points[1:2]),
+        _pose3d("hall", 4, points[2:3]),
+    ]
+
+    async def run() -> list:
+        metrics = Metrics()
+        stage = Body("body", BodyOptions(rig="hall", window=2), SimpleNamespace(metrics=metrics))
+        inbox = BoundedQueue("body", 8, "block", metrics)
+        published = BoundedQueue("publish", 8, "block", metrics)
+        out = Outbox("body", [("publish", (Result,), published)], metrics)
+        for item in items:
+            await inbox.put(item)
+        inbox.close()
+        await stage.run(inbox, out)
+        got = []
+        while len(published):
+            got.append(await published.get())
+        return got, metrics.dropped("body", "hall", "error")
+
+    got, errors = asyncio.run(run())
+    assert [type(r) for r in got] == [BodyResult] * 3
+    assert [(r.topic, r.seq, r.person_ids) for r in got] == [
+        ("body/hall", 0, (3,)),
+        ("body/hall", 3, (3,)),
+        ("body/hall", 4, (3,)),
+    ]
+    assert errors == 1
+    assert [r.phenotype_final for r in got] == [(False,), (True,), (True,)]
+    assert stage_kinds()["body"] == "stages.body.stage:Body"
