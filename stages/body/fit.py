@@ -51,6 +51,10 @@ SEGMENTS = tuple(
 )
 
 
+# the chained units' world poses [units, 3, 4] and full-rig parents' rotations [units, 3, 3]
+UnitPoses = tuple[np.ndarray, np.ndarray]
+
+
 class BodyFitError(NpucamError):
     """Inputs the body fit cannot use; says which and why."""
 
@@ -91,8 +95,7 @@ class Pose:
 class BodyFrame:
     """One fitted frame: the pose, the phenotype [6] and whether it is final (window done),
     the fitted mapped points [N, 3] (m), the residual per point [N] (m, NaN without a
-    target), the LM iterations run and the joints beyond their limits (always 0: the fit
-    clamps)."""
+    target) and the LM iterations run."""
 
     pose: Pose
     phenotype: np.ndarray
@@ -139,7 +142,7 @@ class PoseSolver:
         self.subtree = self.chain.subtree[self.fit_rows]
         self.weight_share = self.chain.weight_share[:, self.fit_rows]
 
-    def keypoints(self, pose: Pose) -> tuple[np.ndarray, np.ndarray, tuple]:
+    def keypoints(self, pose: Pose) -> tuple[np.ndarray, np.ndarray, UnitPoses]:
         """Mapped points [N, 3], their per-unit terms [N, units, 3], and the units' world
         poses and parent rotations (for the Jacobian)."""
         transforms, poses, parent_rot = self.chain.forward(
@@ -148,7 +151,7 @@ class PoseSolver:
         points, terms = self.chain.keypoints(transforms)
         return points, terms, (poses, parent_rot)
 
-    def jacobian(self, terms: np.ndarray, posed: tuple) -> np.ndarray:
+    def jacobian(self, terms: np.ndarray, posed: UnitPoses) -> np.ndarray:
         """[N, 3, 3 + 3 nd]: d point / d (root translation, each fitted bone's rotation
         increment), the increment being E in D <- E D (local-ref axes): a turn of bone b by
         w (world) about its posed head moves point n by w x (S[n, b] - s[n, b] head_b), S
@@ -187,7 +190,7 @@ class PoseSolver:
 
     def _cost(
         self, pose: Pose, prior: Pose, targets: np.ndarray, conf: np.ndarray
-    ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[float, np.ndarray, np.ndarray, UnitPoses, np.ndarray]:
         points, terms, poses = self.keypoints(pose)
         r = np.where(conf[:, None] > 0, points - np.nan_to_num(targets), 0.0)
         d2 = (r**2).sum(axis=1)
@@ -286,7 +289,7 @@ class BodyTracker:
         if first:
             self.phenotype = self._phenotype_from_segments(targets, weights)
             self.solver.set_rest(self.model.rest(self.phenotype, vertices=False))
-        start = self.solver.initial_pose(targets, weights > 0) if first else self.pose
+        start = self.solver.initial_pose(targets, weights > 0) if self.pose is None else self.pose
         iterations = self.config.first_iterations if first else self.config.iterations
         pose, steps = self.solver.solve(start, start, targets, weights, iterations)
         self.pose = pose

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.body.fit import BodyTracker, FitConfig
+from stages.body.fit import BodyFrame, BodyTracker, FitConfig
 from stages.body.model import AnnyModel
 from stages.body.result import BodyResult
 from stages.rig.pose3d import Pose3DResult
@@ -25,7 +25,7 @@ class BodyPeople:
 
     def fit(self, result: Pose3DResult) -> BodyResult:
         """The bodies of one pose3d result's people (its points [P, 308, 4])."""
-        fitted: list[tuple[int, object]] = []
+        fitted: list[tuple[int, BodyFrame]] = []
         unfitted: list[int] = []
         for p, person in enumerate(result.person_ids):
             tracker = self.trackers.get(person)

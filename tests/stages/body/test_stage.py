@@ -7,14 +7,17 @@ import asyncio
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from body_scenes import PHENOTYPE, observe, walk_and_wave
 
-from pipeline.graph import Outbox, stage_kinds
+from pipeline.config import ConfigError, parse_config
+from pipeline.graph import Outbox, check_stages, stage_kinds
 from pipeline.messages import Result
 from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from stages.body.result import BodyResult
 from stages.body.stage import Body, BodyOptions
+from stages.rig.calibration import Calibration, Camera, write_calibration
 from stages.rig.pose3d import Pose3DResult
 
 
@@ -65,3 +68,36 @@ def test_the_rigs_pose3d_results_become_body_results_in_order(body_model):
     assert errors == 1
     assert [r.phenotype_final for r in got] == [(False,), (True,), (True,)]
     assert stage_kinds()["body"] == "stages.body.stage:Body"
+
+
+def _config(tmp_path, body: dict):
+    names = ["cam0", "cam1"]
+    write_calibration(
+        tmp_path / "Calib.toml",
+        Calibration({f"cam_{i + 1:02d}": c for i, c in enumerate(_cameras(names))}),
+    )
+    data = {
+        "cameras": [{"name": n, "url": "synthetic:", "fps": 10.0} for n in names],
+        "stages": [
+            {"kind": "capture"},
+            {"kind": "detect", "person": "none", "face": "none"},
+            {"kind": "rig3d", "rig": "hall", "cameras": names, "calibration": "Calib.toml"},
+            {"kind": "body"} | body,
+        ],
+    }
+    return parse_config(data, tmp_path / "rig.toml")
+
+
+def _cameras(names):
+    return [
+        Camera(n, (640, 480), [[500, 0, 320], [0, 500, 240], [0, 0, 1]], [0] * 4, [0, 0, 0], t)
+        for n, t in zip(names, ([0, 0, 3], [1, 0, 3]), strict=True)
+    ]
+
+
+def test_a_config_with_a_body_stage_after_rig3d_validates(tmp_path):
+    checked = check_stages(_config(tmp_path, {"rig": "hall", "window": 45}))
+    cls, options = checked[-1]
+    assert cls is Body and options == BodyOptions(rig="hall", window=45)
+    with pytest.raises(ConfigError, match=r"stages\[3\]\.window"):
+        check_stages(_config(tmp_path, {"rig": "hall", "window": 0}))
