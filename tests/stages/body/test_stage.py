@@ -101,3 +101,32 @@ def test_a_config_with_a_body_stage_after_rig3d_validates(tmp_path):
     assert cls is Body and options == BodyOptions(rig="hall", window=45)
     with pytest.raises(ConfigError, match=r"stages\[3\]\.window"):
         check_stages(_config(tmp_path, {"rig": "hall", "window": 0}))
+
+
+def test_trc_files_of_the_fitted_keypoints_are_written_per_person_at_shutdown(body_model, tmp_path):
+    seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
+    points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
+    context = SimpleNamespace(metrics=Metrics(), config=SimpleNamespace(base_dir=tmp_path))
+    options = BodyOptions(rig="hall", window=2, trc="out/walk.trc", trc_max_frames=2)
+    (tmp_path / "out").mkdir()
+
+    async def run() -> list:
+        stage = Body("body", options, context)
+        inbox = BoundedQueue("body", 8, "block", context.metrics)
+        published = BoundedQueue("publish", 8, "block", context.metrics)
+        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
+        for f in range(3):
+            await inbox.put(_pose3d("hall", f, points[f : f + 1]))
+        inbox.close()
+        await stage.run(inbox, out)
+        return [await published.get() for _ in range(3)]
+
+    got = asyncio.run(run())
+    lines = (tmp_path / "out" / "walk_person3.trc").read_text().splitlines()
+    names = lines[3].split("\t")[2::3]
+    assert names == list(got[0].keypoint_names)
+    rows = lines[5:]
+    assert len(rows) == 2  # trc_max_frames
+    first = np.array(rows[0].split("\t")[2:], dtype=float).reshape(-1, 3)
+    # Y up as OpenSim reads it: (y, z, x) of the Z-up world, to the file's 6 decimals
+    np.testing.assert_allclose(first, got[0].keypoints[0][:, [1, 2, 0]], atol=1e-6)
