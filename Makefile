@@ -24,7 +24,7 @@ $(VENV)/.test: $(VENV)/.runtime pyproject.toml
 DEMO_CALIB := .cache/npucam/pose2sim/Demo_SinglePerson/calibration
 
 # the Pose2Sim demo's Qualisys calibration as the TOML configs/studio-3d.toml names
-.cache/npucam/.fetched: pipeline/assets.py | $(VENV)/.runtime
+.cache/npucam/.fetched: pipeline/assets.py stages/body/anny_data.py stages/body/torch_zip.py | $(VENV)/.runtime
 	$(PY) -m pipeline.assets
 	$(VENV)/bin/npucam calibrate import qualisys $(DEMO_CALIB)/Calib.qca.txt -o $(DEMO_CALIB)/Calib.toml
 	touch $@

