@@ -66,8 +66,15 @@ $(P2S_VENV)/.made: bench/pose2sim-requirements.txt
 	$(P2S_VENV)/bin/python -m pip install -q -r bench/pose2sim-requirements.txt
 	touch $@
 
+# anny's own model, the body tests' reference (test extra): its data built once (~3.5 min)
+ANNY_REF := .cache/npucam/anny-reference/.built
+
+$(ANNY_REF): $(VENV)/.test .cache/npucam/.fetched
+	$(PY) -m tests.stages.body.anny_reference
+	touch $@
+
 setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made \
-	$(P2S_VENV)/.made
+	$(P2S_VENV)/.made $(ANNY_REF)
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
