@@ -1,6 +1,6 @@
 """The `body/<rig>` result: one rig instant's fitted ANNY bodies (docs/body.md, "The
 result"). A pipeline.messages.Result whose `camera` is the rig's name and whose `seq` is the
-pose3d group's; not yet published by a stage (docs/body.md, "Not done yet").
+pose3d group's; published by the `body` stage (stages/body/stage.py).
 """
 
 from __future__ import annotations
