@@ -22,6 +22,7 @@ const UP = params.get("up") ?? "z"; // the world axis drawn up: z (a board on th
 const RIG_WIDTH = 480;
 const RIG_HEIGHT = 360;
 const POSE3D_KEEP_MS = 5000; // a rig's people are drawn this long after their message
+const BODY_COLOUR = "#ffffff"; // a rig person's fitted body (body/<rig>), over the pose3d points
 
 const DTYPES = {
   uint8: [Uint8Array, "getUint8"], int8: [Int8Array, "getInt8"],
@@ -155,7 +156,9 @@ class Rig {
     this.yaw = -0.6; // radians about the up axis
     this.pitch = 0.35; // radians above the horizon
     this.zoom = 1;
-    this.counts = { messages: 0, skeletons: 0, renders: 0, points: 0 };
+    this.counts = { messages: 0, skeletons: 0, renders: 0, points: 0, bodies: 0 };
+    this.body = null; // the latest body/<rig> message
+    this.bodyAt = 0;
     let drag = null;
     this.canvas.addEventListener("pointerdown", (e) => {
       drag = { x: e.clientX, y: e.clientY };
@@ -277,6 +280,8 @@ function renderRig(r, now) {
       }
     }
   }
+  const bodies = pm ? drawBodies(g, r, now, pm, project) : 0;
+  r.counts.bodies += bodies;
   r.counts.skeletons += skeletons;
   r.counts.points += drawnPoints;
   r.counts.renders += 1;
@@ -286,6 +291,35 @@ function renderRig(r, now) {
     ? `group ${h.seq}: ${h.count} people, ${drawnPoints} points; skew ${h.skew_ms.toFixed(1)} ms; ` +
       `views ${Object.keys(h.views).join(", ")}${h.missing.length ? `; missing ${h.missing.join(", ")}` : ""}`
     : "waiting for pose3d";
+}
+
+// A rig's fitted bodies (body/<rig>): their keypoints, named in the header by meta.pose's
+// names, joined by the skeleton's edges between them, in white over the triangulated points.
+function drawBodies(g, r, now, pm, project) {
+  const msg = r.body && now - r.bodyAt <= POSE3D_KEEP_MS ? r.body : null;
+  if (!msg) return 0;
+  const index = msg.header.keypoints.map((name) => pm.names.indexOf(name));
+  const [P, N] = msg.arrays.keypoints.shape;
+  const kp = msg.arrays.keypoints.data;
+  g.strokeStyle = BODY_COLOUR;
+  g.fillStyle = BODY_COLOUR;
+  g.lineWidth = 1;
+  for (let p = 0; p < P; p++) {
+    const at = new Map();
+    for (let n = 0; n < N; n++) {
+      const o = 3 * (p * N + n);
+      if (index[n] >= 0 && Number.isFinite(kp[o])) at.set(index[n], project(worldAxes(kp[o], kp[o + 1], kp[o + 2])));
+    }
+    for (const [a, b] of pm.skeleton) {
+      if (!at.has(a) || !at.has(b)) continue;
+      g.beginPath();
+      g.moveTo(...at.get(a));
+      g.lineTo(...at.get(b));
+      g.stroke();
+    }
+    for (const s of at.values()) g.fillRect(s[0] - 1, s[1] - 1, 3, 3);
+  }
+  return P;
 }
 
 function camera(name) {
@@ -323,6 +357,12 @@ function handle(msg) {
     case "pose3d":
       rig(h.camera).update(msg, now);
       break;
+    case "body": {
+      const r = rig(h.camera);
+      r.body = msg;
+      r.bodyAt = now;
+      break;
+    }
     case "pose":
       if (h.live) {
         const a = msg.arrays;
@@ -567,6 +607,7 @@ function header() {
 function legend() {
   const items = [["person box", PERSON_COLOUR], ["face box", FACE_COLOUR]];
   for (const grp of state.meta.pose.groups) items.push([`${grp.name} keypoints`, grp.color]);
+  if (state.meta.rigs?.length) items.push(["fitted body (3D)", BODY_COLOUR]);
   const footer = document.getElementById("legend");
   footer.replaceChildren(...items.map(([name, colour]) => {
     const span = document.createElement("span");

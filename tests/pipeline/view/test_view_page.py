@@ -157,10 +157,18 @@ def test_the_page_draws_frames_boxes_and_skeletons_of_both_demo_cameras(
 
 
 def pose3d_messages(stop: threading.Event, endpoint: str) -> None:
-    """Publish meta and a rig's pose3d (two people, every keypoint triangulated) every 0.2 s
-    on endpoint, as npucam's publish stage would, until stop."""
+    """Publish meta, a rig's pose3d (two people, every keypoint triangulated) and the first
+    person's fitted body (body/<rig>, its 17 COCO points) every 0.2 s on endpoint, as npucam's
+    publish stage would, until stop."""
+    from npu.models.sapiens2.keypoints import NAMES
+    from stages.body.result import BodyResult
     from stages.meta import contract
     from stages.rig.pose3d import Pose3DResult
+
+    coco = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder",
+            "right_shoulder", "left_elbow", "right_elbow", "left_wrist", "right_wrist",
+            "left_hip", "right_hip", "left_knee", "right_knee", "left_ankle",
+            "right_ankle")  # fmt: skip
 
     rng = np.random.default_rng(5)
     body = rng.uniform([-0.25, -0.15, 0.0], [0.25, 0.15, 1.8], (308, 3))
@@ -202,6 +210,21 @@ def pose3d_messages(stop: threading.Event, endpoint: str) -> None:
                 views={"a": seq, "b": seq},
             )
             pub.send_multipart(wire.encode_result(result, time.time_ns()))
+            fitted = BodyResult(
+                camera="hall",
+                seq=seq,
+                capture_ts_ns=ts,
+                deadline_ns=ts + 10**9,
+                keypoint_names=coco,
+                person_ids=(3,),
+                rotations=np.zeros((1, 0, 3, 3), np.float32),
+                translation=np.zeros((1, 3), np.float32),
+                phenotype=np.full((1, 6), 0.5, np.float32),
+                phenotype_final=(True,),
+                keypoints=xyz[0][[NAMES.index(n) for n in coco]][None].astype(np.float32),
+                residuals=np.zeros((1, len(coco)), np.float32),
+            )
+            pub.send_multipart(wire.encode_result(fitted, time.time_ns()))
             seq += 1
     finally:
         pub.close()
@@ -227,14 +250,16 @@ def test_the_page_draws_a_rigs_3d_skeletons_and_a_drag_turns_them(tmp_path, free
     try:
         driver = browser(tmp_path / "chromium-profile")
         driver.get(view_url(view))
-        counts, pixels = {}, 0
+        counts, pixels, white = {}, 0, 0
         end = time.monotonic() + 30
         while time.monotonic() < end:
             counts = driver.execute_script("return window.npucamView.rigCounts()")
             pixels = driver.execute_script(
                 "return window.npucamView.rigPixels('hall', arguments[0])", body
             )
-            if counts.get("hall", {}).get("skeletons", 0) > 0 and pixels > 0:
+            white = driver.execute_script("return window.npucamView.rigPixels('hall', '#ffffff')")
+            hall = counts.get("hall", {})
+            if hall.get("skeletons", 0) > 0 and hall.get("bodies", 0) > 0 and pixels and white:
                 break
             time.sleep(0.3)
         canvas = driver.find_element(By.CSS_SELECTOR, "section[data-rig='hall'] canvas.rig3d")
@@ -260,5 +285,6 @@ def test_the_page_draws_a_rigs_3d_skeletons_and_a_drag_turns_them(tmp_path, free
     assert counts["hall"]["messages"] > 0 and counts["hall"]["skeletons"] > 0, counts
     assert counts["hall"]["points"] >= 2 * 308
     assert pixels > 0, f"no pixel in the body keypoints' colour {body}"
+    assert counts["hall"]["bodies"] > 0 and white > 0, "the fitted body is not drawn"
     assert turned["yaw"] != yaw and after != before  # the drag turned the view
     assert text.startswith("group ") and "2 people" in text and "views a, b" in text
