@@ -317,12 +317,16 @@ def test_a_stalled_receiver_makes_the_sender_drop_at_the_source_and_lag_stays_bo
     write_config, free_port
 ):
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    lags_ms, stall_s = [], 1.0
+    captured: list[int] = []  # capture times of the frames the receiver got, in order
+    stall: list[int] = []  # [start, end] of the receiver's stall, on the capture clock
+    stall_s = 1.0
 
     def emit(frame):
-        lags_ms.append((time.time_ns() - frame.capture_ts_ns) / 1e6)
-        if len(lags_ms) == 5:
+        captured.append(frame.capture_ts_ns)
+        if len(captured) == 5:
+            stall.append(time.time_ns())
             time.sleep(stall_s)  # the receiver stops reading: its socket and buffers fill
+            stall.append(time.time_ns())
 
     reader = _zmq_camera(endpoint, emit)
     try:
@@ -335,20 +339,17 @@ def test_a_stalled_receiver_makes_the_sender_drop_at_the_source_and_lag_stays_bo
         sender, code = asyncio.run(main())
     finally:
         reader.stop()
-    assert code == 0
+    assert code == 0 and len(stall) == 2
     m = sender.metrics
     slow = m.dropped("zmq_push", "card", "peer_slow")
-    # frames offered during the stall were dropped at the source: ~100 on an idle host, 45 at
-    # load 6 on 2 cores (the card is paced, but a starved sender offers fewer); the queue's
-    # 2 + the receiver's 1 + the TCP buffers' ~5 cannot hold even a fifth of them
-    assert slow >= 20
+    assert slow > 0  # frames offered during the stall were dropped at the source
     # every frame the stage took was sent or dropped at the source; frames its full inbox
     # dropped (`queue_full`, a loaded host: 2 at load 9) were never taken
     assert m.items_in["zmq_push", "card"] == m.items_out["zmq_push", "card"] + slow
-    # After the stall, the frames that had waited (sndhwm 2 + RCVHWM 1 + what the kernels'
-    # TCP buffers hold) are read at once; none waited for the whole stall and later frames are
-    # fresh again. Bounds are generous for a loaded 2-core host.
-    after = lags_ms[5:]
-    waited = [lag for lag in after if lag > 250]
-    assert len(waited) <= 14 and len(after) > len(waited) + 50
-    assert np.percentile(after[len(waited) :], 95) < 250
+    # Of the frames captured during the stall, the receiver gets only what the buffers held
+    # (sndhwm 2 + RCVHWM 1 + the kernels' TCP buffers, ~5 frames of 900 KB): the rest were
+    # dropped at the source, however many a host of any speed offered; and the stream goes on
+    # with frames captured after it.
+    during = [t for t in captured[5:] if stall[0] <= t <= stall[1]]
+    assert len(during) <= 14, len(during)
+    assert any(t > stall[1] for t in captured)
