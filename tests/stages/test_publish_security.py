@@ -376,8 +376,14 @@ def test_npucam_subscribe_with_client_key_flags(write_config, keys):
             ep, "--server-key", server_key, "--client-key", str(keys["rogue"][1]), "--timeout", "1"
         )
         half = await _subscribe(ep, "--server-key", server_key, "--timeout", "1")
-        results = [await asyncio.wait_for(p.communicate(), 30) + (p.returncode,)
-                   for p in (good, bad, half)]  # fmt: skip
+        try:
+            results = [await asyncio.wait_for(p.communicate(), 30) + (p.returncode,)
+                       for p in (good, bad, half)]  # fmt: skip
+        finally:  # a subscriber that outlived its wait must not outlive the test
+            for p in (good, bad, half):
+                if p.returncode is None:
+                    p.kill()
+                    await p.wait()
         pipeline.stop()
         return await task, results
 
