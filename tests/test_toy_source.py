@@ -5,7 +5,6 @@ npucam.sources entry point, the `npucam` command finds it in a process of its ow
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_stages import receive, start, subscriber
+from engine_stages import run_and_receive
 
 from pipeline import wire
 from pipeline.cli import main
@@ -114,13 +113,8 @@ def test_npy_frames_run_through_capture_and_publish_in_order(
         """.replace("\n        ", "\n")
     )
 
-    async def run():
-        pipeline, task = await start(path, duration=30)
-        sub = await subscriber(pipeline)
-        messages = await receive(sub, until_idle_s=2.0)
-        return await task, [wire.decode(m) for m in messages]
-
-    code, messages = asyncio.run(run())
+    _, code, raw = run_and_receive(path, duration=30, until_idle_s=2.0)
+    messages = [wire.decode(m) for m in raw]
     assert code == 0
     det = [m.header for m in messages if m.topic == "det/toy"]
     assert [h["seq"] for h in det] == list(range(N))  # every frame, in order, none dropped

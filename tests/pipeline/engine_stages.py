@@ -101,6 +101,27 @@ async def receive(sub, until_idle_s: float = 1.0, limit: int = 100_000) -> list[
     return got
 
 
+def run_and_receive(
+    path,
+    duration: float | None = None,
+    topic: str = "",
+    until_idle_s: float = 1.0,
+    stop_within_s: float | None = None,
+) -> tuple[Pipeline, int, list[list[bytes]]]:
+    """Run the config at path with a subscriber on its publish stage from when it binds:
+    (pipeline, exit code, the messages received until none came for until_idle_s).
+    stop_within_s: the run must then end by itself within that long (else TimeoutError)."""
+
+    async def main():
+        pipeline, task = await start(path, duration=duration)
+        sub = await subscriber(pipeline, topic=topic)
+        messages = await receive(sub, until_idle_s=until_idle_s)
+        code = await (task if stop_within_s is None else asyncio.wait_for(task, stop_within_s))
+        return pipeline, code, messages
+
+    return asyncio.run(main())
+
+
 class Hangs(MapStage):
     """Blocks forever in its worker thread on the first frame: a wedged device call."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine_stages import receive, start, subscriber
+from engine_stages import run_and_receive, start
 
 from pipeline import wire
 
@@ -37,13 +37,8 @@ def test_drop_oldest_behind_a_slow_stage_keeps_lag_under_budget_and_counts_drops
         """
     )
 
-    async def main():
-        pipeline, task = await start(path, duration=2.0)
-        sub = await subscriber(pipeline, topic="det/")
-        messages = await receive(sub, until_idle_s=1.5)
-        return pipeline, await task, [wire.decode(m) for m in messages]
-
-    pipeline, code, messages = asyncio.run(main())
+    pipeline, code, raw = run_and_receive(path, duration=2.0, topic="det/", until_idle_s=1.5)
+    messages = [wire.decode(m) for m in raw]
     assert code == 0
     lags_ms = [(m.header["publish_ts"] - m.header["capture_ts"]) / 1e6 for m in messages]
     assert len(messages) >= 15  # ~20 fps through the slow stage for ~1.5 s
@@ -80,13 +75,8 @@ def test_block_policy_on_a_file_loses_nothing(write_config, make_clip):
         """
     )
 
-    async def main():
-        pipeline, task = await start(path)
-        sub = await subscriber(pipeline, topic="det/file")
-        messages = await receive(sub, until_idle_s=1.0)
-        return pipeline, await asyncio.wait_for(task, 10), [wire.decode(m) for m in messages]
-
-    pipeline, code, messages = asyncio.run(main())
+    pipeline, code, raw = run_and_receive(path, topic="det/file", stop_within_s=10)
+    messages = [wire.decode(m) for m in raw]
     assert code == 0  # the file ended, the pipeline drained and stopped by itself
     assert [m.header["seq"] for m in messages] == list(range(40))
     assert pipeline.metrics.dropped() == 0

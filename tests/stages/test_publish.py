@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from engine_stages import receive, start, subscriber
+from engine_stages import run_and_receive, start
 
 from pipeline import wire
 
@@ -46,13 +46,8 @@ def test_two_file_cameras_reach_a_subscriber_with_monotonic_seq_and_valid_header
         """
     )
 
-    async def main():
-        pipeline, task = await start(path, duration=20)
-        sub = await subscriber(pipeline)
-        messages = await receive(sub, until_idle_s=2.0)
-        return await task, [wire.decode(m) for m in messages]
-
-    code, messages = asyncio.run(main())
+    _, code, raw = run_and_receive(path, duration=20, until_idle_s=2.0)
+    messages = [wire.decode(m) for m in raw]
     assert code == 0
     det = {"bikes": [], "carphone": []}
     stats = []
@@ -97,13 +92,8 @@ def test_preview_topic_carries_a_decodable_jpeg(write_config):
         """
     )
 
-    async def main():
-        pipeline, task = await start(path, duration=1.0)
-        sub = await subscriber(pipeline, topic="preview/")
-        messages = await receive(sub, until_idle_s=1.0)
-        return await task, [wire.decode(m) for m in messages]
-
-    code, messages = asyncio.run(main())
+    _, code, raw = run_and_receive(path, duration=1.0, topic="preview/")
+    messages = [wire.decode(m) for m in raw]
     assert code == 0
     assert messages and all(m.topic == "preview/card" for m in messages)
     m = messages[0]

@@ -6,7 +6,6 @@ every segment readable."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import zmq
-from engine_stages import receive, start, subscriber
+from engine_stages import run_and_receive
 
 from pipeline import wire
 from stages.record import replay
@@ -70,13 +69,6 @@ def config_text(clip: Path, record: str, publish_extra: str = "") -> str:
         """
 
 
-async def run_with_subscriber(path: Path):
-    pipeline, task = await start(path, duration=60)
-    sub = await subscriber(pipeline)
-    messages = await receive(sub, until_idle_s=2.0)
-    return await task, pipeline, messages
-
-
 def frames_of(folder: Path) -> list:
     stems = segment_stems(folder, ".csv")
     return [item for s in stems for item in read_frames(s.with_suffix(".csv"))]
@@ -85,7 +77,7 @@ def frames_of(folder: Path) -> list:
 def test_every_frame_and_every_message_publish_sent_is_recorded(tmp_path, write_config):
     clip = noise_clip(tmp_path / "clip.avi", 30)
     path = write_config(config_text(tmp_path / "clip.avi", 'path = "rec"\nsession = "s1"'))
-    code, pipeline, live = asyncio.run(run_with_subscriber(path))
+    pipeline, code, live = run_and_receive(path, duration=60, until_idle_s=2.0)
     assert code == 0
     session = tmp_path / "rec" / "s1"
     recorded = [parts for _, parts in replay.messages(session)]
@@ -115,7 +107,7 @@ def test_npucam_replay_gives_a_subscriber_the_recorded_messages_in_order_byte_fo
 ):
     noise_clip(tmp_path / "clip.avi", 20, size=(64, 48))
     path = write_config(config_text(tmp_path / "clip.avi", 'path = "rec"\nsession = "s1"'))
-    code, _, live = asyncio.run(run_with_subscriber(path))
+    _, code, live = run_and_receive(path, duration=60, until_idle_s=2.0)
     assert code == 0
     recorded = [parts for _, parts in replay.messages(tmp_path / "rec" / "s1")]
     assert recorded[len(recorded) - len(live) :] == live  # (stats before the subscriber: above)
@@ -167,7 +159,7 @@ def test_the_recording_folder_never_passes_max_bytes(tmp_path, write_config):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        code, pipeline, _ = asyncio.run(run_with_subscriber(path))
+        pipeline, code, _ = run_and_receive(path, duration=60, until_idle_s=2.0)
     finally:
         done.set()
         sampler.join()
@@ -189,7 +181,7 @@ def test_a_read_only_recording_folder_costs_counted_drops_and_the_pipeline_runs_
     folder, _ = read_only_dir
     noise_clip(tmp_path / "clip.avi", 20, size=(64, 48))
     path = write_config(config_text(tmp_path / "clip.avi", f'path = "{folder}"'))
-    code, pipeline, live = asyncio.run(run_with_subscriber(path))
+    pipeline, code, live = run_and_receive(path, duration=60, until_idle_s=2.0)
     assert code == 0
     assert [wire.decode(m).topic for m in live].count("det/cam") == 20  # published all
     assert pipeline.metrics.dropped("record", "cam", "storage") == 20
