@@ -63,6 +63,18 @@ def write(path: Path, text: str | bytes, tick: list[int]) -> None:
     os.utime(path, ns=(tick[0], tick[0]))
 
 
+def sim_clip(device: SimDevice, cache: Path, **options):
+    """The synthetic CLIP's runtime on the simulated device, with these [stages.clip] keys."""
+    return open_runtime(
+        "clip",
+        "sim",
+        ModelSource(synthetic=True),
+        device=device,
+        synthetic_cache=cache,
+        options=ClipOptions(**options),
+    )
+
+
 def labels_text(labels: list[str]) -> str:
     return "# zero-shot labels\n\n" + "\n".join(f"  {label}  " for label in labels) + "\n"
 
@@ -164,14 +176,7 @@ def test_labels_file_changes_mid_run(tmp_path, cache, text_passes, monkeypatch, 
     # same synthetic bundle on a new simulated device
     device = SimDevice(registry_dir=tmp_path / "hwctx2")
     try:
-        ref = open_runtime(
-            "clip",
-            "sim",
-            ModelSource(synthetic=True),
-            device=device,
-            synthetic_cache=cache,
-            options=ClipOptions(labels=["x"]),
-        )
+        ref = sim_clip(device, cache, labels=["x"])
         for i in (0, 1):
             prompts = [f"a photo of a {label}" for label in phases[i][1]]
             fresh = ref.model.encode_prompts(prompts)
@@ -187,14 +192,7 @@ def test_labels_file_polled_at_most_every_interval(tmp_path, cache, text_passes)
     write(path, labels_text(SET_A), tick)
     device = SimDevice(registry_dir=tmp_path / "hwctx")
     try:
-        rt = open_runtime(
-            "clip",
-            "sim",
-            ModelSource(synthetic=True),
-            device=device,
-            synthetic_cache=cache,
-            options=ClipOptions(labels=[], labels_file=str(path)),
-        )
+        rt = sim_clip(device, cache, labels=[], labels_file=str(path))
         assert rt.labels == SET_A and len(text_passes) == 1
         write(path, labels_text(SET_B), tick)
         t0 = rt.watch.next_check - runtimes.LABELS_CHECK_S
@@ -219,22 +217,8 @@ def test_startup_needs_labels_from_one_key(tmp_path, cache):
     missing = tmp_path / "nowhere.txt"
     try:
         with pytest.raises(ModelLoadError, match=f"{missing}: cannot read the labels file"):
-            open_runtime(
-                "clip",
-                "sim",
-                ModelSource(synthetic=True),
-                device=device,
-                synthetic_cache=cache,
-                options=ClipOptions(labels_file=str(missing)),
-            )
-        rt = open_runtime(
-            "clip",
-            "sim",
-            ModelSource(synthetic=True),
-            device=device,
-            synthetic_cache=cache,
-            options=ClipOptions(labels=list(CONFIG_LABELS), labels_file=str(missing)),
-        )
+            sim_clip(device, cache, labels_file=str(missing))
+        rt = sim_clip(device, cache, labels=list(CONFIG_LABELS), labels_file=str(missing))
         assert rt.labels == CONFIG_LABELS and rt.label_errors == 1
         rt.close()
     finally:
@@ -304,14 +288,7 @@ def test_a_failed_label_encoding_keeps_the_labels_in_effect_and_is_retried(
     write(path, labels_text(SET_A), tick)
     device = SimDevice(registry_dir=tmp_path / "hwctx")
     try:
-        rt = open_runtime(
-            "clip",
-            "sim",
-            ModelSource(synthetic=True),
-            device=device,
-            synthetic_cache=cache,
-            options=ClipOptions(labels=[], labels_file=str(path)),
-        )
+        rt = sim_clip(device, cache, labels=[], labels_file=str(path))
         embeds_a = rt.text_embeds
         errors = [DeviceError("kernel finished in state 8"), RuntimeError("text tower broke")]
         encoder = FailingEncoder(rt.model.label_embeddings, errors)
@@ -354,14 +331,7 @@ def test_label_encoding_does_not_swallow_interrupts(tmp_path, cache, monkeypatch
     write(path, labels_text(SET_A), tick)
     device = SimDevice(registry_dir=tmp_path / "hwctx")
     try:
-        rt = open_runtime(
-            "clip",
-            "sim",
-            ModelSource(synthetic=True),
-            device=device,
-            synthetic_cache=cache,
-            options=ClipOptions(labels=[], labels_file=str(path)),
-        )
+        rt = sim_clip(device, cache, labels=[], labels_file=str(path))
         encoder = FailingEncoder(rt.model.label_embeddings, [error()])
         monkeypatch.setattr(rt.model, "label_embeddings", encoder)
         write(path, labels_text(SET_B), tick)
