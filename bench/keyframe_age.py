@@ -12,7 +12,6 @@ per-frame pose. Usage: .venv/bin/python bench/keyframe_age.py [--seconds 90]
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import zmq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ports import free_port  # noqa: E402
+
 from pipeline import wire  # noqa: E402
 
 PASS_MS = 2400.0  # Sapiens2 0.4b's modelled NPU2 pass (configs/demo.toml, docs/device.md)
@@ -33,12 +34,6 @@ QUEUED_FRAME = (
     "r.Sapiens2Runtime.freshen = lambda self, job: None\n"
 )
 RUN = "import sys\nfrom pipeline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(seconds: float, fresh: bool, tmp: Path) -> dict:

@@ -14,7 +14,6 @@ Clips: bikes (640x272, 25 fps file played at 30) and Pose2Sim's cam01 scaled to 
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import zmq
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from ports import free_port  # noqa: E402
 
 from pipeline import wire  # noqa: E402
 from pipeline.assets import asset_path  # noqa: E402
@@ -55,12 +56,6 @@ def clip_720p() -> Path:
     assert writer is not None, "pose2sim_single_cam01.mp4: no frame read"
     writer.release()
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(clip: Path, cameras: int, live: bool, endpoint: str) -> str:
