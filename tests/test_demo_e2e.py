@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -28,16 +29,33 @@ def sub_socket(endpoint: str, topic: str = "") -> tuple[zmq.Context, zmq.Socket]
     return ctx, sub
 
 
-def run_demo(config: Path) -> subprocess.Popen:
-    """`npucam run` of the demo for at most 60 s (the tests SIGTERM it once they have seen
-    what they check)."""
-    return subprocess.Popen(
+def run_demo_until(
+    config: Path, endpoint: str, topic: str, done: Callable[[wire.Message], bool]
+) -> tuple[int, str]:
+    """`npucam run` of the demo (at most 60 s) with a subscriber to `topic` from the start:
+    each message goes to done(), and once it returns True the run is sent SIGTERM, so how
+    long a loaded host takes to start the demo does not decide what the test sees. Returns
+    (exit code, stderr)."""
+    ctx, sub = sub_socket(endpoint, topic)
+    proc = subprocess.Popen(
         [str(NPUCAM), "run", str(config), "--duration", "60"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    try:
+        end = time.monotonic() + 75
+        while time.monotonic() < end and proc.poll() is None:
+            if sub.poll(200) and done(wire.decode(sub.recv_multipart())):
+                proc.send_signal(signal.SIGTERM)
+                break
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        sub.close()
+        ctx.term()
+    return proc.returncode, err
 
 
 def test_demo_config_publishes_both_sample_cameras_and_exits_0(demo_config):
@@ -45,26 +63,14 @@ def test_demo_config_publishes_both_sample_cameras_and_exits_0(demo_config):
     # (another checkout's tests) answered the subscriber, and the SIGTERM below hit a run
     # that had not started
     config, endpoint = demo_config
-    ctx, sub = sub_socket(endpoint, "det/")
-    proc = run_demo(config)
     cameras: dict[str, list[int]] = {}
-    try:
-        # SIGTERM once both cameras sent 21 det messages: how long a loaded host takes to
-        # start the demo does not decide the count (60 s is only the longest run)
-        end = time.monotonic() + 75
-        while time.monotonic() < end and proc.poll() is None:
-            if sub.poll(200):
-                msg = wire.decode(sub.recv_multipart())
-                cameras.setdefault(msg.header["camera"], []).append(msg.header["seq"])
-                if len(cameras) == 2 and all(len(s) > 20 for s in cameras.values()):
-                    proc.send_signal(signal.SIGTERM)
-                    break
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        sub.close()
-        ctx.term()
-    assert proc.returncode == 0, err
+
+    def done(msg: wire.Message) -> bool:  # both cameras sent 21 det messages
+        cameras.setdefault(msg.header["camera"], []).append(msg.header["seq"])
+        return len(cameras) == 2 and all(len(s) > 20 for s in cameras.values())
+
+    code, err = run_demo_until(config, endpoint, "det/", done)
+    assert code == 0, err
     assert set(cameras) == {"bikes", "carphone"}, err
     for seqs in cameras.values():
         assert len(seqs) > 20 and seqs == sorted(seqs)
@@ -78,38 +84,27 @@ def test_the_demo_publishes_a_per_frame_pose_for_every_tracked_person_of_every_f
     ZeroMQ subscriber may drop under load, so not 100%), real weights, keyframe-free points
     only from the CPU model."""
     config, endpoint = demo_config
-    ctx, sub = sub_socket(endpoint, "")
-    proc = run_demo(config)
     persons: dict[tuple[str, int], set[int]] = {}  # (camera, seq) -> tracked person ids
     live: dict[tuple[str, int], set[int]] = {}
     headers = []
-    try:
-        end = time.monotonic() + 75
-        while time.monotonic() < end and proc.poll() is None:
-            if not sub.poll(200):
-                continue
-            msg = wire.decode(sub.recv_multipart())
-            h = msg.header
-            if h["kind"] == "det":
-                ids = {
-                    t
-                    for t, label in zip(h["track_ids"], h["labels"], strict=True)
-                    if label == "person" and t is not None
-                }
-                if ids:
-                    persons[(h["camera"], h["seq"])] = ids
-            elif h["kind"] == "pose" and h.get("live"):
-                live.setdefault((h["camera"], h["seq"]), set()).add(h["track_id"])
-                headers.append((h, msg.arrays["source"]))
-            if len({c for c, _ in persons}) == 2 and len(persons) >= 60:
-                proc.send_signal(signal.SIGTERM)
-                break
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        sub.close()
-        ctx.term()
-    assert proc.returncode == 0, err
+
+    def done(msg: wire.Message) -> bool:  # 60 frames of both cameras with tracked persons
+        h = msg.header
+        if h["kind"] == "det":
+            ids = {
+                t
+                for t, label in zip(h["track_ids"], h["labels"], strict=True)
+                if label == "person" and t is not None
+            }
+            if ids:
+                persons[(h["camera"], h["seq"])] = ids
+        elif h["kind"] == "pose" and h.get("live"):
+            live.setdefault((h["camera"], h["seq"]), set()).add(h["track_id"])
+            headers.append((h, msg.arrays["source"]))
+        return len({c for c, _ in persons}) == 2 and len(persons) >= 60
+
+    code, err = run_demo_until(config, endpoint, "", done)
+    assert code == 0, err
     assert len({c for c, _ in persons}) == 2 and len(persons) >= 60, (len(persons), err[-2000:])
     wanted = sum(len(ids) for ids in persons.values())
     got = sum(len(ids & live.get(key, set())) for key, ids in persons.items())
