@@ -33,6 +33,17 @@ KINDS = {"det", "pose", "face", "clip", "stats", "meta", "preview"}
 NODE_SECONDS = {"none": 12, "npu2": 18}
 
 
+def node_subscriber(node: str, endpoint: str, seconds: float, out) -> subprocess.Popen:
+    """docs/examples/subscriber.mjs on endpoint for `seconds`, its JSON lines into `out`."""
+    return subprocess.Popen(
+        [node, str(EXAMPLE), endpoint, "--seconds", str(seconds)],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def sequential_sum(values) -> float:
     """Left-to-right float64 sum of the finite values, the order the example adds in."""
     total = 0.0
@@ -104,13 +115,7 @@ def test_the_node_subscriber_decodes_every_kind_as_pipeline_wire_does(
             msg = wire.decode(sub.recv_multipart())
             ours[msg.topic, msg.header["seq"], str(msg.header["publish_ts"])] = msg
     out = (tmp_path / "node.jsonl").open("w")
-    js = subprocess.Popen(
-        [node, str(EXAMPLE), endpoint, "--seconds", str(seconds)],
-        cwd=REPO,
-        stdout=out,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    js = node_subscriber(node, endpoint, seconds, out)
     doc_js = subprocess.Popen(
         [node, str(doc_example), endpoint],
         stdout=subprocess.PIPE,
@@ -281,13 +286,7 @@ def test_multicam_3d_publishes_pose3d_that_the_node_subscriber_decodes(
             if sub.poll(100):
                 received.append(wire.decode(sub.recv_multipart()))
             if js is None and pose3d_count():
-                js = subprocess.Popen(
-                    [node, str(EXAMPLE), endpoint, "--seconds", str(seconds)],
-                    cwd=REPO,
-                    stdout=out,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
+                js = node_subscriber(node, endpoint, seconds, out)
             if js is not None and js.poll() is not None and pose3d_count() >= 3:
                 break
         run.send_signal(signal.SIGTERM)
