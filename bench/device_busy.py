@@ -68,6 +68,8 @@ from npu.models.sapiens2 import npu2  # noqa: E402
 from npu.models.sapiens2.config import Config  # noqa: E402
 from npu.sim_cost import NPU2  # noqa: E402
 from pipeline.assets import cache_dir  # noqa: E402
+from pipeline.config import parse_config  # noqa: E402
+from pipeline.graph import Context  # noqa: E402
 from pipeline.messages import now_ns  # noqa: E402
 from pipeline.metrics import Metrics  # noqa: E402
 from stages.infer import Infer, InferOptions  # noqa: E402
@@ -158,10 +160,8 @@ def device_busy(cfg: Config, seconds: float, chaining: str, tmp: Path) -> dict:
     options = InferOptions.model_validate(
         {"backend": "npu", "sapiens2": {"enabled": True, "bundle": str(bundle)}}
     )
-    context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics(), shared=lambda k, f: f()
-    )
-    stage = Infer("infer", options, context)
+    config = parse_config({"stages": [{"kind": "capture"}]}, tmp / "run.toml")
+    stage = Infer("infer", options, Context(config, Metrics()))
     window: list[float] = []
     published: list[int] = []
     cpu: list[float] = []  # process CPU seconds (all threads) at the window's ends

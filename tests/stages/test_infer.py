@@ -18,7 +18,6 @@ import sys
 import textwrap
 import threading
 import time
-import types
 from collections import Counter
 
 import numpy as np
@@ -31,7 +30,6 @@ from npu.sim import ContextRegistry
 from npu.sim_cost import NPU2
 from pipeline.config import parse_config
 from pipeline.messages import now_ns
-from pipeline.metrics import Metrics
 from stages import infer
 from stages.infer import DeviceCloseError, Infer, InferOptions
 from stages.jobs import Inferred
@@ -40,6 +38,7 @@ from stages.models.clip.job import ClipJob
 from stages.models.clip.runtime import ClipRuntime
 from stages.models.sapiens2.job import PoseJob
 from stages.runtimes import Ran, Runtime
+from tests.stages.models.inferred_items import context as run_context
 
 LABELS = ["a person", "a bicycle", "a car"]
 
@@ -64,13 +63,7 @@ def make_stage(tmp_path, cache, models=("sapiens2", "adaface", "clip"), **over) 
         else:
             raw[key] = value
     options = InferOptions.model_validate(raw)
-    shared: dict = {}  # pipeline.graph.Context.shared: the run's one object per key
-    context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp_path),
-        metrics=Metrics(),
-        shared=lambda key, factory: shared.setdefault(key, factory()),
-    )
-    return Infer("infer", options, context)
+    return Infer("infer", options, run_context(tmp_path))
 
 
 class Recorder:
@@ -810,7 +803,10 @@ def test_a_failed_device_fails_every_job_as_device_timeout_and_the_stage_goes_on
 
 
 HUNG_AT_EXIT = """
-import asyncio, sys, threading, types
+import asyncio, sys, threading
+from pathlib import Path
+from pipeline.config import parse_config
+from pipeline.graph import Context
 from pipeline.messages import now_ns
 from stages.runtimes import Runtime
 from pipeline.metrics import Metrics
@@ -824,10 +820,8 @@ options = InferOptions.model_validate({
     "sim": {"registry_dir": tmp + "/hwctx", "pacing": "stand-in"},
     "adaface": {"enabled": True, "synthetic": True},
 })
-context = types.SimpleNamespace(
-    config=types.SimpleNamespace(base_dir=tmp), metrics=Metrics(), shared=lambda k, f: f()
-)
-stage = Infer("infer", options, context)
+config = parse_config({"stages": [{"kind": "capture"}]}, Path(tmp) / "run.toml")
+stage = Infer("infer", options, Context(config, Metrics()))
 
 class Out:
     async def send(self, item):

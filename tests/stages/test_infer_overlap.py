@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import types
 from collections import Counter
 from pathlib import Path
 
@@ -37,10 +36,10 @@ import stages.infer  # noqa: E402
 from npu.models.sapiens2.export import record_layout  # noqa: E402
 from npu.models.sapiens2.npu import gemm_keys  # noqa: E402
 from pipeline.messages import now_ns  # noqa: E402
-from pipeline.metrics import Metrics  # noqa: E402
 from stages.device_thread import DeviceThread  # noqa: E402
 from stages.infer import Infer, InferOptions  # noqa: E402
 from stages.models.sapiens2.job import PoseJob  # noqa: E402
+from tests.stages.models.inferred_items import context as run_context  # noqa: E402
 
 GEMM_FLOPS_PER_S = 1.6e12
 MHA_S = 0.033
@@ -98,12 +97,7 @@ def device_busy(tmp_path, monkeypatch, layers: int | None, seconds: float) -> di
     options = InferOptions.model_validate(
         {"backend": "npu", "sapiens2": {"enabled": True, "bundle": str(bundle)}}
     )
-    context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp_path),
-        metrics=Metrics(),
-        shared=lambda key, factory: factory(),  # Context.shared; one call per run here
-    )
-    stage = Infer("infer", options, context)
+    stage = Infer("infer", options, run_context(tmp_path))
     window: list[float] = []
 
     async def source():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import types
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +22,13 @@ from npu.models.loading import ModelSource
 from npu.sim import SimDevice
 from pipeline.config import parse_config
 from pipeline.messages import now_ns
-from pipeline.metrics import Metrics
 from stages.infer import Infer, InferOptions
 from stages.jobs import Inferred
 from stages.models.clip import runtime as runtimes
 from stages.models.clip.job import ClipJob
 from stages.models.clip.runtime import ClipOptions, LabelsFileError, read_labels_file
 from stages.runtimes import open_runtime
+from tests.stages.models.inferred_items import context as run_context
 
 CONFIG_LABELS = ["a person", "a bicycle"]
 SET_A = ["a person wearing a hard hat", "a person holding a phone", "a cyclist"]
@@ -88,12 +87,7 @@ def make_stage(tmp_path: Path, cache: Path, clip: dict) -> Infer:
             "clip": {"enabled": True, "synthetic": True, **clip},
         }
     )
-    context = types.SimpleNamespace(
-        config=types.SimpleNamespace(base_dir=tmp_path),
-        metrics=Metrics(),
-        shared=lambda key, factory: factory(),  # Context.shared; one call per run here
-    )
-    return Infer("infer", options, context)
+    return Infer("infer", options, run_context(tmp_path))
 
 
 IMAGE = np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8)
