@@ -165,6 +165,8 @@ class Detect(Stage[DetectOptions]):
         self._marks: dict[str, dict[str, int]] = {}
         self.wanted = job_policy.wanted(_declared(context.config), options)
         self._cadence = {w.model: w.runs_on.cadence for w in self.wanted}
+        # a model refreshes tracks (Sapiens2): keep each track's newest frame for its jobs
+        self._refreshes = options.pose and "refresh" in self._cadence.values()
         self._makers = {w.model: runtime_class(w.model) for w in self.wanted}
         # person = "none": faces are tracked themselves, so a face still carries a track id
         self._face_trackers: dict[str, PersonTracker] = {}
@@ -482,18 +484,19 @@ class Detect(Stage[DetectOptions]):
             ids, boxes_of = self._track(frame, tracks, person_xywh, track_scores)
             keyframes = list(tracks.keyframes)
             tracks.keyframes.clear()
-            tracks.tracked_on(
-                {
-                    tid: NewestFrame(
-                        frame.seq,
-                        frame.capture_ts_ns,
-                        frame.deadline_ns,
-                        frame.image,
-                        job_policy.xywh(box),
-                    )
-                    for tid, box in boxes_of.items()
-                }
-            )
+            if self._refreshes:  # a refresh takes its track's newest frame (Sapiens2Runtime)
+                tracks.tracked_on(
+                    {
+                        tid: NewestFrame(
+                            frame.seq,
+                            frame.capture_ts_ns,
+                            frame.deadline_ns,
+                            frame.image,
+                            job_policy.xywh(box),
+                        )
+                        for tid, box in boxes_of.items()
+                    }
+                )
             # (holding tracks.lock: the tracker's pose queue and tracks); a rig posed by the
             # per-frame poses gets them below, and Sapiens2 refreshes its tracks as keyframes
             by_jobs = rig is not None and not rig.live

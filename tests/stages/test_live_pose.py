@@ -181,3 +181,22 @@ def test_a_live_rigs_groups_are_posed_by_the_per_frame_poses_not_sapiens2_group_
         assert group.jobs["cam"] == (pose.track_id,)  # the per-frame pose is its view's pose
     jobs = [i for o in outs for i in o if isinstance(i, PoseJob)]
     assert jobs and all(j.group is None for j in jobs)  # Sapiens2: keyframe refreshes only
+
+
+def test_detect_keeps_each_tracks_newest_frame_only_for_a_model_that_refreshes_tracks(
+    tmp_path, frames
+):
+    stage = make_stage(tmp_path)
+    outs = run(stage, frames[:3])
+    (pose,) = live_of(outs[2])
+    newest = stage.camera_tracks("cam").newest[pose.track_id]
+    assert (newest.seq, newest.capture_ts_ns) == (2, at(2))  # what a Sapiens2 job moves to
+    np.testing.assert_array_equal(newest.box_xywh[:2], pose.box[:2])
+    config = parse_config(
+        {"cameras": [{"name": "cam", "url": "synthetic:"}], "stages": [{"kind": "capture"}]},
+        tmp_path / "off.toml",
+    )
+    off = DetectOptions(face="none", pose=False, live={"enabled": True})
+    quiet = Detect("detect", off, Context(config, Metrics()))
+    run(quiet, frames[:3])
+    assert not quiet.camera_tracks("cam").newest  # no refreshes: no frames held
