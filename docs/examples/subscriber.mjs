@@ -5,6 +5,7 @@
 //   cd docs/examples && npm ci
 //   node docs/examples/subscriber.mjs tcp://127.0.0.1:5560 [--seconds S] [--count N]
 //
+// It stops after S seconds or N messages, or on Ctrl-C / SIGTERM, exiting 0 each way.
 // With CURVE (docs/security.md), set sock.curveServerKey, sock.curvePublicKey and
 // sock.curveSecretKey (Z85 strings from the key files) before connect().
 import { endianness } from "node:os";
@@ -83,7 +84,8 @@ sock.connect(endpoint);
 sock.subscribe(); // every topic; e.g. sock.subscribe("pose/") for one kind
 let meta = null;
 let received = 0;
-if (seconds !== undefined) setTimeout(() => sock.close(), seconds * 1000);
+if (seconds !== undefined) setTimeout(() => sock.close(), seconds * 1000).unref();
+for (const signal of ["SIGINT", "SIGTERM"]) process.on(signal, () => sock.close());
 
 try {
   for await (const [topicBuf, headerBuf, ...raw] of sock) {
