@@ -1,9 +1,9 @@
 """The `npucam` command line: one subcommand group per concern, each in its own module.
 
 This is the composition root: the command modules are the `npucam.commands` entry points
-(pyproject.toml), imported when the parser is built, so `pipeline` names no stage or model.
-A command module exposes `register(subparsers)`, which adds its parsers with
-`set_defaults(func=...)`; func(args) returns the process exit code.
+(pyproject.toml, one per command word, named for it), imported when the parser is built, so
+`pipeline` names no stage or model. A command module exposes `register(subparsers)`, which adds
+its parsers with `set_defaults(func=...)`; func(args) returns the process exit code.
 """
 
 from __future__ import annotations
@@ -22,22 +22,33 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from pipeline.errors import NpucamError
 
-COMMAND_GROUP = "npucam.commands"  # entry points: name = "module" (pyproject.toml)
+COMMAND_GROUP = "npucam.commands"  # entry points: command word = "module" (pyproject.toml)
 
 
-def command_modules() -> list[str]:
-    """The modules of the npucam.commands entry points, in their declared order."""
-    return [ep.value for ep in entry_points(group=COMMAND_GROUP)]
+def command_modules(word: str | None = None) -> list[str]:
+    """The modules of the npucam.commands entry points, each once: only the one that registers
+    command `word` when an entry point names it, else all of them (for --help, and for a word
+    no entry point names, which argparse then refuses with the full list)."""
+    eps = entry_points(group=COMMAND_GROUP)
+    chosen = [ep for ep in eps if ep.name == word] or list(eps)
+    return list(dict.fromkeys(ep.value for ep in chosen))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every registered command group."""
+def command_word(argv: list[str]) -> str | None:
+    """The command word of argv: its first argument that is not an option (the top-level
+    options, -v and -h, take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(word: str | None = None) -> argparse.ArgumentParser:
+    """The parser with the command group that registers `word` (see command_modules): the
+    others' modules are not imported, so `npucam run` does not pay for calibration's SciPy."""
     parser = argparse.ArgumentParser(
         prog="npucam", description="Streaming vision pipeline for AMD XDNA NPUs."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in command_modules():
+    for name in command_modules(word):
         importlib.import_module(name).register(sub)
     return parser
 
@@ -45,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse argv, run the chosen command, map project errors to exit code 2. A reader that
     stops reading (`npucam bundle info DIR | head`) ends the command quietly, exit 0."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(command_word(argv)).parse_args(argv)
     except SystemExit:  # --help, or a usage error: argparse printed and exits
         _flush_or_quiet()
         raise

@@ -17,7 +17,7 @@ from pipeline.cli import main
 def only_bundle_commands(monkeypatch):
     """The real entry point (parsing, error to exit code) with only this command group, so
     other groups' import problems cannot fail these tests."""
-    monkeypatch.setattr(pipeline.cli, "command_modules", lambda: ["npu.commands.bundle"])
+    monkeypatch.setattr(pipeline.cli, "command_modules", lambda word=None: ["npu.commands.bundle"])
 
 
 def write_bundle(root, *, insts_missing=False, ctx="ctx0"):
