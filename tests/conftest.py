@@ -24,8 +24,11 @@ import textwrap
 from pathlib import Path
 
 # as the npucam command does (pipeline/cli.py): one BLAS thread per calling thread, set
-# before numpy loads, so in-process runs behave as the command runs
+# before numpy loads, so in-process runs behave as the command runs; and one OpenMP thread
+# for torch, the references' (test extra): with 4 workers on 2 cores, their spinning threads
+# slowed every worker
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _HWCTX_DIR = tempfile.mkdtemp(
     prefix=f"npucam-sim-hwctx-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"

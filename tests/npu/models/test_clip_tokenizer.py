@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import unicodedata
 
@@ -10,8 +9,6 @@ import pytest
 from conftest_clip import clip_vocab_dir  # noqa: F401 (fixture)
 
 from npu.models.clip.tokenizer import Tokenizer, TokenizerError
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _WORD_TEXT = (
     "a photo of the cat dog person wearing hard hat holding phone bicycle kitchen laptop pizza "

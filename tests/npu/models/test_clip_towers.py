@@ -7,8 +7,6 @@ agree to cosine >= 0.99999 and probabilities to 1e-5.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from conftest_clip import tiny_clip_dir, tiny_clip_quick_gelu_dir  # noqa: F401 (fixtures)
@@ -18,7 +16,6 @@ from npu.models.clip.model import ClipInputError, EncodeInputError
 from npu.models.clip.preprocess import ImageInputError
 from npu.models.clip.tokenizer import TokenizerError
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
