@@ -73,8 +73,15 @@ $(ANNY_REF): $(VENV)/.test .cache/npucam/.fetched
 	$(PY) -m tests.stages.body.anny_reference
 	touch $@
 
+# MediaPipe's Holistic landmarks of the clips the landmark tests compare against, run once
+MP_REF := .cache/npucam/mediapipe-reference/.built
+
+$(MP_REF): $(MP_VENV)/.made $(VENV)/.test .cache/npucam/.fetched bench/mediapipe_reference.py
+	$(PY) -m tests.stages.landmarks.mediapipe_reference
+	touch $@
+
 setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made \
-	$(P2S_VENV)/.made $(ANNY_REF)
+	$(P2S_VENV)/.made $(ANNY_REF) $(MP_REF)
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
@@ -95,9 +102,10 @@ $(KEYS)/.made: | $(VENV)/.runtime
 
 # The default suite on WORKERS parallel pytest-xdist workers (docs/architecture.md "Testing":
 # most tests wait on sleeps, sockets and subprocesses, so 4 on 2 cores; the runs measured are
-# in docs/benchmarks.md, "test suite"), printing the 20 slowest tests.
+# in docs/benchmarks.md, "test suite"), printing the 20 slowest tests. Tests marked with one
+# xdist_group share a worker (and its module fixtures: a clip's landmark runs, once).
 WORKERS ?= 4
-PYTEST_PARALLEL := $(PY) -m pytest -q -n $(WORKERS) --durations=20
+PYTEST_PARALLEL := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --durations=20
 
 test: setup-test
 	$(PYTEST_PARALLEL)

@@ -1,5 +1,5 @@
 """npucam's CPU landmark path (stages/landmarks) against MediaPipe's own graphs on the same clip:
-the runs and the agreement figures tests/stages/landmarks/test_reference.py asserts and
+the runs and the agreement figures tests/stages/landmarks/test_landmarks_reference.py asserts and
 bench/live_pose.py prints.
 
 Usage: python bench/landmark_agreement.py CLIP [--frames N]

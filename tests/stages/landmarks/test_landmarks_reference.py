@@ -1,7 +1,8 @@
 """stages/landmarks against MediaPipe's own Holistic graph (mediapipe 0.10.21, run in the
 reference venv by bench/mediapipe_reference.py) on the same frames of the sample clips: body and
 hand landmarks within 1.5% of body height on average, the issue's bound (docs/live-pose.md has
-the figures and p95).
+the figures and p95). MediaPipe's side of the default clips is run once by `make setup-test`
+(tests/stages/landmarks/mediapipe_reference.py); the slow bikes test runs it here.
 
 Where a person is in view the two agree far closer (0.04-0.20% measured): MediaPipe runs the
 same .tflite files through the same crop, decode and ROI arithmetic, so what is left is float
@@ -11,38 +12,32 @@ rounding in the warp and the model. FAITHFUL = 0.5% holds them to that, so a cha
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import numpy as np
 import pytest
 
 from pipeline.assets import asset_path
+from tests.stages.landmarks import mediapipe_reference
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "landmark_agreement.py"
 MAX_MEAN = 1.5  # % of body height
 FAITHFUL = 0.5
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("landmark_agreement", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def compare(tmp_path_factory):
-    bench = _bench()
+    bench = mediapipe_reference.bench()
     cache: dict[str, object] = {}
 
     def run(clip: str):
         if clip not in cache:
             path = asset_path(clip)
-            out = tmp_path_factory.mktemp("reference") / f"{clip}.npz"
-            ref = bench.run_reference(path, out, "holistic")
+            if clip in mediapipe_reference.CLIPS:
+                built = mediapipe_reference.path(clip)
+                assert built.is_file(), f"{built}: run `make setup-test`"
+                with np.load(built) as data:
+                    ref = {k: data[k] for k in data.files}
+            else:
+                out = tmp_path_factory.mktemp("reference") / f"{clip}.npz"
+                ref = bench.run_reference(path, out, "holistic")
             ours = bench.run_npucam(path, ("body", "hands"))
             cache[clip] = bench.agreement(ours, ref)
             print(cache[clip].line(clip))
@@ -51,9 +46,18 @@ def compare(tmp_path_factory):
     return run
 
 
+def on_one_worker(*clips: str) -> list:
+    """The clips as parameters each tied to one xdist worker (Makefile: --dist loadgroup), so
+    a clip's body and hand tests share the module's one run of it."""
+    return [pytest.param(clip, marks=pytest.mark.xdist_group(clip)) for clip in clips]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    "clip", ["carphone_pristine.mp4", "pose2sim_single_cam01.mp4", "pose2sim_single_cam03.mp4"]
+    "clip",
+    on_one_worker(
+        "carphone_pristine.mp4", "pose2sim_single_cam01.mp4", "pose2sim_single_cam03.mp4"
+    ),
 )
 def test_body_landmarks_agree_with_mediapipe_on_a_person_in_view(compare, clip):
     a = compare(clip)
@@ -63,7 +67,9 @@ def test_body_landmarks_agree_with_mediapipe_on_a_person_in_view(compare, clip):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("clip", ["pose2sim_single_cam01.mp4", "pose2sim_single_cam03.mp4"])
+@pytest.mark.parametrize(
+    "clip", on_one_worker("pose2sim_single_cam01.mp4", "pose2sim_single_cam03.mp4")
+)
 def test_hand_landmarks_agree_with_mediapipe(compare, clip):
     # the 176x144 carphone and the bikes riders show no hand MediaPipe finds (0 and 3 frames)
     a = compare(clip)
