@@ -12,8 +12,8 @@ import numpy as np
 from pipeline.messages import Result
 from stages.body import skeleton
 from stages.body.anny_data import PHENOTYPES
-from stages.body.fit import FITTED_BONES
-from stages.body.keypoint_map import SAPIENS_TO_ANNY
+from stages.body.fit import FINGER_BONES, FITTED_BONES
+from stages.body.keypoint_map import FINGER_JOINTS_TO_ANNY, SAPIENS_TO_ANNY
 from stages.body.mesh_topic import VERTEX_COUNT
 
 # The `meta` message's `body` entry (stages/meta.py; docs/protocol.md, "body"): how to read
@@ -24,6 +24,9 @@ WIRE_META = {
     "parents": list(skeleton.PARENTS),
     "fitted_bones": ["root", *FITTED_BONES],
     "keypoints": [name for name, _, _ in SAPIENS_TO_ANNY],
+    # with the stage's `fingers`: these bones turn too, and these points follow `keypoints`
+    "finger_bones": list(FINGER_BONES),
+    "finger_keypoints": [name for name, _, _ in FINGER_JOINTS_TO_ANNY],
     "keypoints_from": "pose",
     "phenotype_labels": list(PHENOTYPES),
     "rotations": "local-ref",

@@ -45,6 +45,7 @@ class BodyOptions(StageOptions):
     iterations: int = Field(6, ge=1, le=100)  # LM steps a frame
     robust_scale_m: float = Field(0.04, gt=0)  # the Cauchy loss's scale
     min_confidence: float = Field(0.3, ge=0, le=1)  # keypoints below are missing
+    fingers: bool = False  # also fit the finger bones to the hands' joints (docs/body.md)
     person_max_age: int = Field(30, ge=1)  # pose3d groups a body outlives its person
     trc: str | None = Field(None, min_length=1)  # .trc path stem (relative to the config)
     mot: str | None = Field(None, min_length=1)  # OpenSim .mot joint angles, path stem
@@ -71,6 +72,7 @@ class Body(Stage[BodyOptions]):
             iterations=o.iterations,
             robust_scale=o.robust_scale_m,
             min_confidence=o.min_confidence,
+            fingers=o.fingers,
         )
         self.model = model = AnnyModel.load(asset_path(ANNY_MODEL))
         self.people = BodyPeople(model, config, o.person_max_age)

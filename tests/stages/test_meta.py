@@ -98,7 +98,8 @@ def test_the_body_entry_names_the_bones_their_parents_and_the_fitted_keypoints()
     for bone, parent in zip(body["bones"][1:], body["parents"][1:], strict=True):
         assert 0 <= parent < body["bones"].index(bone)  # parents precede their children
     assert body["bones"][body["parents"][body["bones"].index("lowerarm01.L")]] == "upperarm02.L"
-    assert set(body["fitted_bones"]) <= set(body["bones"])
+    assert set(body["fitted_bones"] + body["finger_bones"]) <= set(body["bones"])
+    assert set(body["finger_keypoints"]) <= set(keypoints308.NAMES)
     assert set(body["keypoints"]) <= set(keypoints308.NAMES)  # named as meta.pose's
     assert "left_wrist" in body["keypoints"] and body["keypoints_from"] == "pose"
     assert body["phenotype_labels"] == ["gender", "age", "muscle", "weight", "height",
