@@ -13,14 +13,18 @@ from dataclasses import dataclass
 
 from pipeline.config import Config
 
-# seconds per person-frame: bench/body_fit.py, median of 119 steady-state frames, 2026-12-03
-BODY_FIT_S = 4.77e-3
+# seconds per person-frame: bench/body_fit.py's median of 119 steady-state frames on one
+# core, 2026-12-03 22:52 UTC (load average 1.6; docs/benchmarks.md, "body_fit"), and with
+# the stage's `fingers` (`--fingers`)
+BODY_FIT_S = 5.28e-3
+BODY_FIT_FINGERS_S = 10.19e-3
 
 
 @dataclass(frozen=True)
 class BodyLoad:
     """One body stage: its rig's groups a second, people a group, and the cores its fits
-    ask (person-frames a second times BODY_FIT_S) and get (its one thread: at most one)."""
+    ask (person-frames a second times BODY_FIT_S, or BODY_FIT_FINGERS_S with `fingers`) and
+    get (its one thread: at most one)."""
 
     stage: str
     rig: str
@@ -58,5 +62,6 @@ def body_loads(
         if interval_ms > 0:
             groups = min(groups, 1000.0 / interval_ms)
         mean_people = sum(people.get(c, 0.0) for c in cameras) / len(cameras)
-        out.append(BodyLoad(name, rig, groups, mean_people, groups * mean_people * BODY_FIT_S))
+        cost = BODY_FIT_FINGERS_S if stage.options.get("fingers", False) else BODY_FIT_S
+        out.append(BodyLoad(name, rig, groups, mean_people, groups * mean_people * cost))
     return out

@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.config import Config, load_config
 from pipeline.graph import stage_class
 from stages.detect_workers import default_workers, lane_of
-from stages.planning.body import BODY_FIT_S, body_loads
+from stages.planning.body import body_loads
 from stages.planning.npu import (
     CameraLoad,
     ModelCost,
@@ -272,7 +272,8 @@ def make_plan(  # noqa: C901
     for b in bodies:
         notes.append(
             f"body {b.stage}: rig {b.rig}, {b.groups_per_s:.1f} groups/s x {b.people:.1f} "
-            f"people x {1e3 * BODY_FIT_S:.2f} ms a person-frame (bench/body_fit.py) = "
+            f"people x {1e3 * b.asked / max(b.groups_per_s * b.people, 1e-12):.2f} ms a "
+            f"person-frame (bench/body_fit.py) = "
             f"{b.asked:.2f} cores on its one thread"
         )
     body_asked = sum(b.asked for b in bodies)

@@ -10,17 +10,17 @@ import pytest
 
 from pipeline.config import parse_config
 from stages.commands.plan import format_plan, make_plan
-from stages.planning.body import BODY_FIT_S, body_loads
+from stages.planning.body import BODY_FIT_FINGERS_S, BODY_FIT_S, body_loads
 
 
-def _config(tmp_path, interval_ms: float = 0.0):
+def _config(tmp_path, interval_ms: float = 0.0, fingers: bool = False):
     data = {
         "cameras": [{"name": n, "url": "synthetic:"} for n in ("a", "b", "c")],
         "stages": [
             {"kind": "capture"},
             {"kind": "rig3d", "rig": "hall", "cameras": ["a", "b"], "calibration": "x.toml",
              "pose_interval_ms": interval_ms},
-            {"kind": "body", "name": "fit", "rig": "hall"},
+            {"kind": "body", "name": "fit", "rig": "hall", "fingers": fingers},
             {"kind": "body", "name": "lost", "rig": "nowhere"},
         ],
     }  # fmt: skip
@@ -35,6 +35,10 @@ def test_a_body_stage_asks_groups_times_people_times_the_benched_cost(tmp_path):
     assert load.asked == pytest.approx(8.0 * 1.5 * BODY_FIT_S)
     (paced,) = body_loads(_config(tmp_path, interval_ms=250.0), rates, people)
     assert paced.groups_per_s == 4.0
+    fingers = _config(tmp_path, fingers=True)
+    assert body_loads(fingers, rates, people)[0].asked == pytest.approx(
+        8 * 1.5 * BODY_FIT_FINGERS_S
+    )
     crowded = body_loads(_config(tmp_path), rates, {"a": 200.0, "b": 200.0})[0]
     assert crowded.asked > 1.0 and crowded.predicted == 1.0  # one thread: at most a core
 
