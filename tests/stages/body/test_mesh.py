@@ -1,24 +1,29 @@
-"""The mesh topic: a publish stage's MeshTap follows the `mesh/<rig>` subscriptions; the body
-stage skins nothing and sends nothing while none is held, and otherwise sends after each
-body message the vertices of the model's forward for the pose that message published, the
-triangles with the first one after each new subscription."""
+"""The mesh topic: a publish stage's MeshTap follows the `mesh/<rig>` subscriptions its XPUB
+socket reports; the body stage skins nothing and sends nothing while none is held, and
+otherwise sends after each body message the vertices of the model's forward for the pose
+that message published, the triangles with the first one after each new subscription."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+import zmq
+import zmq.asyncio
 from body_scenes import PHENOTYPE, observe, walk_and_wave
 from stage_items import pose3d, run_context
 
 from pipeline import wire
-from pipeline.graph import Outbox
+from pipeline.config import parse_config
+from pipeline.graph import Context, Outbox
 from pipeline.messages import Result
+from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
 from stages.body.mesh import MeshResult
 from stages.body.mesh_topic import MeshTap, run_taps
 from stages.body.result import BodyResult
 from stages.body.stage import Body, BodyOptions
+from stages.publish import Publish, PublishOptions
 
 
 def test_a_mesh_subscription_is_counted_per_rig_until_unsubscribed():
@@ -101,3 +106,63 @@ def test_the_mesh_follows_each_body_message_with_the_models_forward_of_its_pose(
     assert with_triangles == [True, False, False]
     triangles = wire.decode(wire.encode_result(got[1], 0)).arrays["triangles"]
     np.testing.assert_array_equal(triangles, body_model.triangles)
+
+
+async def _until(condition, timeout_s: float = 5.0) -> bool:
+    """Polls condition() until true or timeout_s (a subscription takes publish's drain
+    period to reach it)."""
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
+def test_a_real_publish_stage_feeds_its_mesh_tap_from_its_subscribers(tmp_path):
+    config = parse_config(
+        {
+            "cameras": [{"name": "card", "url": "synthetic:"}],
+            "stages": [
+                {"kind": "capture"},
+                {"kind": "body", "rig": "hall"},
+                {"kind": "publish", "bind": "tcp://127.0.0.1:*"},
+            ],
+        },
+        tmp_path / "run.toml",
+    )
+
+    async def main() -> list[bool]:
+        context = Context(config, Metrics())
+        publish = Publish("publish", PublishOptions(bind="tcp://127.0.0.1:*", stats=False), context)
+        inbox = BoundedQueue("publish", 8, "block", context.metrics)
+        task = asyncio.create_task(publish.run(inbox, Outbox("publish", [], context.metrics)))
+        await asyncio.wait_for(publish.bound.wait(), 5)
+        tap = run_taps(context)["publish"]
+        seen = []
+        ctx = zmq.asyncio.Context.instance()
+        others = ctx.socket(zmq.SUB)
+        others.setsockopt(zmq.LINGER, 0)
+        for topic in (b"body/", b"pose3d/hall", b"meta"):
+            others.setsockopt(zmq.SUBSCRIBE, topic)
+        others.connect(publish.endpoint)
+        await _until(lambda: publish.subscription_messages >= 3)
+        seen.append(tap.wanted("hall"))
+        tap.take_triangles("hall")  # the run's first mesh message carries them
+        seen.append(tap.take_triangles("hall"))
+        viewer = ctx.socket(zmq.SUB)
+        viewer.setsockopt(zmq.LINGER, 0)
+        viewer.setsockopt(zmq.SUBSCRIBE, b"mesh/hall")
+        viewer.connect(publish.endpoint)
+        seen.append(await _until(lambda: tap.wanted("hall")))
+        seen.append(tap.take_triangles("hall"))
+        viewer.setsockopt(zmq.UNSUBSCRIBE, b"mesh/hall")
+        seen.append(await _until(lambda: not tap.wanted("hall")))
+        others.close()
+        viewer.close()
+        inbox.close()
+        await task
+        return seen
+
+    # nobody for the mesh (no triangles due either); a mesh subscriber, for whom they are
+    # due again; gone again
+    assert asyncio.run(main()) == [False, False, True, True, True]
