@@ -54,7 +54,9 @@ def body_loads(
             continue
         rig = str(stage.options.get("rig"))
         options = rigs.get(rig)
-        cameras = list(options.get("cameras", [])) if options else []
+        if options is None:
+            continue
+        cameras = list(options.get("cameras", []))
         if not cameras or any(c not in rates for c in cameras):
             continue
         groups = min(rates[c] for c in cameras)
