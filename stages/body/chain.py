@@ -85,6 +85,11 @@ class UnitChain:
                 self.subtree[k, i] = 1.0
                 k = self.unit_parent[k]
         self.weight_share = folded[..., 3] @ self.subtree.T  # [N, units]
+        depth = np.zeros(len(units), dtype=np.int64)
+        for i in range(1, len(units)):
+            depth[i] = depth[self.unit_parent[i]] + 1
+        # the units below the root by depth: each level's parents are all in earlier ones
+        self.levels = [np.nonzero(depth == d)[0] for d in range(1, depth.max() + 1)]
 
     def forward(
         self, rotations: np.ndarray, translation: np.ndarray
@@ -106,15 +111,15 @@ class UnitChain:
         k[:, :3, :3] = self.u_parent_t @ m
         k[:, :3, 3] = self.k_trans
         k[:, 3, 3] = 1.0
-        for i in range(1, n):
-            base = w[self.unit_parent[i]] @ self.rel[i]
-            parent_rot[i] = base[:3, :3]
-            w[i] = base @ k[i]
+        for level in self.levels:
+            base = w[self.unit_parent[level]] @ self.rel[level]
+            parent_rot[level] = base[:, :3, :3]
+            w[level] = base @ k[level]
         transforms = w[:, :3, :3] @ self.rest_inverse
         transforms[:, :, 3] += w[:, :3, 3]
         return transforms, w[:, :3], parent_rot
 
     def keypoints(self, transforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mapped points [N, 3] and their per-unit terms [N, units, 3]."""
-        terms = np.einsum("uij,nuj->nui", transforms, self.anchors)
+        terms = (transforms[None] * self.anchors[:, :, None, :]).sum(axis=-1)
         return terms.sum(axis=1), terms

@@ -20,13 +20,17 @@ from stages.body.rotations import matrix_to_rotvec, rotvec_to_matrix
 
 # the bones the fit moves (both sides for .L/.R), besides the root; the others keep the rest
 # pose relative to their parent
-FITTED_BONES = (
+BODY_BONES = (
     "spine03", "head",
     "upperarm01.L", "lowerarm01.L", "wrist.L",
     "upperarm01.R", "lowerarm01.R", "wrist.R",
     "upperleg01.L", "lowerleg01.L", "foot.L",
     "upperleg01.R", "lowerleg01.R", "foot.R",
 )  # fmt: skip
+# with FitConfig.fingers, also each finger's first two bones, fitted once the phenotype is
+# held (BodyTracker); the third (fingerN-3) only moves the tip, which has no mapped keypoint
+FINGER_BONES = tuple(f"finger{n}-{k}.{side}" for side in "LR" for n in range(1, 6) for k in (1, 2))
+FITTED_BONES = BODY_BONES
 TORSO = ("left_shoulder", "right_shoulder", "left_hip", "right_hip")
 # pose-independent distances (within one bone or across the torso) that start the phenotype
 SEGMENTS = tuple(
@@ -65,7 +69,9 @@ class FitConfig:
     pose_prior: weight (m per rad) of the pull towards the last frame's pose. iterations:
     LM steps a frame (first_iterations for a person's first frame). window: frames over
     which the phenotype is fitted; phenotype_rounds: alternations of pose and phenotype fits
-    there. min_points: fewer mapped keypoints with a target and the frame is not fitted."""
+    there. min_points: fewer mapped keypoints with a target and the frame is not fitted.
+    fingers: also map the finger joints and turn the finger bones (FINGER_BONES), from the
+    frame the phenotype is held."""
 
     robust_scale: float = 0.04
     pose_prior: float = 0.002
@@ -77,6 +83,7 @@ class FitConfig:
     min_points: int = 8
     min_confidence: float = 0.3
     tolerance: float = 1e-7
+    fingers: bool = False
 
 
 @dataclass
@@ -106,9 +113,10 @@ class BodyFrame:
 
 
 class PoseSolver:
-    """Levenberg-Marquardt on one frame for a fixed rest body. units: the bones chained
-    (stages/body/chain.py), by default the root and FITTED_BONES (the others folded onto
-    them); bench/body_fit.py passes every bone for its unfolded reference."""
+    """Levenberg-Marquardt on one frame for a fixed rest body, turning the root and `fitted`
+    (bone names). units: the bones chained (stages/body/chain.py), by default the root and
+    the fitted bones (the others folded onto them); bench/body_fit.py passes every bone for
+    its unfolded reference."""
 
     def __init__(
         self,
@@ -116,11 +124,12 @@ class PoseSolver:
         points: BodyKeypoints,
         config: FitConfig,
         units: np.ndarray | None = None,
+        fitted: tuple[str, ...] = FITTED_BONES,
     ) -> None:
         self.model = model
         self.points = points
         self.config = config
-        self.bones = np.array(sorted([0] + [model.bone(b) for b in FITTED_BONES]))
+        self.bones = np.array(sorted([0] + [model.bone(b) for b in fitted]))
         self.units = self.bones if units is None else np.asarray(units)
         self.fit_rows = np.searchsorted(self.units, self.bones)
         if not np.array_equal(self.units[self.fit_rows], self.bones):
@@ -157,12 +166,12 @@ class PoseSolver:
         w (world) about its posed head moves point n by w x (S[n, b] - s[n, b] head_b), S
         the sum of its terms over b's subtree and s their weight."""
         poses, parent_rot = posed
-        sums = np.einsum("nuc,du->ndc", terms, self.subtree)
+        sums = self.subtree @ terms
         pivot = poses[self.fit_rows, :, 3]
         v = sums - self.weight_share[..., None] * pivot[None]
         axes = parent_rot[self.fit_rows] @ self.parent_reference_t
         # d/d delta of (w x v) = -[v]x A: column k is -(v x A[:, k])
-        cols = -np.cross(v[:, :, None, :], axes.transpose(0, 2, 1)[None], axis=-1)
+        cols = _cross(axes.transpose(0, 2, 1)[None], v[:, :, None, :])
         n, nd = v.shape[:2]
         jac = np.empty((n, 3, 3 + 3 * nd))
         jac[:, :, :3] = np.eye(3)
@@ -192,7 +201,7 @@ class PoseSolver:
         self, pose: Pose, prior: Pose, targets: np.ndarray, conf: np.ndarray
     ) -> tuple[float, np.ndarray, np.ndarray, UnitPoses, np.ndarray]:
         points, terms, poses = self.keypoints(pose)
-        r = np.where(conf[:, None] > 0, points - np.nan_to_num(targets), 0.0)
+        r = np.where(conf[:, None] > 0, points - targets, 0.0)
         d2 = (r**2).sum(axis=1)
         c2 = self.config.robust_scale**2
         data = float((conf * c2 * np.log1p(d2 / c2)).sum())
@@ -210,6 +219,7 @@ class PoseSolver:
         """LM from `pose`; prior: the pose the weak prior pulls towards. targets [N, 3] (NaN:
         missing), conf [N] (0: unused)."""
         cfg = self.config
+        targets = np.nan_to_num(targets)  # missing ones weigh 0
         cost, r, terms, poses, phi = self._cost(pose, prior, targets, conf)
         damping = 1e-3
         steps = 0
@@ -249,6 +259,14 @@ class PoseSolver:
         return out
 
 
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a x b over the last axis, broadcast (np.cross without its axis handling, which cost
+    more than the products on the fit's small arrays)."""
+    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
+    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    return np.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+
+
 @dataclass
 class BodyTracker:
     """One rig person's body over time: `update(points, confidence)` per frame."""
@@ -257,11 +275,22 @@ class BodyTracker:
     config: FitConfig = field(default_factory=FitConfig)
 
     def __post_init__(self) -> None:
-        self.points = BodyKeypoints(self.model)
-        self.solver = PoseSolver(self.model, self.points, self.config)
+        fingers = self.config.fingers
+        self.points = BodyKeypoints(self.model, fingers)
+        fitted = BODY_BONES + (FINGER_BONES if fingers else ())
+        self.solver = PoseSolver(self.model, self.points, self.config, fitted=fitted)
+        # the window's: the body without the fingers, fitted to the points the fingers do not
+        # move (with the finger joints in the window the synthetic walk's body keypoints came
+        # out at 1.6x the triangulation's error instead of 1.1x)
+        self.body_solver = (
+            PoseSolver(self.model, self.points, self.config, fitted=BODY_BONES)
+            if fingers
+            else self.solver
+        )
+        self.finger_points = self.points.finger
         self.phenotype = np.full(6, 0.5)
         self.phenotype_final = False
-        self.solver.set_rest(self.model.rest(self.phenotype, vertices=False))
+        self._set_rest(self.model.rest(self.phenotype, vertices=False))
         self.pose: Pose | None = None
         self.window: list[tuple[np.ndarray, np.ndarray, Pose]] = []
 
@@ -288,21 +317,34 @@ class BodyTracker:
         first = self.pose is None
         if first:
             self.phenotype = self._phenotype_from_segments(targets, weights)
-            self.solver.set_rest(self.model.rest(self.phenotype, vertices=False))
-        start = self.solver.initial_pose(targets, weights > 0) if self.pose is None else self.pose
+            self._set_rest(self.model.rest(self.phenotype, vertices=False))
+        solver, used = self._solver(weights)
+        start = solver.initial_pose(targets, weights > 0) if self.pose is None else self.pose
         iterations = self.config.first_iterations if first else self.config.iterations
-        pose, steps = self.solver.solve(start, start, targets, weights, iterations)
+        pose, steps = solver.solve(start, start, targets, used, iterations)
         self.pose = pose
         if not self.phenotype_final:
-            self.window.append((targets, weights, pose))
+            self.window.append((targets, used, pose))
             if len(self.window) >= self.config.window:
-                self._fit_phenotype()
+                self._fit_phenotype(weights)
                 pose = self.pose
         fitted, _, _ = self.solver.keypoints(pose)
         residuals = np.where(weights > 0, np.linalg.norm(fitted - targets, axis=1), np.nan)
         return BodyFrame(
             pose.copy(), self.phenotype.copy(), self.phenotype_final, fitted, residuals, steps
         )
+
+    def _solver(self, weights: np.ndarray) -> tuple[PoseSolver, np.ndarray]:
+        """The solver of this frame and the weights it uses: in the window the body's, the
+        finger joints past the base unweighted; then the whole one."""
+        if self.phenotype_final:
+            return self.solver, weights
+        return self.body_solver, np.where(self.finger_points, 0.0, weights)
+
+    def _set_rest(self, rest: RestBody) -> None:
+        self.solver.set_rest(rest)
+        if self.body_solver is not self.solver:
+            self.body_solver.set_rest(rest)
 
     def _phenotype_from_segments(self, targets: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The phenotype whose rest-pose SEGMENTS lengths best match this frame's (damped
@@ -348,15 +390,15 @@ class BodyTracker:
         return phenotype
 
     def _window_residuals(self, phenotype: np.ndarray, poses: list[Pose]) -> np.ndarray:
-        self.solver.set_rest(self.model.rest(phenotype, vertices=False))
+        self.body_solver.set_rest(self.model.rest(phenotype, vertices=False))
         out = []
         for (targets, weights, _), pose in zip(self.window, poses, strict=True):
-            fitted, _, _ = self.solver.keypoints(pose)
+            fitted, _, _ = self.body_solver.keypoints(pose)
             r = np.where(weights[:, None] > 0, fitted - np.nan_to_num(targets), 0.0)
             out.append(np.sqrt(weights)[:, None] * r)
         return np.concatenate(out).ravel()
 
-    def _fit_phenotype(self) -> None:
+    def _fit_phenotype(self, weights: np.ndarray) -> None:
         """Alternate over the window: every frame's pose for the phenotype, then damped
         Gauss-Newton steps (finite-difference Jacobian, cost checked) on the phenotype for
         those poses, clipped to [0, 1]; then hold it."""
@@ -371,9 +413,9 @@ class BodyTracker:
             return float(r @ r), r
 
         for _ in range(cfg.phenotype_rounds):
-            self.solver.set_rest(self.model.rest(phenotype, vertices=False))
+            self.body_solver.set_rest(self.model.rest(phenotype, vertices=False))
             poses = [
-                self.solver.solve(p, p, t, w, cfg.iterations)[0]
+                self.body_solver.solve(p, p, t, w, cfg.iterations)[0]
                 for (t, w, _), p in zip(self.window, poses, strict=True)
             ]
             current, r0 = cost(phenotype)
@@ -396,7 +438,10 @@ class BodyTracker:
                 damping *= 10.0
         self.phenotype = phenotype
         self.phenotype_final = True
-        self.solver.set_rest(self.model.rest(phenotype, vertices=False))
+        self._set_rest(self.model.rest(phenotype, vertices=False))
         last = poses[-1]
-        self.pose = self.solver.solve(last, last, *self.window[-1][:2], cfg.iterations)[0]
+        # the last frame again with its own weights (with fingers: every point, the fingers
+        # from their rest pose)
+        steps = cfg.first_iterations if cfg.fingers else cfg.iterations
+        self.pose = self.solver.solve(last, last, self.window[-1][0], weights, steps)[0]
         self.window = []

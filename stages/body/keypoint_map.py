@@ -1,6 +1,6 @@
 """Which ANNY point each Sapiens2-308 keypoint the body fit uses stands for (docs/body.md,
 "Keypoint map"): the COCO-23 ANNY regresses from its vertices (anny/keypoints.py, the
-`coco.pth` weights), and bone heads (joint centres) for the hand's base joints.
+`coco.pth` weights), and bone heads (joint centres) for the hands' joints.
 
 Every fit point is linear in the bone transforms: point = sum over bones j of T_j a[j], with
 a[j] float64 [4] its anchor (keypoint_anchors for a regressed keypoint; (head_j, 1) at its
@@ -32,33 +32,53 @@ _HAND_BASES = (
     ("pinky_finger_third_joint", "finger5-1"),
 )
 
+# The joints past the base, counted from the fingertip (Sapiens2's <finger>4 is the tip,
+# <finger>3 the joint next to it): the thumb's metacarpophalangeal (finger1-2) and
+# interphalangeal (finger1-3) joints, the other fingers' proximal (fingerN-2) and distal
+# (fingerN-3) interphalangeal joints. The tips have no bone head and are not mapped.
+_FINGER_JOINTS = tuple(
+    (f"{finger}{k}", f"finger{n}-{k}")
+    for n, finger in enumerate(
+        ("thumb", "forefinger", "middle_finger", "ring_finger", "pinky_finger"), start=1
+    )
+    for k in (2, 3)
+)
+
+_SIDES = (("left", "L"), ("right", "R"))
 # (Sapiens2 name, "coco" | "head", ANNY keypoint label or bone label)
 SAPIENS_TO_ANNY: tuple[tuple[str, str, str], ...] = tuple(
     (name, "coco", name) for name in _COCO23
 ) + tuple(
     (f"{side}_{sapiens}", "head", f"{bone}.{suffix}")
-    for side, suffix in (("left", "L"), ("right", "R"))
+    for side, suffix in _SIDES
     for sapiens, bone in _HAND_BASES
+)
+# the finger joints, mapped when the fit turns the fingers (FitConfig.fingers)
+FINGER_JOINTS_TO_ANNY: tuple[tuple[str, str, str], ...] = tuple(
+    (f"{side}_{sapiens}", "head", f"{bone}.{suffix}")
+    for side, suffix in _SIDES
+    for sapiens, bone in _FINGER_JOINTS
 )
 
 
 class BodyKeypoints:
-    """The mapped points for one model: sapiens float index [N] into the 308, and per rest
-    body their anchors float64 [N, B, 4]."""
+    """The mapped points for one model (SAPIENS_TO_ANNY, then with fingers
+    FINGER_JOINTS_TO_ANNY): sapiens float index [N] into the 308, finger [N] True for the
+    finger joints, and per rest body their anchors float64 [N, B, 4]."""
 
-    def __init__(self, model: AnnyModel) -> None:
+    def __init__(self, model: AnnyModel, fingers: bool = False) -> None:
         self.model = model
-        self.names = [name for name, _, _ in SAPIENS_TO_ANNY]
+        mapping = SAPIENS_TO_ANNY + (FINGER_JOINTS_TO_ANNY if fingers else ())
+        self.names = [name for name, _, _ in mapping]
         self.sapiens = np.array([INDEX[name] for name in self.names], dtype=np.int64)
+        self.finger = np.arange(len(mapping)) >= len(SAPIENS_TO_ANNY)
         self._coco_rows = [
             (i, model.keypoint_labels.index(label))
-            for i, (_, kind, label) in enumerate(SAPIENS_TO_ANNY)
+            for i, (_, kind, label) in enumerate(mapping)
             if kind == "coco"
         ]
         self._heads = [
-            (i, model.bone(label))
-            for i, (_, kind, label) in enumerate(SAPIENS_TO_ANNY)
-            if kind == "head"
+            (i, model.bone(label)) for i, (_, kind, label) in enumerate(mapping) if kind == "head"
         ]
 
     def __len__(self) -> int:

@@ -26,6 +26,13 @@ LIMITS_DEG: dict[str, tuple[tuple[float, float], ...]] = {
     "upperleg01": ((-130, 35), (-50, 50), (-50, 50)),
     "lowerleg01": ((-5, 155), (0, 0), (0, 0)),
     "foot": ((-50, 35), (-25, 25), (-35, 35)),
+    # fingers 2-5 flex about +x (their rest curl's axis), spread about z, no twist; the
+    # thumb's carpometacarpal joint turns about x and z, its metacarpophalangeal about z
+    # (+z flexes the right thumb, -z the left: the range is symmetric)
+    "finger1-1": ((-30, 30), (0, 0), (-45, 45)),
+    "finger1-2": ((0, 0), (0, 0), (-70, 70)),
+    **{f"finger{n}-1": ((-30, 90), (0, 0), (-25, 25)) for n in range(2, 6)},
+    **{f"finger{n}-2": ((-5, 110), (0, 0), (0, 0)) for n in range(2, 6)},
 }
 
 

@@ -71,6 +71,19 @@ class AnnyModel:
         self.skin_weights = arrays["skin_weights"]
         self.keypoint_labels = [str(x) for x in arrays["keypoint_labels"]]
         self.keypoint_weights = arrays["keypoint_weights"]
+        self.triangles = np.asarray(arrays["triangles"], dtype=np.int32)  # [T, 3]
+        if (
+            self.triangles.ndim != 2
+            or self.triangles.shape[1] != 3
+            or (
+                len(self.triangles)
+                and not 0
+                <= self.triangles.min()
+                <= self.triangles.max()
+                < len(self.template_vertices)
+            )
+        ):
+            raise BodyModelError("triangles: must be [T, 3] indices of the vertices")
         if self.parents[0] >= 0 or (self.parents[1:] >= np.arange(1, len(self.parents))).any():
             raise BodyModelError("bone_parents: the root must be bone 0 and parents precede bones")
         self.parent_or_self = np.where(self.parents < 0, 0, self.parents)

@@ -10,6 +10,43 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.messages import Result
+from stages.body import skeleton
+from stages.body.anny_data import PHENOTYPES
+from stages.body.fit import FINGER_BONES, FITTED_BONES
+from stages.body.keypoint_map import FINGER_JOINTS_TO_ANNY, SAPIENS_TO_ANNY
+from stages.body.mesh_topic import VERTEX_COUNT
+
+# The `meta` message's `body` entry (stages/meta.py; docs/protocol.md, "body"): how to read
+# a body message's parts without loading the model.
+WIRE_META = {
+    "model": "anny-0.6.2",
+    "bones": list(skeleton.NAMES),
+    "parents": list(skeleton.PARENTS),
+    "fitted_bones": ["root", *FITTED_BONES],
+    "keypoints": [name for name, _, _ in SAPIENS_TO_ANNY],
+    # with the stage's `fingers`: these bones turn too, and these points follow `keypoints`
+    "finger_bones": list(FINGER_BONES),
+    "finger_keypoints": [name for name, _, _ in FINGER_JOINTS_TO_ANNY],
+    "keypoints_from": "pose",
+    "phenotype_labels": list(PHENOTYPES),
+    "rotations": "local-ref",
+    "units": "m",
+    "parts": [
+        {"name": "rotations", "dtype": "float32", "shape": ["P", "B", 3, 3]},
+        {"name": "translation", "dtype": "float32", "shape": ["P", 3], "units": "m"},
+        {"name": "phenotype", "dtype": "float32", "shape": ["P", 6]},
+        {"name": "keypoints", "dtype": "float32", "shape": ["P", "N", 3], "units": "m"},
+        {"name": "residuals", "dtype": "float32", "shape": ["P", "N"], "units": "m"},
+    ],
+    "mesh": {
+        "topic": "mesh/<rig>",
+        "vertex_count": VERTEX_COUNT,
+        "parts": [
+            {"name": "vertices", "dtype": "float32", "shape": ["P", "V", 3], "units": "m"},
+            {"name": "triangles", "dtype": "int32", "shape": ["T", 3], "when": "has_triangles"},
+        ],
+    },
+}
 
 
 def _empty(*shape: int) -> np.ndarray:
@@ -47,7 +84,7 @@ class BodyResult(Result):
             "unfitted": [int(i) for i in self.unfitted],
             "bones": list(self.bones),
             "keypoints": list(self.keypoint_names),
-            "phenotype_labels": ["gender", "age", "muscle", "weight", "height", "proportions"],
+            "phenotype_labels": list(PHENOTYPES),
             "phenotype_final": [bool(x) for x in self.phenotype_final],
             "units": "m",
         }

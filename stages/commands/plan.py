@@ -101,7 +101,8 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
     lines.append(
         f"  CPU: {100 * cpu['asked']:.0f}% -> {100 * cpu['predicted']:.0f}% of {cpu['cores']} "
         f"cores (decode {cpu['capture']:.2f}, detect {cpu['detect']:.2f}, push "
-        f"{cpu['push']:.2f}, simulator {cpu['infer_host']:.2f} cores; load average "
+        f"{cpu['push']:.2f}, simulator {cpu['infer_host']:.2f}, body fit "
+        f"{cpu.get('body', 0.0):.2f} cores; load average "
         f"{plan.load_avg:.2f} before planning)"
     )
     if "detect" in u:

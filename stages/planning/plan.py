@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.config import Config, load_config
 from pipeline.graph import stage_class
 from stages.detect_workers import default_workers, lane_of
+from stages.planning.body import body_loads
 from stages.planning.npu import (
     CameraLoad,
     ModelCost,
@@ -263,16 +264,35 @@ def make_plan(  # noqa: C901
 
     det_asked = sum(det_offered[c] * det_cost[c] for c in scenes)
     det_run = sum(rates[c] * det_cost[c] for c in scenes)
+    bodies = body_loads(
+        config,
+        {p.name: rates.get(p.name, p.fps) for p in probes},
+        {p.name: scenes[p.name].mean_people if p.name in scenes else 0.0 for p in probes},
+    )
+    for b in bodies:
+        notes.append(
+            f"body {b.stage}: rig {b.rig}, {b.groups_per_s:.1f} groups/s x {b.people:.1f} "
+            f"people x {1e3 * b.asked / max(b.groups_per_s * b.people, 1e-12):.2f} ms a "
+            f"person-frame (bench/body_fit.py) = "
+            f"{b.asked:.2f} cores on its one thread"
+        )
+    body_asked = sum(b.asked for b in bodies)
+    body_run = sum(b.predicted for b in bodies)
     util: dict[str, dict[str, float]] = {
         "cpu": {
             "cores": cores,
             # detect's workers are threads: each can ask at most one core
-            "asked": (capture_cpu + push_cpu + min(det_asked, workers) + infer_host) / cores,
-            "predicted": min(1.0, (capture_cpu + push_cpu + det_run + infer_host) / cores),
+            "asked": (capture_cpu + push_cpu + min(det_asked, workers) + infer_host + body_run)
+            / cores,
+            "predicted": min(
+                1.0, (capture_cpu + push_cpu + det_run + infer_host + body_run) / cores
+            ),
             "capture": capture_cpu,
             "push": push_cpu,
             "detect": det_run,
             "infer_host": infer_host,
+            "body": body_run,
+            "body_asked": body_asked,
         },
     }
     if scenes:

@@ -89,3 +89,22 @@ def test_every_new_subscriber_of_meta_gets_it_first_and_a_det_subscriber_does_no
     assert meta.header["meta"]["cameras"] == ["card"]
     assert meta.header["meta"]["pose"] == contract()["pose"]
     assert late_det and {m.topic for m in late_det} == {"det/card"}
+
+
+def test_the_body_entry_names_the_bones_their_parents_and_the_fitted_keypoints():
+    body = contract()["body"]
+    assert body["bones"][0] == "root" and body["parents"][0] == -1
+    assert len(body["bones"]) == len(body["parents"]) == 104
+    for bone, parent in zip(body["bones"][1:], body["parents"][1:], strict=True):
+        assert 0 <= parent < body["bones"].index(bone)  # parents precede their children
+    assert body["bones"][body["parents"][body["bones"].index("lowerarm01.L")]] == "upperarm02.L"
+    assert set(body["fitted_bones"] + body["finger_bones"]) <= set(body["bones"])
+    assert set(body["finger_keypoints"]) <= set(keypoints308.NAMES)
+    assert set(body["keypoints"]) <= set(keypoints308.NAMES)  # named as meta.pose's
+    assert "left_wrist" in body["keypoints"] and body["keypoints_from"] == "pose"
+    assert body["phenotype_labels"] == ["gender", "age", "muscle", "weight", "height",
+                                        "proportions"]  # fmt: skip
+    assert [p["name"] for p in body["parts"]] == [
+        "rotations", "translation", "phenotype", "keypoints", "residuals"
+    ]  # fmt: skip
+    assert body["mesh"]["topic"] == "mesh/<rig>"

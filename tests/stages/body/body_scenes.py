@@ -32,7 +32,8 @@ def _bone_frame(model: AnnyModel, label: str, rotvec: np.ndarray) -> np.ndarray:
 def walk_and_wave(model: AnnyModel, frames: int) -> list[Pose]:
     """Truth poses: a 1.1 s gait cycle (hips, knees, ankles, counter-swinging left arm,
     trunk twist) walking +x at 0.8 m/s through the middle of the rig, the right arm raised
-    and waving at 2 Hz, the head turning; angles in the bones' own axes, inside the limits."""
+    and waving at 2 Hz with its hand opening and closing, the left hand curled, the head
+    turning; angles in the bones' own axes, inside the limits."""
     poses = []
     for f in range(frames):
         t = f / FPS
@@ -52,7 +53,18 @@ def walk_and_wave(model: AnnyModel, frames: int) -> list[Pose]:
             "upperarm01.R": (0.3, 0.4, -1.9),
             "lowerarm01.R": (0.8 + 0.45 * np.sin(wave), 0.3, 0.0),
             "wrist.R": (0.2 * np.sin(wave), 0.0, 0.25 * np.sin(wave)),
+            # the right hand opens and closes as it waves, the left stays half curled
+            "finger1-1.R": (0.2 * np.sin(wave), 0.0, 0.3),
+            "finger1-2.R": (0.0, 0.0, 0.3 + 0.3 * np.sin(wave)),
+            "finger1-1.L": (0.1, 0.0, -0.2),
+            "finger1-2.L": (0.0, 0.0, -0.4),
         }
+        for n in range(2, 6):
+            spread = 0.08 * (n - 3.5)
+            angles[f"finger{n}-1.R"] = (0.5 + 0.5 * np.sin(wave + 0.2 * n), 0.0, spread)
+            angles[f"finger{n}-2.R"] = (0.7 + 0.6 * np.sin(wave + 0.2 * n), 0.0, 0.0)
+            angles[f"finger{n}-1.L"] = (0.6, 0.0, -spread)
+            angles[f"finger{n}-2.L"] = (0.9, 0.0, 0.0)
         rotations = np.tile(np.eye(3), (model.bone_count, 1, 1))
         for label, rotvec in angles.items():
             rotations[model.bone(label)] = _bone_frame(model, label, np.array(rotvec))
@@ -75,10 +87,16 @@ class Observed:
 
 
 def observe(
-    model: AnnyModel, phenotype: np.ndarray, poses: list[Pose], noise_px: float, seed: int
+    model: AnnyModel,
+    phenotype: np.ndarray,
+    poses: list[Pose],
+    noise_px: float,
+    seed: int,
+    fingers: bool = False,
 ) -> Observed:
+    """The mapped points (with fingers: the finger joints too) seen and triangulated."""
     cameras = list(read_calibration(CALIBRATION).cameras.values())
-    mapped = BodyKeypoints(model)
+    mapped = BodyKeypoints(model, fingers)
     rest = model.rest(phenotype, vertices=False)
     anchors = mapped.anchors(rest)
     truth = np.stack(

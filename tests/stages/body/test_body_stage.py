@@ -4,48 +4,38 @@ other rigs' ignored, a result it cannot fit counted as an error drop."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from body_scenes import PHENOTYPE, observe, walk_and_wave
+from stage_items import pose3d, run_context
+from vmc_receiver import Receiver
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.graph import Outbox, check_stages, stage_kinds
 from pipeline.messages import Result
-from pipeline.metrics import Metrics
 from pipeline.queues import BoundedQueue
+from stages.body.exports.vmc import HUMANOID
 from stages.body.result import BodyResult
 from stages.body.stage import Body, BodyOptions
 from stages.rig.calibration import Calibration, Camera, write_calibration
-from stages.rig.pose3d import Pose3DResult
 
 
-def _pose3d(rig: str, seq: int, points: np.ndarray) -> Pose3DResult:
-    return Pose3DResult(
-        camera=rig,
-        seq=seq,
-        capture_ts_ns=seq,
-        deadline_ns=2**62,
-        points=points.astype(np.float32),
-        person_ids=(3,),
-    )
-
-
-def test_the_rigs_pose3d_results_become_body_results_in_order(body_model):
+def test_the_rigs_pose3d_results_become_body_results_in_order(body_model, tmp_path):
     seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
     points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
     items = [
-        _pose3d("hall", 0, points[0:1]),
-        _pose3d("yard", 1, points[1:2]),
-        _pose3d("hall", 2, np.zeros((1, 17, 4))),  # not 308 keypoints: cannot be fitted
-        _pose3d("hall", 3, points[1:2]),
-        _pose3d("hall", 4, points[2:3]),
+        pose3d("hall", 0, points[0:1]),
+        pose3d("yard", 1, points[1:2]),
+        pose3d("hall", 2, np.zeros((1, 17, 4))),  # not 308 keypoints: cannot be fitted
+        pose3d("hall", 3, points[1:2]),
+        pose3d("hall", 4, points[2:3]),
     ]
 
     async def run() -> list:
-        metrics = Metrics()
-        stage = Body("body", BodyOptions(rig="hall", window=2), SimpleNamespace(metrics=metrics))
+        context = run_context(tmp_path)
+        metrics = context.metrics
+        stage = Body("body", BodyOptions(rig="hall", window=2), context)
         inbox = BoundedQueue("body", 8, "block", metrics)
         published = BoundedQueue("publish", 8, "block", metrics)
         out = Outbox("body", [("publish", (Result,), published)], metrics)
@@ -106,7 +96,7 @@ def test_a_config_with_a_body_stage_after_rig3d_validates(tmp_path):
 def test_trc_files_of_the_fitted_keypoints_are_written_per_person_at_shutdown(body_model, tmp_path):
     seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
     points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
-    context = SimpleNamespace(metrics=Metrics(), config=SimpleNamespace(base_dir=tmp_path))
+    context = run_context(tmp_path)
     options = BodyOptions(rig="hall", window=2, trc="out/walk.trc", trc_max_frames=2)
     (tmp_path / "out").mkdir()
 
@@ -116,7 +106,7 @@ def test_trc_files_of_the_fitted_keypoints_are_written_per_person_at_shutdown(bo
         published = BoundedQueue("publish", 8, "block", context.metrics)
         out = Outbox("body", [("publish", (Result,), published)], context.metrics)
         for f in range(3):
-            await inbox.put(_pose3d("hall", f, points[f : f + 1]))
+            await inbox.put(pose3d("hall", f, points[f : f + 1]))
         inbox.close()
         await stage.run(inbox, out)
         return [await published.get() for _ in range(3)]
@@ -130,3 +120,42 @@ def test_trc_files_of_the_fitted_keypoints_are_written_per_person_at_shutdown(bo
     first = np.array(rows[0].split("\t")[2:], dtype=float).reshape(-1, 3)
     # Y up as OpenSim reads it: (y, z, x) of the Z-up world, to the file's 6 decimals
     np.testing.assert_allclose(first, got[0].keypoints[0][:, [1, 2, 0]], atol=1e-6)
+
+
+def test_the_stage_writes_the_mot_bvh_and_glb_files_and_sends_vmc(body_model, tmp_path):
+    seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
+    points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
+    receiver = Receiver()
+    options = BodyOptions(
+        rig="hall", window=2, mot="out/walk", bvh="out/walk", gltf="out/walk",
+        vmc=f"127.0.0.1:{receiver.port}",
+    )  # fmt: skip
+    (tmp_path / "out").mkdir()
+
+    async def run() -> tuple[list, Body]:
+        context = run_context(tmp_path)
+        stage = Body("body", options, context)
+        inbox = BoundedQueue("body", 8, "block", context.metrics)
+        published = BoundedQueue("publish", 8, "block", context.metrics)
+        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
+        for f in range(3):
+            await inbox.put(pose3d("hall", f, points[f : f + 1]))
+        inbox.close()
+        await stage.run(inbox, out)
+        return [await published.get() for _ in range(3)], stage
+
+    try:
+        got, stage = asyncio.run(run())
+        messages = receiver.wait_for(3 * (len(HUMANOID) + 3))
+    finally:
+        receiver.close()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "walk_person3.bvh", "walk_person3.glb", "walk_person3.mot"
+    ]  # fmt: skip
+    mot = (tmp_path / "out" / "walk_person3.mot").read_text().splitlines()
+    assert mot[2] == "nRows=3"
+    bvh = (tmp_path / "out" / "walk_person3.bvh").read_text()
+    assert "Frames: 3" in bvh and "ROOT root" in bvh
+    assert stage.vmc.sent == 3
+    times = [args[0] for address, args in messages if address == "/VMC/Ext/T"]
+    assert times == pytest.approx([r.capture_ts_ns / 1e9 for r in got])

@@ -9,15 +9,15 @@ import pytest
 from body_scenes import PHENOTYPE, observe, walk_and_wave
 from scipy.spatial.transform import Rotation
 
-from stages.body.fit import FITTED_BONES, BodyFitError, BodyTracker, FitConfig
+from stages.body.fit import FINGER_BONES, FITTED_BONES, BodyFitError, BodyTracker, FitConfig
 
 FRAMES = 60
 
 
-def _angle_errors(model, fits, truth) -> np.ndarray:
+def _angle_errors(model, fits, truth, fitted=FITTED_BONES) -> np.ndarray:
     """[F, bones] degrees between the fitted and true pose deltas of the root and the
     fitted bones."""
-    bones = [0] + [model.bone(b) for b in FITTED_BONES]
+    bones = [0] + [model.bone(b) for b in fitted]
     return np.array(
         [
             [
@@ -57,6 +57,27 @@ def test_walking_and_waving_is_tracked_within_5_degrees_and_the_triangulations_e
     rest_heads = [body_model.rest(f.phenotype, vertices=False).heads for f in fits[window - 1 :]]
     assert all(np.array_equal(h, rest_heads[0]) for h in rest_heads)
     # no joint outside its limits, up to the rotation-vector round trip's round-off
+    limits = tracker.solver.limits
+    for f in fits:
+        assert limits.violation(f.pose.rotations[limits.bones]).max() <= 1e-12
+
+
+def test_with_fingers_the_hands_are_tracked_once_the_phenotype_is_held(body_model, walk):
+    truth, _ = walk
+    seen = observe(body_model, PHENOTYPE, truth, noise_px=1.0, seed=0, fingers=True)
+    tracker = BodyTracker(body_model, FitConfig(fingers=True))
+    assert len(tracker.points) == 53 and tracker.points.finger.sum() == 20
+    fits = [tracker.update(seen.points308[f], seen.confidence308[f]) for f in range(FRAMES)]
+    window = tracker.config.window
+    # the right hand opens and closes as it waves, the left stays curled
+    errors = _angle_errors(body_model, fits, truth, FINGER_BONES)[window:, 1:]
+    assert np.median(errors) <= 5.0
+    fitted = np.stack([f.keypoints for f in fits])
+    fit_error = np.linalg.norm(fitted - seen.truth, axis=-1)[window:]
+    tri_error = np.linalg.norm(seen.triangulated - seen.truth, axis=-1)[window:]
+    hand, body = tracker.points.finger, ~tracker.points.finger
+    assert fit_error[:, hand].mean() <= 1.2 * tri_error[:, hand].mean()
+    assert fit_error[:, body].mean() <= 1.2 * tri_error[:, body].mean()
     limits = tracker.solver.limits
     for f in fits:
         assert limits.violation(f.pose.rotations[limits.bones]).max() <= 1e-12
