@@ -76,7 +76,7 @@ $(ANNY_REF): $(VENV)/.test .cache/npucam/.fetched
 # MediaPipe's Holistic landmarks of the clips the landmark tests compare against, run once
 MP_REF := .cache/npucam/mediapipe-reference/.built
 
-$(MP_REF): $(MP_VENV)/.made $(VENV)/.test .cache/npucam/.fetched bench/mediapipe_reference.py
+$(MP_REF): $(MP_VENV)/.made bench/mediapipe_reference.py | $(VENV)/.test .cache/npucam/.fetched
 	$(PY) -m tests.stages.landmarks.mediapipe_reference
 	touch $@
 
