@@ -247,6 +247,7 @@ def _distance(values: list[str] | None) -> tuple[str, str, float] | None:
 
 
 def cmd_people(args: argparse.Namespace) -> int:
+    distance = _distance(args.distance)
     lenses_file = read_calibration(args.intrinsics)
     names = [Path(v).stem for v in args.videos]
     if len(set(names)) != len(names):
@@ -273,9 +274,7 @@ def cmd_people(args: argparse.Namespace) -> int:
         views.append(kp)
     frames = min(len(v) for v in views)
     keypoints = np.stack([v[:frames] for v in views])
-    result = calibrate_from_people(
-        lenses, keypoints, height=args.height, distance=_distance(args.distance)
-    )
+    result = calibrate_from_people(lenses, keypoints, height=args.height, distance=distance)
     for pair in result.pairs:
         _say(
             f"{names[pair.a]}-{names[pair.b]}: {pair.inliers} of {pair.matched} matched "
