@@ -1,10 +1,13 @@
-"""Extrinsics from people on Pose2Sim's single-person demo: the four videos' LandmarkTracker body
-keypoints -> stages/rig/people_calibration.py with the Qualisys lenses -> per camera, how far
-the rig is from the lab's Qualisys calibration after a similarity alignment
+"""Extrinsics from people on Pose2Sim's single-person demo: the four videos' LandmarkTracker
+body and hand keypoints -> stages/rig/people_calibration.py with the Qualisys lenses -> per
+camera, how far the rig is from the lab's Qualisys calibration after a similarity alignment
 (stages/rig/rig_alignment.py).
 
 Usage: python bench/people_calibration.py [--frames N] [--height M] [--no-bundle-adjustment]
-The lenses (matrix, distortions) are the demo's Calib.qca.txt imported as Pose2Sim converts it
+                                          [--body-only] [--with-head]
+The 2D is the body and both hands (LandmarkTracker's hand models); the head's points are left
+out (people_calibration.HEAD) unless --with-head. The lenses (matrix, distortions) are the
+demo's Calib.qca.txt imported as Pose2Sim converts it
 (stages/rig/importers.py); only the poses are estimated. cam01 and cam02 decode 1080 px wide
 against the calibration's 1088: their keypoints are rescaled to 1088, as `npucam calibrate
 people` does. The alignment's scale is free (Umeyama with scale); the scale the stated body
@@ -31,7 +34,11 @@ from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
 from stages.landmarks.video import video_people  # noqa: E402
 from stages.rig.calibration import Camera  # noqa: E402
 from stages.rig.importers import import_calibration  # noqa: E402
-from stages.rig.people_calibration import PeopleCalibration, calibrate_from_people  # noqa: E402
+from stages.rig.people_calibration import (  # noqa: E402
+    HEAD,
+    PeopleCalibration,
+    calibrate_from_people,
+)
 from stages.rig.rig_alignment import RigAlignment, align_rigs  # noqa: E402
 
 DEMO = "Demo_SinglePerson"
@@ -42,11 +49,14 @@ def qualisys(demo: str = DEMO) -> list[Camera]:
     return list(import_calibration("qualisys", [path]).cameras.values())
 
 
-def demo_keypoints(lenses: list[Camera], demo: str = DEMO, frames: int = 0) -> np.ndarray:
+def demo_keypoints(
+    lenses: list[Camera], demo: str = DEMO, frames: int = 0, hands: bool = True
+) -> np.ndarray:
     """float64 [V, T, 308, 3]: one person per view, pixels rescaled to the lens's size."""
     views = []
     for cam, lens in zip(POSE2SIM_CAMERAS, lenses, strict=True):
-        found = video_people(pose2sim_demo(demo) / "videos" / f"{cam}.mp4", 1, frames)
+        video = pose2sim_demo(demo) / "videos" / f"{cam}.mp4"
+        found = video_people(video, 1, frames, hands=hands)
         kp = found.keypoints[:, 0].copy()
         kp[..., :2] *= np.divide(lens.size, found.size)
         views.append(kp)
@@ -83,13 +93,21 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=0, help="first N frames (default: all)")
     ap.add_argument("--height", type=float, default=1.7, help="the stated body height, m")
     ap.add_argument("--no-bundle-adjustment", action="store_true")
+    ap.add_argument("--body-only", action="store_true", help="without the hands' keypoints")
+    ap.add_argument(
+        "--with-head", action="store_true", help="use the head's points too (nose, eyes, ears)"
+    )
     args = ap.parse_args()
     reference = qualisys()
     t0 = time.perf_counter()
-    keypoints = demo_keypoints(reference, frames=args.frames)
+    keypoints = demo_keypoints(reference, frames=args.frames, hands=not args.body_only)
     t1 = time.perf_counter()
     result = calibrate_from_people(
-        reference, keypoints, height=args.height, bundle_adjust=not args.no_bundle_adjustment
+        reference,
+        keypoints,
+        height=args.height,
+        ignore=() if args.with_head else HEAD,
+        bundle_adjust=not args.no_bundle_adjustment,
     )
     t2 = time.perf_counter()
     estimate = list(result.calibration.cameras.values())

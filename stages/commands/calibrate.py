@@ -256,7 +256,7 @@ def cmd_people(args: argparse.Namespace) -> int:
     lenses = [lenses_file.camera(name) for name in names]
     views = []
     for video, lens in zip(args.videos, lenses, strict=True):
-        found = video_people(video, max_people=1, frames=args.frames)
+        found = video_people(video, max_people=1, frames=args.frames, hands=True)
         kp = (
             found.keypoints[:, 0]
             if found.track_ids

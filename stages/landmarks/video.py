@@ -1,5 +1,6 @@
-"""One recorded video's people, frame by frame: LandmarkTracker's body keypoints (MediaPipe's
-real weights) placed on Sapiens2's 308 keypoints by stages/landmarks/schema.py `to_308`.
+"""One recorded video's people, frame by frame: LandmarkTracker's body (and hand) keypoints
+(MediaPipe's real weights) placed on Sapiens2's 308 keypoints by stages/landmarks/schema.py
+`to_308`.
 """
 
 from __future__ import annotations
@@ -33,11 +34,16 @@ class VideoPeople:
 
 
 def video_people(
-    path: str | os.PathLike, max_people: int = 1, frames: int = 0, fps: float = 60.0
+    path: str | os.PathLike,
+    max_people: int = 1,
+    frames: int = 0,
+    fps: float = 60.0,
+    hands: bool = False,
 ) -> VideoPeople:
-    """The first `frames` frames (0: all) of the video through one LandmarkTracker (body only;
-    frame i at i / fps seconds)."""
-    tracker = LandmarkTracker(PoseDetector(), parts=("body",), max_people=max_people)
+    """The first `frames` frames (0: all) of the video through one LandmarkTracker (body, and
+    the hands when asked; frame i at i / fps seconds)."""
+    parts = ("body", "hands") if hands else ("body",)
+    tracker = LandmarkTracker(PoseDetector(), parts=parts, max_people=max_people)
     cap = cv2.VideoCapture(os.fspath(path))
     if not cap.isOpened():
         raise VideoError(f"{path}: cannot open as a video")
@@ -51,7 +57,11 @@ def video_people(
             size = (image.shape[1], image.shape[0])
             row = {}
             for person in tracker.step(image, len(found) / fps):
-                xy, score = to_308(person.body.xy, person.body.visibility)
+                found_hands = {
+                    side: (h.xy, h.flag) if h is not None else None
+                    for side, h in person.hands.items()
+                }
+                xy, score = to_308(person.body.xy, person.body.visibility, found_hands)
                 row[person.track_id] = np.column_stack([xy, score])
             found.append(row)
     finally:

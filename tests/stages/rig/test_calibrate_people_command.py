@@ -30,7 +30,7 @@ def fake_videos(monkeypatch):
     rng = np.random.default_rng(1)
     calls = []
 
-    def video_people(path, max_people=1, frames=0, fps=60.0):
+    def video_people(path, max_people=1, frames=0, fps=60.0, hands=False):
         cam = truth.camera(Path(path).stem)
         kp = np.full(points.shape, np.nan)
         kp[made, :2] = cam.project(points[made]) + rng.normal(0, 1.0, (made.sum(), 2))
@@ -39,7 +39,7 @@ def fake_videos(monkeypatch):
         if cam.name == "cam_02":
             kp[..., :2] *= np.divide(HALF_WIDTH, cam.size)
             size = HALF_WIDTH
-        calls.append((Path(path).name, max_people))
+        calls.append((Path(path).name, max_people, hands))
         return VideoPeople(kp[:, None], (0,), size)
 
     monkeypatch.setattr(command, "video_people", video_people)
@@ -61,7 +61,7 @@ def test_writes_the_rig_with_the_given_lenses_rescaling_a_resized_video(
     code = main([*args, "--distance", "cam_01", "cam_03", f"{apart:.6f}", "-o", str(out)])
     said = capsys.readouterr().out
     assert code == 0
-    assert calls == [(f"{n}.mp4", 1) for n in names]
+    assert calls == [(f"{n}.mp4", 1, True) for n in names]  # one person, with the hands
     assert "cam_02: " in said and "544x1920" in said and "keypoints rescaled" in said
     assert "scale from the cam_01-cam_03 distance" in said and f"wrote {out}" in said
     written = read_calibration(out)
