@@ -69,8 +69,9 @@ def lines(result: PeopleCalibration, alignment: RigAlignment, reference: list[Ca
         f"pair {p.a + 1}-{p.b + 1}: {p.inliers} of {p.matched} keypoints fit its essential matrix"
         for p in result.pairs
     ]
+    stage = "bundle adjustment" if result.calibration.metadata["adjusted"] else "initial rig"
     out.append(
-        f"bundle adjustment: RMS {result.rms:.2f} px over {result.observations} observations "
+        f"{stage}: RMS {result.rms:.2f} px over {result.observations} observations "
         f"({result.outliers} past 3x the loss scale); mirrored frames per view "
         f"{result.swapped.sum(1).tolist()}"
     )
