@@ -196,11 +196,13 @@ def _initial_rig(
         if len(pose) == 1:
             scale = 1.0
         else:
-            placed = [replace(lenses[c], **_pose_fields(*pose[c])) for c in sorted(pose)]
-            scale = _edge_scale(placed, sorted(pose), kp, normalized, a, b, r_ab, t_ab, r_a, t_a)
+            placed = [_posed(lenses[c], *pose[c]) for c in sorted(pose)]
+            scale = _edge_scale(
+                placed, sorted(pose), kp, normalized, a, b, r_ab, t_ab, r_a, t_a, lenses[b].name
+            )
         pose[b] = (r_ab @ r_a, r_ab @ t_a + scale * t_ab)
         tree.append((a, b))
-    rig = [replace(lenses[c], **_pose_fields(*pose[c])) for c in range(n_views)]
+    rig = [_posed(lenses[c], *pose[c]) for c in range(n_views)]
     return tuple(tree), rig
 
 
@@ -211,8 +213,8 @@ def _oriented(pair: PairPose, a: int) -> tuple[np.ndarray, np.ndarray]:
     return pair.rotation.T, -pair.rotation.T @ pair.translation
 
 
-def _pose_fields(rot: np.ndarray, t: np.ndarray) -> dict[str, np.ndarray]:
-    return {"rotation": Rotation.from_matrix(rot).as_rotvec(), "translation": t}
+def _posed(lens: Camera, rot: np.ndarray, t: np.ndarray) -> Camera:
+    return replace(lens, rotation=Rotation.from_matrix(rot).as_rotvec(), translation=t)
 
 
 def _edge_scale(
@@ -226,6 +228,7 @@ def _edge_scale(
     t_ab: np.ndarray,
     r_a: np.ndarray,
     t_a: np.ndarray,
+    name: str,
 ) -> float:
     """The length of camera a -> b's baseline in the placed rig's unit: the median ratio of the
     depths in camera a of the keypoints both the placed rig and the pair (unit baseline)
@@ -235,7 +238,7 @@ def _edge_scale(
     both &= np.isfinite(normalized[b]).all(-1)
     if not both.any():
         raise CalibrationError(
-            f"camera {b + 1}: no keypoint seen by the cameras placed before it and by it at "
+            f"camera {name!r}: no keypoint seen by the cameras placed before it and by it at "
             "once, so its distance is unknown"
         )
     pair = cv2.triangulatePoints(
@@ -249,7 +252,7 @@ def _edge_scale(
     ratio = depth_rig / depth_pair
     ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
     if not len(ratio):
-        raise CalibrationError(f"camera {b}: no keypoint in front of both cameras of its pair")
+        raise CalibrationError(f"camera {name!r}: no keypoint in front of both cameras of its pair")
     return float(np.median(ratio))
 
 
@@ -274,7 +277,7 @@ def _bundle_adjust(rig: list[Camera], kp: np.ndarray, first: int) -> _Adjusted:
     keep = (seen.sum(0) >= 2) & np.isfinite(start).all(-1)  # [N, K]
     point_of = np.full(keep.shape, -1)
     point_of[keep] = np.arange(keep.sum())
-    obs_view, obs_n, obs_k = np.nonzero(seen & keep[None])
+    obs_view, obs_n, obs_k = np.nonzero(seen & keep[None])  # in view order
     obs_point = point_of[obs_n, obs_k]
     obs = np.concatenate(
         [
@@ -282,9 +285,7 @@ def _bundle_adjust(rig: list[Camera], kp: np.ndarray, first: int) -> _Adjusted:
             for v in range(n_views)
         ]
     )
-    order = np.argsort(obs_view, kind="stable")  # obs rows above are grouped by view
-    obs_view, obs_point = obs_view[order], obs_point[order]
-    conf = kp[obs_view, obs_n[order], obs_k[order], 2]
+    conf = kp[obs_view, obs_n, obs_k, 2]
     focal = np.array([[c.matrix[0, 0], c.matrix[1, 1]] for c in rig])[obs_view]
     weight = np.sqrt(conf)[:, None] * focal
     n_cam = 6 * (n_views - 1)
