@@ -3,8 +3,8 @@ with the lab's Qualisys calibration, and how well the views agree.
 
 Usage: python bench/demo_3d.py [--demo Demo_SinglePerson] [--frames N] [--raw-distortion]
                               [--swap-sides] [--pose2sim]
-Each of the four 60 fps videos goes through its own stages.landmarks LandmarkTracker (body,
-one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
+Each of the four 60 fps videos goes through its own LandmarkTracker (stages/landmarks/video.py:
+body, one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
 one instant (the demo's videos are synchronised). The calibration is the demo's Calib.qca.txt
 imported as Pose2Sim converts it (stages/rig/importers.py); --raw-distortion keeps Qualisys'
 radial and tangential coefficients as written instead of Pose2Sim's division by 64 (docs/rig.md,
@@ -28,16 +28,14 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
-from stages.landmarks.detection import PoseDetector  # noqa: E402
-from stages.landmarks.schema import BODY_IDX, to_308  # noqa: E402
-from stages.landmarks.tracker import LandmarkTracker  # noqa: E402
+from stages.landmarks.schema import BODY_IDX  # noqa: E402
+from stages.landmarks.video import video_people  # noqa: E402
 from stages.rig.calibration import Calibration, Camera, write_calibration  # noqa: E402
 from stages.rig.importers import QUALISYS_SUBPIXELS, import_calibration  # noqa: E402
 from stages.rig.quality import (  # noqa: E402
@@ -100,24 +98,10 @@ def qualisys_cameras(demo: str, raw_distortion: bool) -> list[Camera]:
 
 def landmarks_2d(video: Path, frames: int) -> tuple[np.ndarray, tuple[int, int]]:
     """float64 [T, 308, 3] (x, y, score; NaN where no person) and the decoded size."""
-    tracker = LandmarkTracker(PoseDetector(), parts=("body",), max_people=1)
-    cap = cv2.VideoCapture(str(video))
-    if not cap.isOpened():
-        raise RuntimeError(f"{video}: cannot open")
-    rows, size = [], (0, 0)
-    while frames <= 0 or len(rows) < frames:
-        ok, image = cap.read()
-        if not ok:
-            break
-        size = (image.shape[1], image.shape[0])
-        row = np.full((308, 3), np.nan)
-        people = tracker.step(image, len(rows) / FPS)
-        if people:
-            xy, score = to_308(people[0].body.xy, people[0].body.visibility)
-            row = np.column_stack([xy, score])
-        rows.append(row)
-    cap.release()
-    return np.stack(rows), size
+    found = video_people(video, max_people=1, frames=frames, fps=FPS)
+    if not found.track_ids:
+        return np.full((len(found.keypoints), 308, 3), np.nan), found.size
+    return found.keypoints[:, 0], found.size
 
 
 def landmarks(demo: str = "Demo_SinglePerson", frames: int = 0):

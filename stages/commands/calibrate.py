@@ -1,4 +1,6 @@
-"""`npucam calibrate`: a rig's calibration file from a ChArUco board (or a checkerboard).
+"""`npucam calibrate`: a rig's calibration file from a ChArUco board (or a checkerboard), from
+another tool's file (`calibrate import`), or from people moving through the rig (`calibrate
+people`: stages.rig.people_calibration).
 
 `calibrate --camera NAME=URL [--camera ...] --out Calib.toml` reads each camera (any camera
 url: image folders, video files, usb:N, rtsp://..., zmq:...; stages.rig.collect), finds the
@@ -19,6 +21,7 @@ import numpy as np
 
 from pipeline.config import NAME_PATTERN
 from pipeline.errors import NpucamError
+from stages.landmarks.video import video_people
 from stages.rig import collect
 from stages.rig.board import Board, Charuco, Checkerboard
 from stages.rig.calibrate import (
@@ -35,6 +38,7 @@ from stages.rig.calibration import (
     write_calibration,
 )
 from stages.rig.importers import IMPORTERS, REFUSED, import_calibration
+from stages.rig.people_calibration import calibrate_from_people
 from stages.sources import CameraSpec
 
 
@@ -130,6 +134,36 @@ def register(subparsers) -> None:
         "--binning", type=int, default=1, metavar="N", help="Qualisys: the binning factor (1)"
     )
     imp.set_defaults(func=cmd_import)
+    ppl = actions.add_parser(
+        "people",
+        help="a synchronised rig's extrinsics from people moving through it (no board)",
+        description="Calibrate the cameras' poses from the body keypoints of one person seen "
+        'by every camera at once (docs/rig.md, "Extrinsics from people"); the lenses come '
+        "from --intrinsics. Writes Pose2Sim's / anipose's TOML.",
+    )
+    ppl.add_argument(
+        "videos",
+        nargs="+",
+        metavar="VIDEO",
+        help="one synchronised video per camera, named by its camera (cam01.mp4 is the camera "
+        "named cam01 in --intrinsics); the f-th frames of all are one instant",
+    )
+    ppl.add_argument(
+        "--intrinsics", required=True, metavar="FILE", help="the calibration giving each lens"
+    )
+    scale = ppl.add_mutually_exclusive_group(required=True)
+    scale.add_argument(
+        "--height", type=float, metavar="M", help="scale: the person's standing height, metres"
+    )
+    scale.add_argument(
+        "--distance",
+        nargs=3,
+        metavar=("CAM_A", "CAM_B", "M"),
+        help="scale: the distance between two cameras' centres, metres",
+    )
+    ppl.add_argument("--frames", type=int, default=0, metavar="N", help="first N frames (all)")
+    ppl.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
+    ppl.set_defaults(func=cmd_people)
 
 
 def _size(text: str, option: str) -> tuple[int, int]:
@@ -197,6 +231,69 @@ def cmd_import(args: argparse.Namespace) -> int:
         )
     write_calibration(args.output, calibration)
     _say(f"wrote {args.output} ({len(calibration.cameras)} cameras)")
+    return 0
+
+
+def _distance(values: list[str] | None) -> tuple[str, str, float] | None:
+    if values is None:
+        return None
+    first, second, metres = values
+    try:
+        return first, second, float(metres)
+    except ValueError:
+        raise CalibrateCommandError(
+            f"--distance {' '.join(values)}: {metres!r} is not metres"
+        ) from None
+
+
+def cmd_people(args: argparse.Namespace) -> int:
+    distance = _distance(args.distance)
+    lenses_file = read_calibration(args.intrinsics)
+    names = [Path(v).stem for v in args.videos]
+    if len(set(names)) != len(names):
+        raise CalibrateCommandError(f"two videos name the same camera: {', '.join(names)}")
+    keys = {cam.name: key for key, cam in lenses_file.cameras.items()}
+    lenses = [lenses_file.camera(name) for name in names]
+    views = []
+    for video, lens in zip(args.videos, lenses, strict=True):
+        found = video_people(video, max_people=1, frames=args.frames, hands=True)
+        kp = (
+            found.keypoints[:, 0]
+            if found.track_ids
+            else np.full((len(found.keypoints), 308, 3), np.nan)
+        )
+        if found.size != lens.size:
+            # the video is taken as the calibrated image resized: scale its pixels back
+            kp[..., :2] *= np.divide(lens.size, found.size)
+            _say(
+                f"{lens.name}: {video} decodes as {found.size[0]}x{found.size[1]}, the lens is "
+                f"calibrated at {lens.size[0]}x{lens.size[1]}: keypoints rescaled to it"
+            )
+        seen = int(np.isfinite(kp[..., 2]).any(-1).sum())
+        _say(f"{lens.name}: a person in {seen} of {len(kp)} frames of {video}")
+        views.append(kp)
+    frames = min(len(v) for v in views)
+    keypoints = np.stack([v[:frames] for v in views])
+    result = calibrate_from_people(lenses, keypoints, height=args.height, distance=distance)
+    for pair in result.pairs:
+        _say(
+            f"{names[pair.a]}-{names[pair.b]}: {pair.inliers} of {pair.matched} matched "
+            "keypoints agree with the essential matrix"
+        )
+    for v, (name, rms) in enumerate(zip(names, result.camera_rms, strict=True)):
+        mirrored = int(result.swapped[v].sum())
+        _say(
+            f"{name}: RMS {rms:.2f} px after the bundle adjustment; sides swapped on "
+            f"{mirrored} frames"
+        )
+    _say(
+        f"bundle adjustment: RMS {result.rms:.2f} px over {result.observations - result.outliers} "
+        f"observations ({result.outliers} outliers); scale from the {result.scale_from}; world: "
+        f"{names[0]}'s frame"
+    )
+    cameras = {keys[c.name]: c for c in result.calibration.cameras.values()}
+    write_calibration(args.output, Calibration(cameras, result.calibration.metadata))
+    _say(f"wrote {args.output}")
     return 0
 
 

@@ -208,3 +208,60 @@ def corrupt(observed: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray, np.ndarr
     out[..., 0][wrong] += step * np.cos(angle)
     out[..., 1][wrong] += step * np.sin(angle)
     return out, occluded, wrong
+
+
+# A standing body (m; x forward, y to its left, z up from the floor), on the 308 layout's names.
+_BODY = {
+    "nose": (0.10, 0.0, 1.62),
+    "eye": (0.08, 0.03, 1.66),
+    "ear": (0.0, 0.07, 1.63),
+    "shoulder": (0.0, 0.19, 1.45),
+    "elbow": (0.0, 0.22, 1.15),
+    "wrist": (0.03, 0.23, 0.88),
+    "hip": (0.0, 0.10, 0.95),
+    "knee": (0.02, 0.10, 0.52),
+    "ankle": (0.0, 0.10, 0.09),
+    "heel": (-0.05, 0.10, 0.03),
+    "big_toe": (0.17, 0.08, 0.02),
+    "small_toe": (0.15, 0.13, 0.02),
+}
+_LEG = ("knee", "ankle", "heel", "big_toe", "small_toe")
+_ARM = ("elbow", "wrist")
+
+
+def walking_body(frames: int, centre: np.ndarray, radius: float = 0.8) -> np.ndarray:
+    """float64 [frames, K, 3] m (NaN but for the 23 body keypoints): one body walking a full
+    circle of `radius` round `centre` (x, y) on the floor z = 0, legs and arms swinging
+    (0.5 rad) about the hips and shoulders, two strides a lap."""
+    from npu.models.sapiens2.keypoints import INDEX, NAMES
+
+    out = np.full((frames, len(NAMES), 3), np.nan)
+    for t in range(frames):
+        phase = 2 * np.pi * t / frames
+        swing = 0.5 * np.sin(2 * phase)
+        heading = phase + np.pi / 2
+        turn = np.array(
+            [
+                [np.cos(heading), -np.sin(heading), 0],
+                [np.sin(heading), np.cos(heading), 0],
+                [0, 0, 1],
+            ]
+        )
+        place = np.array(
+            [centre[0] + radius * np.cos(phase), centre[1] + radius * np.sin(phase), 0]
+        )
+        for side, sign in (("left", 1.0), ("right", -1.0)):
+            for part, (x, y, z) in _BODY.items():
+                point = np.array([x, sign * y, z])
+                pivot, angle = None, 0.0
+                if part in _LEG:
+                    pivot, angle = np.array(_BODY["hip"]), sign * swing
+                elif part in _ARM:
+                    pivot, angle = np.array(_BODY["shoulder"]), -sign * swing
+                if pivot is not None:  # swing about the body's y axis through the pivot
+                    c, s = np.cos(angle), np.sin(angle)
+                    dx, dz = point[0] - pivot[0], point[2] - pivot[2]
+                    point[0], point[2] = pivot[0] + c * dx + s * dz, pivot[2] - s * dx + c * dz
+                name = part if part == "nose" else f"{side}_{part}"
+                out[t, INDEX[name]] = turn @ point + place
+    return out
