@@ -142,9 +142,27 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
             if models.spec(m).kind != "pose":
                 parts.append(f"{m} {_rate(r)}")
         lines.append(f"  {c.camera}: " + "; ".join(parts))
+    lines += _rig_lines(plan)
     if plan.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _rig_lines(plan: Plan) -> list[str]:
+    """Each live rig's predicted pose3d rate (stages/planning/rig_rate.py)."""
+    if not plan.rigs:
+        return []
+    lines = [
+        "",
+        "pose3d per live rig (one message a group; a person followed in 2+ views is in each):",
+    ]
+    for r in plan.rigs:
+        lines.append(
+            f"  {r.rig}: {r.groups_per_s:.2f} pose3d/s per person predicted (limited by "
+            f"{r.limited_by}); cameras at {r.capture_fps:.2f} fps, detect processes "
+            f"{r.detect_fps:.2f} frames/s of the slowest of {', '.join(r.cameras)}"
+        )
+    return lines
 
 
 def _live_lines(plan: Plan) -> list[str]:
