@@ -162,7 +162,9 @@ def main() -> None:
         print(
             f"rig3d: rig ids {g.get('rig_ids', 0):.0f}, ID switches {g.get('id_switches', 0):.0f} "
             f"(jumps {g.get('id_jumps', 0):.0f}, rejoins {g.get('id_rejoins', 0):.0f}), "
-            f"positions that jumped and came back {g.get('id_glitches', 0):.0f}"
+            f"positions that jumped and came back {g.get('id_glitches', 0):.0f}; groups "
+            f"{g.get('groups', 0):.0f}, complete {g.get('complete_groups', 0):.0f}, skew mean "
+            f"{g.get('skew_mean_ms', 0):.0f} ms, late frames {g.get('late_frames', 0):.0f}"
         )
 
 

@@ -8,7 +8,9 @@ a person cannot jump farther than that between frames) turned into two counters.
   at the next instant is a bad triangulation (two views that did not agree), counted apart as
   a glitch.
 - **rejoin**: a new id appears within `rejoin_m` of where an id that is absent now was last
-  seen, at most `memory_s` ago: a person lost one id and took another.
+  seen, at most `memory` updates (published groups) ago, as long as the rig3d stage keeps an
+  id whose tracks are gone (`person_max_age`): a person lost one id and took another. Counted
+  in groups, not seconds, so a rig paced slower than its recording forgets as late.
 
 A person's position is the mid-point of the triangulated hips (the median of every
 triangulated point when a hip is missing or the keypoints are not Sapiens2's 308).
@@ -39,6 +41,7 @@ def person_centre(points: np.ndarray) -> np.ndarray | None:
 class _Seen:
     t_s: float
     centre: np.ndarray
+    update: int
 
 
 class IdSwitches:
@@ -50,13 +53,14 @@ class IdSwitches:
         max_speed_m_s: float = 3.0,
         slack_m: float = 0.3,
         rejoin_m: float = 0.5,
-        memory_s: float = 2.0,
+        memory: int = 30,
     ) -> None:
         self.max_speed_m_s = max_speed_m_s
         self.slack_m = slack_m
         self.rejoin_m = rejoin_m
-        self.memory_s = memory_s
-        self._last: dict[int, _Seen] = {}  # id -> where it was last, within memory_s
+        self.memory = memory
+        self._updates = 0
+        self._last: dict[int, _Seen] = {}  # id -> where it was last, within memory updates
         self._pending: dict[int, _Seen] = {}  # id -> a far position not yet confirmed
         self._known: set[int] = set()
         self.jumps = 0
@@ -71,7 +75,10 @@ class IdSwitches:
     def update(self, t_s: float, ids: tuple[int, ...], points: np.ndarray) -> None:
         """ids [P] rig person ids; points float [P, K, 3] world metres (NaN where not
         triangulated)."""
-        self._last = {i: s for i, s in self._last.items() if t_s - s.t_s <= self.memory_s}
+        self._updates += 1
+        self._last = {
+            i: s for i, s in self._last.items() if self._updates - s.update <= self.memory
+        }
         absent = {i: s for i, s in self._last.items() if i not in ids}
         for p, rid in enumerate(ids):
             centre = person_centre(np.asarray(points[p], np.float64))
@@ -81,7 +88,7 @@ class IdSwitches:
                 if centre is not None and self._near(centre, absent.values(), self.rejoin_m):
                     self.rejoins += 1
             if centre is not None:
-                self._move(rid, _Seen(t_s, centre))
+                self._move(rid, _Seen(t_s, centre, self._updates))
 
     def _move(self, rid: int, seen: _Seen) -> None:
         last, pending = self._last.get(rid), self._pending.pop(rid, None)

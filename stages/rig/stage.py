@@ -143,7 +143,9 @@ class Rig3D(Stage[Rig3DOptions]):
             "late_poses": 0,
             "other_poses": 0,
         }
-        self.id_switches = IdSwitches()  # rig person ids that moved between people
+        # rig person ids that moved between people, an absent id remembered as long as its
+        # tracks are
+        self.id_switches = IdSwitches(memory=o.person_max_age)
         self._points_total = 0
         self._points_triangulated = 0
         self._clock_states: dict[str, str] = {}

@@ -50,7 +50,9 @@ def test_a_new_id_where_an_absent_one_was_is_a_rejoin_and_far_away_a_new_person(
     ids.update(0.0, (0,), _people((0.0, 0.0)))
     ids.update(DT, (1,), _people((0.1, 0.0)))  # id 0 gone, id 1 where it was
     ids.update(2 * DT, (1, 2), _people((0.1, 0.0), (3.0, 0.0)))  # id 2: someone else
-    ids.update(3.0, (3,), _people((0.1, 0.0)))  # past memory_s: a new person there
+    for f in range(3, 34):  # id 1 gone from 30 updates on: forgotten
+        ids.update(f * DT, (2,), _people((3.0, 0.0)))
+    ids.update(34 * DT, (3,), _people((0.1, 0.0)))  # a new person where id 1 was long ago
     assert (ids.rejoins, ids.jumps, ids.new_ids) == (1, 0, 4)
 
 
