@@ -122,8 +122,12 @@ class RerunSink:
         now = [int(i) for i in ids]
         for pid, xyz in zip(now, points, strict=True):
             keep = np.flatnonzero(np.isfinite(xyz).all(axis=1))
-            ann = {"class_ids": 0, "keypoint_ids": keep} if ordered else {}
-            self.rec.log(f"{root}/{pid}", rr.Points3D(xyz[keep], **ann))
+            cloud = (
+                rr.Points3D(xyz[keep], class_ids=0, keypoint_ids=keep)
+                if ordered
+                else rr.Points3D(xyz[keep])
+            )
+            self.rec.log(f"{root}/{pid}", cloud)
         for gone in self._people.get(root, set()) - set(now):
             self.rec.log(f"{root}/{gone}", rr.Clear(recursive=False))
         self._people[root] = set(now)
