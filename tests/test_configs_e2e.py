@@ -125,6 +125,7 @@ def test_demo_publishes_det_pose_face_and_clip_for_both_cameras():
         "configs/face-kiosk.toml",
         "tests/standin_rig/multicam-3d.toml",
         "configs/studio-3d.toml",
+        "configs/studio-3d-multi.toml",
     ],
 )
 def test_configs_validate(config):
