@@ -5,8 +5,9 @@ people and fitted bodies, on one timeline, `capture` (the frames' capture time).
 Entities (docs/rerun.md):
 - `cameras/<camera>/image`: the preview JPEG (rr.EncodedImage), scaled up to the frame's
   pixels (rr.Transform3D scale = det's width / the preview's) so it lies under the skeletons;
-- `cameras/<camera>/pose/<track_id>`: a 2D pose (rr.Points2D, full-frame pixels, keypoints
-  with a score above 0), `det` boxes at `cameras/<camera>/boxes` (rr.Boxes2D);
+- `cameras/<camera>/live_pose/<track_id>`: a per-frame pose (detect's `live`), and
+  `cameras/<camera>/pose/<track_id>` a Sapiens2 pose (rr.Points2D, full-frame pixels,
+  keypoints with a score above 0); `det` boxes at `cameras/<camera>/boxes` (rr.Boxes2D);
 - `rigs/<rig>/people/<person_id>`: a pose3d person (rr.Points3D, metres, its triangulated
   keypoints); a person absent from the next message is cleared;
 - `rigs/<rig>/bodies/<person_id>`: the ANNY body's fitted keypoints (rr.Points3D).
@@ -102,7 +103,8 @@ class RerunSink:
     def _pose(self, msg: Message) -> None:
         kp = msg.arrays["keypoints"]
         keep = np.flatnonzero(np.isfinite(kp[:, :2]).all(axis=1) & (kp[:, 2] > 0))
-        path = f"cameras/{msg.header['camera']}/pose/{msg.header['track_id']}"
+        kind = "live_pose" if msg.header.get("live") else "pose"
+        path = f"cameras/{msg.header['camera']}/{kind}/{msg.header['track_id']}"
         self.rec.log(path, rr.Points2D(kp[keep, :2], class_ids=0, keypoint_ids=keep))
 
     def _pose3d(self, msg: Message) -> None:

@@ -6,8 +6,11 @@ who left cleared."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -55,7 +58,8 @@ def _messages() -> list[list]:
         for track in (0, 1):
             kp = np.column_stack([rng.uniform(0, 320, (K, 2)), np.zeros(K)]).astype(np.float32)
             kp[:17, 2] = 0.9  # 17 scored points, the rest absent
-            pose = PoseResult(camera="cam01", track_id=track, keypoints=kp, **common)
+            extra = {"live": True} if track == 1 else {}  # track 1's is a per-frame pose
+            pose = PoseResult(camera="cam01", track_id=track, keypoints=kp, extra=extra, **common)
             out.append(wire.encode_result(pose, ts))
         people = 2 if i < GROUPS - 1 else 1
         points = np.full((people, K, 4), np.nan, np.float32)
@@ -125,7 +129,8 @@ def test_a_published_run_is_saved_as_an_rrd_rerun_reads_back(tmp_path, capsys):
     assert rows["/cameras/cam01/image"] == 2 * GROUPS
     assert "EncodedImage:blob" in columns["/cameras/cam01/image"]
     assert rows["/cameras/cam01/boxes"] == GROUPS
-    assert rows["/cameras/cam01/pose/0"] == rows["/cameras/cam01/pose/1"] == GROUPS
+    assert rows["/cameras/cam01/pose/0"] == rows["/cameras/cam01/live_pose/1"] == GROUPS
+    assert "/cameras/cam01/pose/1" not in rows
     # person 1 is in two pose3d and body messages, then cleared once in each
     assert rows["/rigs/lab/people/0"] == GROUPS and rows["/rigs/lab/people/1"] == GROUPS
     assert rows["/rigs/lab/bodies/0"] == GROUPS and rows["/rigs/lab/bodies/1"] == GROUPS
@@ -151,3 +156,40 @@ def test_without_rerun_sdk_the_command_names_the_extra(monkeypatch, capsys):
     code = main(["rerun", "tcp://127.0.0.1:1", "--save", "x.rrd"])
     assert code != 0
     assert "npucam[rerun]" in capsys.readouterr().err
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_a_real_run_of_the_two_person_rig_is_recorded_with_every_camera_and_person(
+    tmp_path, free_port
+):
+    """configs/studio-3d-multi.toml with previews on, run for 45 s, recorded for 40."""
+    text = (REPO / "configs" / "studio-3d-multi.toml").read_text()
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    bind = 'bind = "tcp://127.0.0.1:5565"'
+    assert text.count(bind) == 1
+    text = text.replace(bind, f'bind = "{endpoint}"\npreview = true')
+    config = tmp_path / "studio-3d-multi.toml"
+    config.write_text(text.replace('"../.cache', f'"{REPO}/.cache'))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", str(config), "--duration", "45"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    path = tmp_path / "run.rrd"
+    try:
+        assert main(["rerun", endpoint, "--save", str(path), "--duration", "40"]) == 0
+    finally:
+        run.wait(timeout=120)
+    rows: Counter[str] = Counter()
+    for chunk in RrdReader(path).stream():
+        if not chunk.is_static:
+            rows[chunk.entity_path] += chunk.num_rows
+    people = [e for e in rows if e.startswith("/rigs/lab/people/")]
+    assert len(people) == 2, rows  # two people, one rig id each
+    for cam in ("cam01", "cam02", "cam03", "cam04"):
+        assert rows[f"/cameras/{cam}/image"] > 0 and rows[f"/cameras/{cam}/boxes"] > 0, cam
+        live = [e for e in rows if e.startswith(f"/cameras/{cam}/live_pose/")]
+        assert len(live) == 2, (cam, rows)
+    assert min(rows[e] for e in people) >= 10  # pose3d at ~1 a second for most of the 40 s
