@@ -10,6 +10,7 @@ import math
 import pytest
 
 from pipeline.config import load_config
+from stages.commands.plan import format_plan, make_plan, plan_json
 from stages.planning.npu import PlanError
 from stages.planning.rig_rate import live_rig_rates, rig_rate, views_at_least
 
@@ -78,3 +79,13 @@ def test_a_bad_rig3d_table_is_a_named_error(tmp_path):
     )
     with pytest.raises(PlanError, match=r"stages\[0\]: invalid rig3d options"):
         live_rig_rates(load_config(str(path)), {"a": 5.0}, {"a": 5.0})
+
+
+def test_the_plan_reports_the_rig_rate_in_text_and_json():
+    # detect not measured: it keeps up, so every view of every 1 fps group is there
+    p = make_plan("configs/studio-3d-multi.toml", measure=False, frames=4, horizon_s=60.0)
+    (r,) = p.rigs
+    assert (r.rig, r.group_fps, r.per_person_per_s, r.limited_by) == ("lab", 1.0, 1.0, "cameras")
+    text = format_plan(p)
+    assert "  lab: 1.00 pose3d/s per person (seen by every camera, in 2+ views)" in text
+    assert plan_json(p)["rigs"][0]["messages_per_s"] == 1.0
