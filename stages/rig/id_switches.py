@@ -3,10 +3,11 @@ truth): Pose2Sim's multi-person tracking rule (Pose2Sim/personAssociation.py, `m
 a person cannot jump farther than that between frames) turned into two counters.
 
 - **jump**: an id seen at two consecutive instants farther from where it was than
-  `max_speed_m_s` allows over the time between them (plus `slack_m` for triangulation noise),
-  and it stays there: the id passed to another person. A position that jumps and comes back
-  at the next instant is a bad triangulation (two views that did not agree), counted apart as
-  a glitch.
+  `max_speed_m_s` allows over the time between them, but never more than `max_step_m`
+  (Pose2Sim's 1 m: a rig paced slower than its recording, or a slow camera, would otherwise
+  allow any jump), plus `slack_m` for triangulation noise, and it stays there: the id passed
+  to another person. A position that jumps and comes back at the next instant is a bad
+  triangulation (two views that did not agree), counted apart as a glitch.
 - **rejoin**: a new id appears within `rejoin_m` of where an id that is absent now was last
   seen, at most `memory` updates (published groups) ago, as long as the rig3d stage keeps an
   id whose tracks are gone (`person_max_age`): a person lost one id and took another. Counted
@@ -51,11 +52,13 @@ class IdSwitches:
     def __init__(
         self,
         max_speed_m_s: float = 3.0,
+        max_step_m: float = 0.7,
         slack_m: float = 0.3,
         rejoin_m: float = 0.5,
         memory: int = 30,
     ) -> None:
         self.max_speed_m_s = max_speed_m_s
+        self.max_step_m = max_step_m
         self.slack_m = slack_m
         self.rejoin_m = rejoin_m
         self.memory = memory
@@ -102,7 +105,8 @@ class IdSwitches:
             self._pending[rid] = seen
 
     def _reaches(self, a: _Seen, b: _Seen) -> bool:
-        reach = self.max_speed_m_s * (b.t_s - a.t_s) + self.slack_m
+        step = min(self.max_speed_m_s * (b.t_s - a.t_s), self.max_step_m)
+        reach = step + self.slack_m
         return float(np.linalg.norm(b.centre - a.centre)) <= reach
 
     @staticmethod

@@ -38,6 +38,17 @@ def test_ids_that_swap_people_are_two_jumps():
     assert (ids.jumps, ids.rejoins, ids.glitches) == (2, 0, 0)
 
 
+def test_at_a_slow_rate_a_swap_is_still_a_jump():
+    # one group a second (a rig paced slower than its recording): the speed bound allows
+    # 3.3 m, the step bound 1 m
+    ids = IdSwitches()
+    for f in range(3):
+        ids.update(float(f), (0, 1), _people((0.0, 0.0), (1.3, 0.0)))
+    for f in range(3, 6):
+        ids.update(float(f), (0, 1), _people((1.3, 0.0), (0.0, 0.0)))
+    assert ids.jumps == 2
+
+
 def test_a_position_that_jumps_for_one_instant_is_a_glitch_not_a_switch():
     ids = IdSwitches()
     for f, x in enumerate([0.0, 0.0, 1.5, 0.0, 0.0]):
