@@ -21,14 +21,12 @@ import argparse
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import tomllib
 from pathlib import Path
 
 import zmq
@@ -126,14 +124,8 @@ def workspace() -> Path:
 
 
 def copy_configs(root: Path, only: list[str] | None, cameras: list[int]) -> dict[str, Path]:
-    """name -> the config copy, every tcp port replaced by a free one (pairs keep theirs).
-    TOML files without [[stages]] (a rig's calibration) are copied beside them, not run."""
-    texts = {}
-    for p in sorted((REPO / "configs").glob("*.toml")):
-        if "stages" in tomllib.loads(p.read_text()):
-            texts[p.stem] = p.read_text()
-        else:
-            shutil.copy(p, root / "configs" / p.name)
+    """name -> the config copy, every tcp port replaced by a free one (pairs keep theirs)."""
+    texts = {p.stem: p.read_text() for p in sorted((REPO / "configs").glob("*.toml"))}
     texts.update({f"pose-{n}cam": pose_config(n) for n in cameras})
     ports: dict[str, int] = {}
 

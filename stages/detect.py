@@ -309,6 +309,10 @@ class Detect(Stage[DetectOptions]):
             from stages.landmarks.detection import PoseDetector
 
             d.live = PoseDetector(path(o.person_model), o.live.detector_min_score)
+            if o.live.seed_detector == "blazepose-tiles":
+                from stages.landmarks.tiles import TiledDetector
+
+                d.live = TiledDetector(d.live)
         elif o.person == "blazepose":
             d.person = BlazePosePerson(path(o.person_model), o.person_min_score)
         elif o.person == "onnx":

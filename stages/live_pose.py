@@ -39,6 +39,11 @@ class LiveOptions(StageOptions):
     parts: list[Literal["body", "hands", "face"]] = ["body", "hands"]
     max_people: int = Field(2, ge=1, le=MAX_LIVE_PEOPLE)  # people followed per camera
     detect_every: int = Field(10, ge=1)  # frames between detector runs while fewer are followed
+    # what seeds a landmark track: "blazepose", BlazePose's detector on the whole frame (one
+    # pass); "blazepose-tiles", on the whole frame and on square tiles along its long side
+    # (1 + 3 passes on a portrait 1088x1920 view), which finds people it misses at whole-frame
+    # scale (stages/landmarks/tiles.py; docs/live-pose.md, "Seeding detector")
+    seed_detector: Literal["blazepose", "blazepose-tiles"] = "blazepose"
     detector_min_score: float = Field(0.5, ge=0, le=1)
     box_margin: float = Field(0.1, ge=0, le=1)  # person box: landmarks' extent + this a side
     offset_half_life_s: float = Field(1.0, gt=0)  # a keyframe's correction of a CPU point

@@ -123,8 +123,9 @@ def test_demo_publishes_det_pose_face_and_clip_for_both_cameras():
     [
         "configs/multicam-pose.toml",
         "configs/face-kiosk.toml",
-        "configs/multicam-3d.toml",
+        "tests/standin_rig/multicam-3d.toml",
         "configs/studio-3d.toml",
+        "configs/studio-3d-multi.toml",
     ],
 )
 def test_configs_validate(config):

@@ -143,9 +143,27 @@ def format_plan(plan: Plan) -> str:  # noqa: C901
             if models.spec(m).kind != "pose":
                 parts.append(f"{m} {_rate(r)}")
         lines.append(f"  {c.camera}: " + "; ".join(parts))
+    lines += _rig_lines(plan)
     if plan.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _rig_lines(plan: Plan) -> list[str]:
+    """Each live rig's predicted pose3d rate (stages/planning/rig_rate.py)."""
+    if not plan.rigs:
+        return []
+    lines = ["", "pose3d per live rig (a message per group with a view; a person in it from "
+             "min_views of their views):"]  # fmt: skip
+    for r in plan.rigs:
+        views = ", ".join(f"{c} {f:.0%}" for c, f in r.view_fraction.items())
+        lines.append(
+            f"  {r.rig}: {r.per_person_per_s:.2f} pose3d/s per person (seen by every camera, "
+            f"in {r.min_views}+ views), {r.messages_per_s:.2f} messages/s, of "
+            f"{r.group_fps:.2f} groups/s; limited by {r.limited_by} (frames detect "
+            f"processes: {views})"
+        )
+    return lines
 
 
 def _live_lines(plan: Plan) -> list[str]:

@@ -3,9 +3,10 @@ needs it (MediaPipe's pose_landmark_cpu.pbtxt loop, for up to max_people people)
 
 Each frame: every live track runs the body model in the ROI its previous frame gave; a track
 whose pose flag drops is removed. The person detector runs when no one is tracked, and every
-`detect_every` frames while fewer than max_people are; a detection whose ROI overlaps a live
-track's ROI (IoU of the axis-aligned boxes >= 0.3) is that person again and is ignored. With
-max_people = 1 this is MediaPipe Pose's own schedule (detect only while nobody is tracked).
+`detect_every` frames while fewer than max_people are; a detection whose ROI centre (the hip
+centre) lies within 0.2 ROI sides of a live track's (`same_person`) is that person again and is
+ignored. With max_people = 1 this is MediaPipe Pose's own schedule (detect only while nobody is
+tracked).
 """
 
 from __future__ import annotations
@@ -20,10 +21,21 @@ from stages.detectors.detections import DetectorError, DetectorOutput
 from stages.landmarks.body import BodyLandmarker, BodyLandmarks, BodyTrack, roi_from_detection
 from stages.landmarks.face import FaceLandmarker, FaceLandmarks, FaceTrack
 from stages.landmarks.hands import HandLandmarker, HandLandmarks, HandTrack
-from stages.landmarks.rects import axis_aligned_iou
+from stages.landmarks.rects import Rect
 
 PARTS = ("body", "hands", "face")
-MIN_NEW_PERSON_IOU = 0.3
+# A pose ROI is 2.5 body radii a side around the hip centre (roi_from_detection), so 0.2 sides
+# is half a radius: ~40 cm on an adult. Duplicate detections of one person land within 0.1
+# sides on Pose2Sim's multi-person demo, two people side by side 0.35-0.4 apart; the boxes'
+# IoU, which an earlier rule used, is over 0.3 for such neighbours and merged them.
+SAME_PERSON_CENTRE = 0.2
+
+
+def same_person(a: Rect, b: Rect) -> bool:
+    """Whether two pose ROIs are one person: centres within SAME_PERSON_CENTRE of the larger
+    side."""
+    side = max(a.w, a.h, b.w, b.h)
+    return float(np.hypot(a.cx - b.cx, a.cy - b.cy)) < SAME_PERSON_CENTRE * side
 
 
 class PersonDetector(Protocol):
@@ -95,7 +107,7 @@ class LandmarkTracker:
                 break
             roi = roi_from_detection(found.keypoints[i].astype(np.float64))
             live = [t.body.roi for t in self.tracks if t.body.roi is not None]
-            if any(axis_aligned_iou(roi, r) >= MIN_NEW_PERSON_IOU for r in live):
+            if any(same_person(roi, r) for r in live):
                 continue
             hands = (
                 {s: HandTrack(self.hand_model, s) for s in ("left", "right")}

@@ -35,6 +35,7 @@ from stages.planning.npu import (
     simulate_npu,
 )
 from stages.planning.probe import CameraProbe, Scene, measure_scenes, probe_cameras
+from stages.planning.rig_rate import RigRate, live_rig_rates
 
 DEFAULT_PEOPLE = 2.0  # people per frame of a camera whose frames cannot be read
 # make_plan's defaults, which `npucam plan` shows and passes (stages/commands/plan.py)
@@ -102,6 +103,8 @@ class Plan:
     contexts: dict[str, Any] = field(default_factory=dict)
     # simulated seconds the NPU figures are over: whole loops of the longest scene
     window_s: float = 0.0
+    # each live rig's predicted pose3d rate (stages.planning.rig_rate)
+    rigs: list[RigRate] = field(default_factory=list)
 
     @property
     def npu_utilisation(self) -> float:
@@ -355,6 +358,7 @@ def make_plan(  # noqa: C901
         dict(outcome.spread) if outcome is not None else {},
         dict(outcome.contexts) if outcome is not None else {},
         outcome.window_s if outcome is not None else 0.0,
+        live_rig_rates(config, offered, rates if scenes else {}),
     )  # fmt: skip
 
 

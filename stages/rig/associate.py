@@ -136,6 +136,28 @@ class RigPersonIds:
         self._next = 0
         self._id_of: dict[tuple[int, int], tuple[int, int]] = {}  # (view, track) -> (id, frame)
 
+    def merge(
+        self, clusters: Sequence[dict[int, int]], track_ids: Sequence[Sequence[int]]
+    ) -> list[dict[int, int]]:
+        """clusters with the clusters joined whose members all had one rig id, the same, at
+        the last update and whose views are disjoint: one person that association split this
+        instant (a pair of its views disagreed beyond max_cost) stays one person, with all its
+        views, rather than one part taking a new id. Order: each joined cluster at its first
+        part's place."""
+        out: list[dict[int, int]] = []
+        by_id: dict[int, int] = {}  # rig id -> index in out of the cluster that holds it
+        for c in clusters:
+            had = {self._id_of.get((v, int(track_ids[v][i])), (None,))[0] for v, i in c.items()}
+            rid = next(iter(had)) if len(had) == 1 else None
+            j = by_id.get(rid) if rid is not None else None
+            if j is not None and not out[j].keys() & c.keys():
+                out[j] = dict(sorted({**out[j], **c}.items()))
+                continue
+            if rid is not None and j is None:
+                by_id[rid] = len(out)
+            out.append(dict(c))
+        return out
+
     def update(
         self, clusters: Sequence[dict[int, int]], track_ids: Sequence[Sequence[int]]
     ) -> list[int]:

@@ -1,5 +1,6 @@
 """One rig instant's 2D people -> 3D people: cross-view association (stages.rig.associate),
-rig person ids kept through the 2D tracks (RigPersonIds), optionally left/right swaps of a view
+clusters of one rig person joined again and rig person ids kept through the 2D tracks
+(RigPersonIds), optionally left/right swaps of a view
 undone (stages.rig.sides), triangulation of every keypoint (stages.rig.triangulate) and,
 optionally, a One Euro filter per rig person (stages.rig.filter).
 """
@@ -104,6 +105,7 @@ class Reconstructor:
             min_views=self.min_views,
             mirror=MIRROR if sides else None,
         )
+        clusters = self.ids.merge(clusters, track_ids)
         ids = self.ids.update(clusters, track_ids)
         n_views = len(self.cameras)
         observed = np.full((n_views, len(clusters), k, 3), np.nan)

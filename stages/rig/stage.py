@@ -33,6 +33,7 @@ from stages.landmarks.result import LivePoseResult
 from stages.models.sapiens2.result import PoseResult
 from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
+from stages.rig.id_switches import IdSwitches
 from stages.rig.pose3d import Pose3DResult
 from stages.rig.reconstruct import FilterParams, People3D, Reconstructor, View2D
 from stages.rig.trc import TrcError, write_trc
@@ -142,6 +143,9 @@ class Rig3D(Stage[Rig3DOptions]):
             "late_poses": 0,
             "other_poses": 0,
         }
+        # rig person ids that moved between people, an absent id remembered as long as its
+        # tracks are
+        self.id_switches = IdSwitches(memory=o.person_max_age)
         self._points_total = 0
         self._points_triangulated = 0
         self._clock_states: dict[str, str] = {}
@@ -315,6 +319,7 @@ class Rig3D(Stage[Rig3DOptions]):
         }
         capture_ts = plan.capture_ts_ns
         people = self.reconstructor(capture_ts / 1e9, views, k)
+        self.id_switches.update(capture_ts / 1e9, people.ids, people.points)
         self._count(people)
         if self.options.trc is not None:
             self._record(capture_ts / 1e9, people)
@@ -367,10 +372,17 @@ class Rig3D(Stage[Rig3DOptions]):
     def gauges(self) -> dict[str, float]:
         """The rig's sync numbers (RigGroups.gauges) and what it published: groups released,
         those that timed out waiting for poses, people, poses for no pending group, the
-        fraction of published keypoints triangulated and, with swap_sides, the views of a
-        person mirrored."""
+        fraction of published keypoints triangulated, with swap_sides the views of a person
+        mirrored, and the rig person ids: made, and switched between people (jumps +
+        rejoins, stages/rig/id_switches.py; positions that jumped and came back apart)."""
         total = self._points_total
+        ids = self.id_switches
         return {
+            "rig_ids": float(ids.new_ids),
+            "id_switches": float(ids.switches),
+            "id_jumps": float(ids.jumps),
+            "id_rejoins": float(ids.rejoins),
+            "id_glitches": float(ids.glitches),
             **self.groups.gauges(),
             **{k: float(v) for k, v in self.counts.items()},
             "triangulated_fraction": self._points_triangulated / total if total else 0.0,

@@ -174,7 +174,7 @@ def rig_config(tmp_path, interval_ms: float) -> str:
     text = path.read_text()
     for i, name in enumerate(("east", "north", "west", "south")):
         text = text.replace(f'name = "c{i}"', f'name = "{name}"')
-    calib = Path("configs/multicam-3d-calib.toml").resolve()
+    calib = Path("tests/standin_rig/multicam-3d-calib.toml").resolve()
     path.write_text(text + RIG.format(calib=calib, interval=interval_ms))
     return str(path)
 
@@ -200,7 +200,7 @@ def test_the_window_is_whole_loops_of_the_longest_scene():
     assert whole_loops(120.0, []) == 120.0 and whole_loops(120.0, [0.0]) == 120.0
     assert whole_loops(120.0, [250.0]) == 250.0
     assert whole_loops(120.0, [400.0]) == 120.0  # more than tripled: left as it is
-    p = make_plan("configs/multicam-3d.toml", frames=250, horizon_s=150.0)
+    p = make_plan("tests/standin_rig/multicam-3d.toml", frames=250, horizon_s=150.0)
     assert p.window_s == pytest.approx(150.0) and p.cameras[0].loop_s == pytest.approx(50.0)
 
 

@@ -197,10 +197,10 @@ MULTICAM_SECONDS = {"none": 8, "npu2": 24}
 
 @pytest.fixture
 def multicam_3d_config(tmp_path, free_port) -> tuple[Path, str]:
-    """configs/multicam-3d.toml as shipped, on its own free port, its calibration file found
+    """tests/standin_rig/multicam-3d.toml as kept, on its own free port, its calibration file found
     where the config keeps it: (path, endpoint). No bundle is found: the synthetic model."""
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    configs = REPO / "configs"
+    configs = REPO / "tests" / "standin_rig"
     text = (configs / "multicam-3d.toml").read_text()
     bind = 'bind = "tcp://127.0.0.1:5563"'
     calibration = 'calibration = "multicam-3d-calib.toml"'

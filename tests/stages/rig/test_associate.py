@@ -84,6 +84,22 @@ def test_rig_ids_persist_with_tracks_and_survive_a_track_change():
     assert max(again) == 3
 
 
+def test_a_person_association_split_in_two_is_joined_under_its_id():
+    # views 0-3, two people; track ids: person 0 is track 0 in every view, person 1 track 1
+    tracks = [[0, 1]] * 4
+    ids = RigPersonIds()
+    whole = [{0: 0, 1: 0, 2: 0, 3: 0}, {0: 1, 1: 1, 2: 1, 3: 1}]
+    assert ids.update(ids.merge(whole, tracks), tracks) == [0, 1]
+    # one pair of person 0's views disagreed: association made two clusters of it
+    split = [{0: 0, 3: 0}, {0: 1, 1: 1, 2: 1, 3: 1}, {1: 0, 2: 0}]
+    merged = ids.merge(split, tracks)
+    assert merged == whole
+    assert ids.update(merged, tracks) == [0, 1]
+    # a cluster whose members had different ids is joined to nothing
+    mixed = [{0: 0, 1: 1}, {2: 0, 3: 0}]
+    assert ids.merge(mixed, tracks) == mixed
+
+
 def test_people_arrays_of_the_wrong_shape_name_the_camera():
     cams = ring_cameras(np.random.default_rng(1))
     people_arrays = [np.zeros((1, 308, 3))] * 3 + [np.zeros((1, 17, 3))]

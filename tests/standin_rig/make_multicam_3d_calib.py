@@ -1,8 +1,9 @@
-"""Writes configs/multicam-3d-calib.toml, the calibration of configs/multicam-3d.toml's rig:
+"""Writes tests/standin_rig/multicam-3d-calib.toml, the calibration of the stand-in rig's config
+(tests/standin_rig/multicam-3d.toml):
 four 640x272 cameras (the sample clip's size) on a 4 m circle, 2 m up, looking at a point
 1 m above the floor, world Z-up on the floor, metres. A made-up rig (the four cameras all
 play the same clip), written once and committed:
-    .venv/bin/python configs/make_multicam_3d_calib.py
+    .venv/bin/python tests/standin_rig/make_multicam_3d_calib.py
 """
 
 from __future__ import annotations
