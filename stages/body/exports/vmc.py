@@ -7,9 +7,10 @@ relative to its mapped parent), `/VMC/Ext/OK 1` and `/VMC/Ext/T <seconds>`, as o
 
 Axes: Unity's (left-handed, Y up, the avatar facing +Z, its left at -X) from npucam's world
 (right-handed, Z up; ANNY's rest body faces -Y with its left at +X): (x, y, z) -> (-x, z, -y).
-Rotations are those of the bones' skinning transforms (identity at ANNY's rest pose, in
-world-aligned axes, as a VRM's normalised bones), so the rest pose sent is ANNY's: its arms
-hang ~45 degrees below a VRM's T-pose (docs/body.md, "VMC").
+Rotations are those of the bones' skinning transforms in world-aligned axes, as a VRM's
+normalised bones, whose identity is a T-pose: ANNY's rest arms hang ~45 degrees below it, so
+each arm's bones (the upper arm and all below it) also carry the turn from the T-pose's arm
+(along Unity's -X on the left, +X on the right) to that rest arm (docs/body.md, "VMC").
 """
 
 from __future__ import annotations
@@ -66,6 +67,26 @@ class VmcPose:
                 a = int(model.parents[a])
             parent.append(row[a])
         self.parent = np.array([0, *parent])
+        # each mapped bone's arm: +1 left, -1 right (the T-pose arm along Unity's -X, +X), 0
+        self.arm = np.zeros(len(self.bones), dtype=np.int64)
+        for side, sign in (("L", 1), ("R", -1)):
+            upper = model.bone(f"upperarm01.{side}")
+            self.arm[[_descends(model, int(b), upper) for b in self.bones]] = sign
+        self.upper = {1: model.bone("upperarm01.L"), -1: model.bone("upperarm01.R")}
+        self.lower = {1: model.bone("lowerarm01.L"), -1: model.bone("lowerarm01.R")}
+
+    def t_pose_turns(self, rest: RestBody) -> np.ndarray:
+        """[N, 3, 3] (Unity axes) per mapped bone: the turn taking the T-pose's arm onto `rest`'s
+        (the upper arm's head to the forearm's), identity off the arms."""
+        turns = np.tile(np.eye(3), (len(self.bones), 1, 1))
+        for sign in (1, -1):
+            arm = UNITY_FROM_WORLD @ (rest.heads[self.lower[sign]] - rest.heads[self.upper[sign]])
+            t_arm = np.array([-float(sign), 0.0, 0.0])
+            axis = np.cross(t_arm, arm / np.linalg.norm(arm))
+            angle = np.arctan2(np.linalg.norm(axis), float(t_arm @ arm) / np.linalg.norm(arm))
+            turn = Rotation.from_rotvec(axis / np.linalg.norm(axis) * angle).as_matrix()
+            turns[self.arm == sign] = turn
+        return turns
 
     def messages(
         self, rest: RestBody, rotations: np.ndarray, translation: np.ndarray, time_s: float
@@ -74,7 +95,7 @@ class VmcPose:
         (local-ref deltas), translation [3] (m)."""
         posed = self.model.pose(rest, rotations, translation)
         s = UNITY_FROM_WORLD
-        g = s @ posed.transforms[self.bones, :, :3] @ s.T
+        g = s @ posed.transforms[self.bones, :, :3] @ s.T @ self.t_pose_turns(rest)
         heads = posed.poses[self.bones, :, 3] @ s.T
         local = np.swapaxes(g[self.parent], -1, -2) @ g
         local[0] = g[0]
@@ -89,6 +110,15 @@ class VmcPose:
                                               *map(float, quats[i])]))  # fmt: skip
         out += [("/VMC/Ext/OK", [1]), ("/VMC/Ext/T", [float(time_s)])]
         return out
+
+
+def _descends(model: AnnyModel, bone: int, ancestor: int) -> bool:
+    """Whether `bone` is `ancestor` or below it."""
+    while bone >= 0:
+        if bone == ancestor:
+            return True
+        bone = int(model.parents[bone])
+    return False
 
 
 class VmcSender:
