@@ -51,20 +51,21 @@ inbox = { size = 1, policy = "latest" }
 """
 
 
-def test_every_recorded_frame_is_processed_and_written_out_as_json_lines(tmp_path, write_config):
+def test_every_recorded_frame_is_processed_and_written_to_the_take(tmp_path, write_config):
     session, offsets = _session(tmp_path)
     path = write_config(CONFIG)
     out = tmp_path / "out"
     config = process.offline_config(path, session, out)
-    progress = io.StringIO()
-    assert asyncio.run(process.run_offline(config, 15, progress)) == 0
-    assert process.write_jsonl(out / process.TAKE, out / "messages.jsonl") > 15
-    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-    det = [m["header"] for m in lines if m["topic"] == "det/cam"]
-    assert [h["seq"] for h in det] == list(range(15))  # no frame dropped, in order
-    ts = [h["capture_ts"] for h in det]
-    assert [t - ts[0] for t in ts] == offsets  # the recorded differences, exactly
-    assert "process: 15/15 frames" in progress.getvalue()
+    code, summary, _ = asyncio.run(process.run_offline(config, io.StringIO()))
+    assert code == 0
+    lines = [json.loads(line) for line in (out / "2d" / "cam.jsonl").read_text().splitlines()]
+    assert [line["seq"] for line in lines] == list(range(15))  # no frame dropped, in order
+    # the recorded capture times, not the run's
+    assert [line["capture_ts_ns"] - T0 for line in lines] == offsets
+    assert [line["det"]["header"]["capture_ts_ns"] - T0 for line in lines] == offsets
+    assert summary["frames_read"] == summary["frames_written"] == 15
+    assert summary["drops"] == 0 and summary["complete"]
+    assert json.loads((out / process.SUMMARY).read_text()) == summary
 
 
 def test_the_configs_own_record_stages_are_left_out(tmp_path, write_config):
@@ -73,7 +74,11 @@ def test_the_configs_own_record_stages_are_left_out(tmp_path, write_config):
     path = write_config(text + '[[stages]]\nkind = "record"\nname = "rec"\npath = "mine"\n')
     config = process.offline_config(path, session, tmp_path / "out")
     kinds = [(s.kind, s.name) for s in config.stages]
-    assert kinds == [("capture", None), ("publish", None), ("record", process.RECORDER)]
+    assert kinds == [
+        ("capture", None),
+        ("publish", None),
+        ("stages.record.take:Take", process.TAKER),
+    ]
     assert config.stages[0].to == ["publish"]
 
 
@@ -97,7 +102,7 @@ def test_the_npucam_process_command_writes_the_take_and_its_json_lines(tmp_path,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    assert "process: 15/15 frames" in run.stderr
-    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-    assert [m["header"]["seq"] for m in lines if m["topic"] == "det/cam"] == list(range(15))
-    assert f"{len(lines)} messages in {out / 'take'}" in run.stdout
+    assert "15/15 frames" in run.stderr
+    lines = (out / "2d" / "cam.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == list(range(15))
+    assert f"process: 15/15 frames in {out}, 0 persons posed, 0 dropped" in run.stdout
