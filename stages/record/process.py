@@ -167,7 +167,7 @@ class Progress:
         remaining = None if estimate is None else estimate.remaining_s
         self.history.append((now - self.start, frames, remaining))
         shown = "?" if remaining is None else f"{remaining:.0f} s"
-        self.bar.set_postfix_str(f", ETA {shown}, {poses} poses", refresh=False)
+        self.bar.set_postfix_str(f"ETA {shown}, {poses} poses", refresh=False)
         self.bar.update(frames - self.bar.n)
         return estimate
 
