@@ -1,12 +1,14 @@
 """`npucam process`'s ETA: the device time the planner prices the pass's work at (a Sapiens2
 pose per tracked person per frame; stages/planning/npu.py's device_costs on the config), for the
-frames left at the persons per frame seen so far, scaled by the measured pace (elapsed time
-over the planned time of the work done) in proportion to how much of the pass is done. Pure:
-the caller passes the elapsed time (a test, a virtual clock's)."""
+frames left at the persons per frame seen so far, scaled toward the measured pace (elapsed time
+over the planned time of the work done) as frames are measured. Pure: the caller passes the
+elapsed time (a test, a virtual clock's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+PRIOR_FRAMES = 2.0  # the planner's costs weigh as much as this many measured frames
 
 
 @dataclass(frozen=True)
@@ -32,24 +34,20 @@ class PassCost:
 
 
 def estimate(
-    cost: PassCost,
-    frames_left: int,
-    frames_done: int,
-    poses_done: int,
-    elapsed_s: float,
-    fraction_done: float,
+    cost: PassCost, frames_left: int, frames_done: int, poses_done: int, elapsed_s: float
 ) -> Estimate | None:
     """The ETA of `frames_left` frames, from the frames and poses done in the last `elapsed_s`
     seconds (counted from a frame that was done, so the start-up is not in the pace); None
     before one is done (no persons per frame known yet). The planned time left is the frames
     left at the poses per frame seen, at the planner's costs; it is scaled by
-    1 + fraction_done * (pace - 1), so early on the planner's costs decide and the measured
-    pace takes over as the pass goes."""
+    1 + w * (pace - 1), w = n / (n + PRIOR_FRAMES) for n frames measured: the planner counts
+    as PRIOR_FRAMES frames of evidence, and the measured pace takes over as the pass goes
+    (the host's detection, not the device, may be what sets it)."""
     if frames_done <= 0:
         return None
     per_frame = poses_done / frames_done
     planned_left = cost.planned_s(frames_left, frames_left * per_frame)
     planned_done = cost.planned_s(frames_done, poses_done)
     pace = elapsed_s / planned_done if planned_done > 0 else 1.0
-    f = min(1.0, max(0.0, fraction_done))
-    return Estimate(planned_left * (1.0 + f * (pace - 1.0)), planned_left, pace)
+    w = frames_done / (frames_done + PRIOR_FRAMES)
+    return Estimate(planned_left * (1.0 + w * (pace - 1.0)), planned_left, pace)

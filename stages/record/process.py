@@ -157,12 +157,7 @@ class Progress:
         if self.base is not None:
             t0, f0, p0 = self.base
             estimate = eta.estimate(
-                self.cost,
-                self.total - frames,
-                frames - f0,
-                poses - p0,
-                now - t0,
-                (frames - self.start_done) / max(1, self.total - self.start_done),
+                self.cost, self.total - frames, frames - f0, poses - p0, now - t0
             )
         remaining = None if estimate is None else estimate.remaining_s
         self.history.append((now - self.start, frames, remaining))
