@@ -53,6 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=20, help="frames of each camera")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "demo.toml")
+    parser.add_argument("--history", action="store_true", help="print every progress update")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         session = Path(tmp) / "session"
@@ -67,6 +68,9 @@ def main() -> int:
         f"{summary['persons_posed']} poses, {summary['drops']} drops, exit {code}, "
         f"{end:.1f} s (planner: {cost.pose_s:.3f} s a pose)"
     )
+    if args.history:
+        for elapsed, frames, remaining in progress.history:
+            print(f"  {elapsed:7.1f} s  {frames:4d} frames  ETA {remaining}")
     print("done  | ETA printed s | actual left s | ETA / actual")
     total = summary["frames_recorded"]
     for fraction in (0.1, 0.25, 0.5, 0.75):

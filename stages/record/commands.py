@@ -19,6 +19,7 @@ from stages.record import process
 from stages.record.replay import messages, replay, session_folder
 
 log = logging.getLogger(__name__)
+SPIN_S = 0.001  # each send's last millisecond is polled, not slept (bench/replay_timing.py)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -96,6 +97,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             stop,
             speed=speed,
             topics=tuple(args.topic),
+            spin_s=SPIN_S,
         )
         print(f"replay: sent {sent} messages", flush=True)
     finally:
@@ -107,6 +109,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_process(args: argparse.Namespace) -> int:
     session = session_folder(args.session)
     jobs_after = process.resume_point(args.out, session, args.config)
+    done = process.finished_summary(args.out)
+    if done is not None:
+        print(f"process: {args.out} already holds the whole take ({done})", flush=True)
+        return 0 if done["drops"] == 0 else 1
     if jobs_after:
         print(f"process: resuming {args.out} after {jobs_after}", flush=True)
     config = process.offline_config(args.config, session, args.out, jobs_after)

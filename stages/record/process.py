@@ -186,9 +186,9 @@ async def run_offline(
     while not task.done():
         await asyncio.wait({task}, timeout=PROGRESS_S)
         take = pipeline.stages.get(TAKER)
-        if take is None:
+        if not isinstance(take, Take):
             continue
-        writer = take.writer  # type: ignore[attr-defined]
+        writer = take.writer
         if progress is None:
             progress = Progress(
                 pass_cost(config), writer.total_frames, writer.frames_written, stream, clock
@@ -196,7 +196,8 @@ async def run_offline(
         progress.update(writer.frames_written, writer.poses_written)
     code = task.result()
     take = pipeline.stages[TAKER]
-    writer = take.writer  # type: ignore[attr-defined]
+    assert isinstance(take, Take)
+    writer = take.writer
     if progress is None:
         progress = Progress(pass_cost(config), writer.total_frames, 0, stream, clock)
     progress.update(writer.frames_written, writer.poses_written)
@@ -218,7 +219,7 @@ async def run_offline(
         "complete": writer.complete,
         "seconds": round(time.monotonic() - started, 3),
     }
-    Path(take.options.out, SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")  # type: ignore[attr-defined]
+    Path(take.options.out, SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
     if summary["drops"] or not writer.complete:
         code = code or 1
     return code, summary, progress
@@ -240,3 +241,12 @@ def resume_point(out: Path, session: Path, config_path: Path) -> dict[str, int]:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(this))
     return Checkpoint.read(out).cameras
+
+
+def finished_summary(out: Path) -> dict[str, Any] | None:
+    """The summary of a pass that ran to its end in OUT, None if none did."""
+    path = out / SUMMARY
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("complete") else None

@@ -20,6 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 from pydantic import Field
@@ -138,7 +139,7 @@ class TakeWriter:
         self._pose3d: dict[str, list[tuple[int, dict, dict]]] = {r: [] for r in rigs}
         self._bodies: dict[str, dict[int, list[bytes]]] = {r: {} for r in rigs}
         self._watermark: dict[str, dict[str, int]] = {r: {} for r in rigs}  # rig -> cam -> seq
-        self._files: dict[str, object] = {}
+        self._files: dict[str, TextIO] = {}
         self.frames_written = sum(self._next.values())
         self.poses_written = self.checkpoint.poses
         self.finished = False
@@ -195,7 +196,7 @@ class TakeWriter:
         self.finished = self.complete
         self._write_ready()
         for f in self._files.values():
-            f.close()  # type: ignore[attr-defined]
+            f.close()
         self._files.clear()
         if not self.finished:
             return
@@ -223,8 +224,8 @@ class TakeWriter:
                 wrote = True
         if wrote:
             for name, f in self._files.items():
-                f.flush()  # type: ignore[attr-defined]
-                self.checkpoint.files[name] = f.tell()  # type: ignore[attr-defined]
+                f.flush()
+                self.checkpoint.files[name] = f.tell()
             self.checkpoint.write(self.out)
 
     def _write_groups(self) -> bool:
@@ -280,7 +281,7 @@ class TakeWriter:
             path = self.out / name
             path.parent.mkdir(parents=True, exist_ok=True)
             f = self._files[name] = open(path, "a")  # noqa: SIM115 - open for the whole pass
-        f.write(json.dumps(line) + "\n")  # type: ignore[attr-defined]
+        f.write(json.dumps(line) + "\n")
 
     def _truncate(self) -> None:
         """Cut every file back to its size at the checkpoint; a file the checkpoint does not
