@@ -19,7 +19,6 @@ from stages.record import process
 from stages.record.replay import messages, replay, session_folder
 
 log = logging.getLogger(__name__)
-SPIN_S = 0.001  # each send's last millisecond is polled, not slept (bench/replay_timing.py)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,7 +96,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
             stop,
             speed=speed,
             topics=tuple(args.topic),
-            spin_s=SPIN_S,
         )
         print(f"replay: sent {sent} messages", flush=True)
     finally:

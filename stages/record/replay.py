@@ -40,13 +40,10 @@ def replay(
     speed: float | None = 1.0,
     clock: Clock = SYSTEM,
     topics: tuple[str, ...] = (),
-    spin_s: float = 0.0,
 ) -> int:
     """Send each record's parts, the k-th at start + (ts_k - ts_0) / speed (speed None: at
     once); only topics starting with one of `topics` when given. The count sent; stops early
-    when `stop` is set. spin_s: wait until that long before each send's time, then poll the
-    clock up to it (a wait's wake-up is late by up to a millisecond or more on a busy host; the
-    poll costs that much CPU a message)."""
+    when `stop` is set."""
     prefixes = tuple(t.encode() for t in topics)
     first_ts: int | None = None
     start = 0.0
@@ -57,12 +54,9 @@ def replay(
         if first_ts is None:  # the clock starts at the first message, once its segment is read
             first_ts, start = ts, clock.monotonic()
         if speed is not None:
-            due = start + (ts - first_ts) / 1e9 / speed
-            delay = due - clock.monotonic()
-            if delay > spin_s and clock.wait(stop, delay - spin_s):
+            delay = start + (ts - first_ts) / 1e9 / speed - clock.monotonic()
+            if delay > 0 and clock.wait(stop, delay):
                 break
-            while spin_s > 0 and clock.monotonic() < due and not stop.is_set():
-                pass
         if stop.is_set():
             break
         send(parts)
