@@ -49,6 +49,7 @@ def offline_config(
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{config_path}: cannot read: {exc}") from None
     order, _ = recorded_frames(session)
+    rates = {c.get("name"): c["fps"] for c in data.get("cameras", []) if "fps" in c}
     for i, camera in enumerate(data.get("cameras", [])):
         name = camera.get("name")
         if name not in order:
@@ -86,7 +87,12 @@ def offline_config(
                 if isinstance(stage.get(model), dict):
                     stage[model]["enabled"] = False
         elif kind == "rig3d":
-            stage.update(pose_interval_ms=0.0, max_people=MAX_RIG_PEOPLE)
+            # groups close when every camera has gone past them (the recording is read in
+            # capture-time order), never by the wall clock, which says nothing offline; the
+            # tolerance stays what the cameras' live rates made it (their fps is dropped)
+            fps = [rates.get(c, stage.get("fps", 30.0)) for c in stage["cameras"]]
+            stage.setdefault("tolerance_ms", 500.0 / max(fps))
+            stage.update(pose_interval_ms=0.0, max_people=MAX_RIG_PEOPLE, sync_wait_ms=DAY_MS)
             stage.pop("trc", None)  # the take writes its own
             rigs[stage["rig"]] = list(stage["cameras"])
         elif kind == "body":
