@@ -9,12 +9,13 @@ PSNR each keeps (first round), and the ratios ours / reference and blurred / our
 is bikes.mp4's first frame resized to 1920x1080 plus Gaussian noise (sigma 3), as
 bench/frame_transport.py's, so JPEG has natural-ish detail to code.
 
-    .venv/bin/python bench/record.py [--frames 60] [--rounds 5] [--quality 90]
+    .venv/bin/python bench/record.py [--frames 60] [--rounds 5] [--quality 90] [--size 1920x1080]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -43,11 +44,14 @@ def ours(frames: list[np.ndarray], folder: Path, quality: int) -> int:
 FACE = np.array([[810.0, 360.0, 1110.0, 720.0]], np.float32)
 
 
-def ours_blurred(frames: list[np.ndarray], folder: Path, quality: int) -> int:
-    """ours, with one face blurred first (the record stage's blur_faces)."""
+def ours_blurred(
+    frames: list[np.ndarray], folder: Path, quality: int, face: np.ndarray = FACE
+) -> int:
+    """ours, with one face (float32 [1, 4] xyxy px) blurred first (the record stage's
+    blur_faces)."""
     writer = FrameSegmentWriter(folder / "000001")
     for seq, frame in enumerate(frames):
-        writer.append(seq, seq, encode_jpeg(blur_boxes(frame, FACE, 0.2), quality))
+        writer.append(seq, seq, encode_jpeg(blur_boxes(frame, face, 0.2), quality))
     writer.close()
     return writer.bytes
 
@@ -93,7 +97,7 @@ def timed(fn, frames, quality, psnr: bool = False) -> tuple[float, float, int, f
 
 LABELS = {
     "ours": "npucam frame log",
-    "ours_blurred": "npucam frame log, one 300x360 face blurred",
+    "ours_blurred": "npucam frame log, one face blurred",
     "reference": "cv2.VideoWriter MJPG .avi",
 }
 
@@ -103,8 +107,15 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quality", type=int, default=90)
+    ap.add_argument(
+        "--size", default="1920x1080", help="WxH; the face box scales with the width (a face at "
+        "the same distance on a lower-resolution camera: 640x480's is 100x120)",
+    )  # fmt: skip
     args = ap.parse_args()
-    base = test_image(1920, 1080)
+    width, height = (int(v) for v in args.size.split("x"))
+    base = test_image(width, height)
+    face = FACE * (width / 1920)
+    blurred = functools.partial(ours_blurred, face=face)
     # frames that differ (a shifted copy each), so no encoder sees one image again
     frames = [np.roll(base, 8 * i, axis=1) for i in range(args.frames)]
     results: dict[str, list] = {"ours": [], "ours_blurred": [], "reference": []}
@@ -112,9 +123,12 @@ def main() -> None:
     timed(reference, frames[:5], args.quality)
     for i in range(args.rounds):
         results["ours"].append(timed(ours, frames, args.quality, psnr=i == 0))
-        results["ours_blurred"].append(timed(ours_blurred, frames, args.quality))
+        results["ours_blurred"].append(timed(blurred, frames, args.quality))
         results["reference"].append(timed(reference, frames, args.quality, psnr=i == 0))
-    print(f"1920x1080, JPEG quality {args.quality}, {args.frames} frames x {args.rounds} rounds")
+    print(
+        f"{width}x{height}, JPEG quality {args.quality}, {args.frames} frames x {args.rounds} "
+        f"rounds; the face {face[0, 2] - face[0, 0]:.0f}x{face[0, 3] - face[0, 1]:.0f}"
+    )
     print("| writer | CPU ms / frame | wall ms / frame | KB / frame | PSNR dB |")
     print("|---|---|---|---|---|")
     med = {}

@@ -109,6 +109,12 @@ class DetectOptions(StageOptions):
     # a track whose pose job brought no result for this long gets a new job (the infer stage
     # may have dropped it; a queued job of the same track is replaced); None: at its deadline
     pose_retry_s: float | None = Field(None, gt=0)
+    # npucam process (stages/record/process.py): every tracked person gets a pose job on every
+    # frame, on that frame (no one-in-flight limit, no move to the track's newest frame)
+    pose_every_frame: bool = False
+    # npucam process resuming: camera -> seq; the camera's frames up to that seq are tracked
+    # (so the trackers are as in an uninterrupted pass) but make no jobs
+    jobs_after: dict[str, int] = {}
     faces: bool = True  # face jobs (to align and infer) for the faces found
     face_interval_s: float = Field(0.0, ge=0)  # min time between frames with face jobs
     clip: Literal["off", "persons", "frame"] = "off"
@@ -166,7 +172,9 @@ class Detect(Stage[DetectOptions]):
         self.wanted = job_policy.wanted(_declared(context.config), options)
         self._cadence = {w.model: w.runs_on.cadence for w in self.wanted}
         # a model refreshes tracks (Sapiens2): keep each track's newest frame for its jobs
-        self._refreshes = options.pose and "refresh" in self._cadence.values()
+        self._refreshes = (
+            options.pose and "refresh" in self._cadence.values() and not options.pose_every_frame
+        )
         self._makers = {w.model: runtime_class(w.model) for w in self.wanted}
         # person = "none": faces are tracked themselves, so a face still carries a track id
         self._face_trackers: dict[str, PersonTracker] = {}
@@ -506,7 +514,7 @@ class Detect(Stage[DetectOptions]):
             by_jobs = rig is not None and not rig.live
             targets = job_policy.person_targets(
                 tracks.tracker, boxes_of, o.pose, rig if by_jobs else None,
-                rig_tag if by_jobs else None,
+                rig_tag if by_jobs else None, every=o.pose_every_frame,
             )  # fmt: skip
             face_ids, face_targets = self._face_targets(frame, faces, person_xywh, ids)
             targets += face_targets
@@ -517,8 +525,10 @@ class Detect(Stage[DetectOptions]):
             marks = self._marks.setdefault(frame.camera, {})
             picked = job_policy.decide(
                 self.wanted, targets, frame.capture_ts_ns, marks,
-                refresh_all=by_jobs and rig_tag is not None,
+                refresh_all=(by_jobs and rig_tag is not None) or o.pose_every_frame,
             )  # fmt: skip
+            if frame.seq <= o.jobs_after.get(frame.camera, -1):
+                picked = []  # written by the pass being resumed: tracked only
             jobs = [self._job(model, target, frame, tracks) for model, target in picked]
         if rig_tag is not None and by_jobs:
             refreshed = [t.track_id for m, t in picked if self._cadence[m] == "refresh"]
@@ -616,7 +626,8 @@ class Detect(Stage[DetectOptions]):
         """Model `model`'s job on a target, made by its runtime; a refresh is marked started
         in its tracker with its retry deadline (call holding tracks.lock)."""
         job = self._makers[model].make_job(target, frame)
-        if self._cadence[model] == "refresh" and target.track_id is not None:
+        every = self.options.pose_every_frame
+        if self._cadence[model] == "refresh" and target.track_id is not None and not every:
             tid = target.track_id
             tracks.tracker.pose_started(tid)
             retry = self.options.pose_retry_s

@@ -57,15 +57,24 @@ def xywh(xyxy: np.ndarray) -> np.ndarray:
 
 
 def person_targets(
-    tracker: Any, boxes_of: dict[int, np.ndarray], pose: bool, rig: Any, group: Any
+    tracker: Any,
+    boxes_of: dict[int, np.ndarray],
+    pose: bool,
+    rig: Any,
+    group: Any,
+    every: bool = False,
 ) -> list[Target]:
     """A frame's tracked persons (track id -> box xyxy) as targets, each with its place in the
     refresh order when it is due: the tracker's pose queue (oldest pose first), or in a rig's
     posed group (`group` set) its largest people (rig.chosen); none in a rig's frame outside
-    a posed group, nor with `pose` off. Detect and the planner both make them so."""
+    a posed group, nor with `pose` off. every (outside a rig): every tracked person is due,
+    by track id, whether or not its last refresh is done. Detect and the planner both make
+    them so."""
     order: list[int] = []
     if pose and group is not None and rig is not None:
         order = list(rig.chosen(boxes_of))
+    elif pose and rig is None and every:
+        order = sorted(boxes_of)
     elif pose and rig is None:
         order = [t.track_id for t in tracker.pose_queue() if t.track_id in boxes_of]
     place = {tid: i for i, tid in enumerate(order)}

@@ -21,6 +21,7 @@ import zmq
 
 from npu.models.sapiens2.keypoints import NAMES as KEYPOINTS
 from pipeline import wire
+from stages.record.frame_log import read_index
 from tests.pacing import PACINGS, set_pacing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -223,6 +224,11 @@ def test_face_kiosk_runs_briefly_on_sim_with_identities_on_face_topic(tmp_path):
     # no person detector: each face is tracked itself, and its message says which track
     assert all(isinstance(h["track_id"], int) for h in got["face"]["kiosk"])
     assert "similarities across models" not in err
+    # it recorded its frames (faces blurred first: tests/stages/record/test_record_privacy.py)
+    # next to the config copy, and no message log (the face/ messages carry embeddings)
+    sessions = list((tmp_path / "recordings").iterdir())
+    assert len(sessions) == 1 and not (sessions[0] / "messages").exists()
+    assert read_index(next((sessions[0] / "frames" / "kiosk").glob("*.csv")))
     if not (REPO / "gallery.npz").exists():  # a fresh clone: the missing gallery is named
         assert "configs/face-kiosk.toml: stages[4].gallery: " in err
         assert "gallery.npz: no such gallery file" in err

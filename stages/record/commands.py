@@ -1,8 +1,8 @@
 """`npucam replay SESSION`: a recording's published messages on a PUB socket again, byte for
 byte and in order, at their recorded pace (or --speed times it, or --fast). Sends block at the
 high-water mark (ZMQ_XPUB_NODROP): an offline replay waits for a slow subscriber instead of
-dropping what it recorded. `npucam process SESSION --config CONFIG`: the config run over the
-recording with nothing dropped (process.py)."""
+dropping what it recorded. `npucam process SESSION --config CONFIG --out OUT`: the
+full-fidelity pass over the recording, resumable (process.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("session", help="a session folder written by a record stage")
     p.add_argument("--config", required=True, type=Path, help="the pipeline config to run")
-    p.add_argument("--out", required=True, type=Path, help="folder for the take (created)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="folder for the take (created; an interrupted pass in it is resumed)",
+    )
     p.set_defaults(func=cmd_process)
 
 
@@ -101,12 +106,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_process(args: argparse.Namespace) -> int:
     session = session_folder(args.session)
-    config = process.offline_config(args.config, session, args.out)
-    total = sum(process.recorded_frames(session).values())
-    code = asyncio.run(process.run_offline(config, total))
-    take = args.out / process.TAKE
-    count = process.write_jsonl(take, args.out / "messages.jsonl")
-    print(f"process: {count} messages in {take} and {args.out / 'messages.jsonl'}", flush=True)
+    jobs_after = process.resume_point(args.out, session, args.config)
+    done = process.finished_summary(args.out)
+    if done is not None:
+        print(f"process: {args.out} already holds the whole take ({done})", flush=True)
+        return 0 if done["drops"] == 0 else 1
+    if jobs_after:
+        print(f"process: resuming {args.out} after {jobs_after}", flush=True)
+    config = process.offline_config(args.config, session, args.out, jobs_after)
+    code, summary, _ = asyncio.run(process.run_offline(config))
+    print(
+        f"process: {summary['frames_written']}/{summary['frames_recorded']} frames in "
+        f"{args.out}, {summary['persons_posed']} persons posed, {summary['drops']} dropped"
+        + ("" if summary["complete"] else " (stopped before the end: run again to resume)"),
+        flush=True,
+    )
     return code
 
 

@@ -154,6 +154,35 @@ def test_pose_jobs_go_to_the_oldest_pose_first_within_the_per_frame_budget(tmp_p
     assert [j.track_id for j in jobs(4)] == [3, 1]  # track 3 (frame 1) before 1 (frame 3)
 
 
+def test_pose_every_frame_poses_every_tracked_person_on_every_frame_on_that_frame(tmp_path):
+    regions = [{"name": f"r{i}", "x": 10 + 60 * i, "y": 10, "w": 50, "h": 100} for i in range(3)]
+    stage = make_stage(
+        tmp_path, person="roi", person_regions=regions, face="none", pose_jobs_per_frame=1,
+        pose_every_frame=True,
+    )  # fmt: skip
+    image = np.zeros((120, 200, 3), np.uint8)
+    t0 = now_ns()
+    for seq in range(3):  # no result comes back: every job is still in flight
+        jobs = split(stage.process(frame(image, seq, t0)))[1]
+        assert [(j.track_id, j.seq) for j in jobs] == [(1, seq), (2, seq), (3, seq)]
+    # no newest frame is kept for a refresh to move to: each job stays on its own frame
+    assert stage.camera_tracks("cam").newest == {}
+
+
+def test_frames_up_to_jobs_after_are_tracked_but_make_no_jobs(tmp_path):
+    regions = [{"name": f"r{i}", "x": 10 + 60 * i, "y": 10, "w": 50, "h": 100} for i in range(2)]
+    stage = make_stage(
+        tmp_path, person="roi", person_regions=regions, face="none", pose_every_frame=True,
+        jobs_after={"cam": 1},
+    )  # fmt: skip
+    image = np.zeros((120, 200, 3), np.uint8)
+    t0 = now_ns()
+    for seq in (0, 1):
+        det, jobs, _, _ = split(stage.process(frame(image, seq, t0)))
+        assert jobs == [] and det.extra["track_ids"] == [1, 2]  # tracked as before
+    assert [j.track_id for j in split(stage.process(frame(image, 2, t0)))[1]] == [1, 2]
+
+
 def test_an_unanswered_pose_job_frees_its_track_at_its_deadline(tmp_path):
     stage = make_stage(
         tmp_path, person="roi", face="none",

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ import pytest
 from pipeline.config import ConfigError
 from stages.record import process
 from stages.record.frame_log import FrameSegmentWriter, encode_jpeg
+from tests.pacing import PACINGS, set_pacing
 
 REPO = Path(__file__).resolve().parents[3]
 MS = 1_000_000
@@ -51,20 +54,21 @@ inbox = { size = 1, policy = "latest" }
 """
 
 
-def test_every_recorded_frame_is_processed_and_written_out_as_json_lines(tmp_path, write_config):
+def test_every_recorded_frame_is_processed_and_written_to_the_take(tmp_path, write_config):
     session, offsets = _session(tmp_path)
     path = write_config(CONFIG)
     out = tmp_path / "out"
     config = process.offline_config(path, session, out)
-    progress = io.StringIO()
-    assert asyncio.run(process.run_offline(config, 15, progress)) == 0
-    assert process.write_jsonl(out / process.TAKE, out / "messages.jsonl") > 15
-    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-    det = [m["header"] for m in lines if m["topic"] == "det/cam"]
-    assert [h["seq"] for h in det] == list(range(15))  # no frame dropped, in order
-    ts = [h["capture_ts"] for h in det]
-    assert [t - ts[0] for t in ts] == offsets  # the recorded differences, exactly
-    assert "process: 15/15 frames" in progress.getvalue()
+    code, summary, _ = asyncio.run(process.run_offline(config, io.StringIO()))
+    assert code == 0
+    lines = [json.loads(line) for line in (out / "2d" / "cam.jsonl").read_text().splitlines()]
+    assert [line["seq"] for line in lines] == list(range(15))  # no frame dropped, in order
+    # the recorded capture times, not the run's
+    assert [line["capture_ts_ns"] - T0 for line in lines] == offsets
+    assert [line["det"]["header"]["capture_ts_ns"] - T0 for line in lines] == offsets
+    assert summary["frames_read"] == summary["frames_written"] == 15
+    assert summary["drops"] == 0 and summary["complete"]
+    assert json.loads((out / process.SUMMARY).read_text()) == summary
 
 
 def test_the_configs_own_record_stages_are_left_out(tmp_path, write_config):
@@ -73,7 +77,11 @@ def test_the_configs_own_record_stages_are_left_out(tmp_path, write_config):
     path = write_config(text + '[[stages]]\nkind = "record"\nname = "rec"\npath = "mine"\n')
     config = process.offline_config(path, session, tmp_path / "out")
     kinds = [(s.kind, s.name) for s in config.stages]
-    assert kinds == [("capture", None), ("publish", None), ("record", process.RECORDER)]
+    assert kinds == [
+        ("capture", None),
+        ("publish", None),
+        ("stages.record.take:Take", process.TAKER),
+    ]
     assert config.stages[0].to == ["publish"]
 
 
@@ -97,7 +105,109 @@ def test_the_npucam_process_command_writes_the_take_and_its_json_lines(tmp_path,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    assert "process: 15/15 frames" in run.stderr
-    lines = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-    assert [m["header"]["seq"] for m in lines if m["topic"] == "det/cam"] == list(range(15))
-    assert f"{len(lines)} messages in {out / 'take'}" in run.stdout
+    assert "15/15 frames" in run.stderr
+    lines = (out / "2d" / "cam.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == list(range(15))
+    assert f"process: 15/15 frames in {out}, 0 persons posed, 0 dropped" in run.stdout
+
+
+POSE_CONFIG = """
+[[cameras]]
+name = "cam"
+url = "synthetic:"
+[[stages]]
+kind = "capture"
+[[stages]]
+kind = "detect"
+person = "roi"
+person_regions = [
+  { name = "left", x = 2, y = 2, w = 24, h = 40 },
+  { name = "right", x = 36, y = 4, w = 24, h = 40 },
+]
+face = "none"
+pose_jobs_per_frame = 1    # live: one refresh a frame; the pass poses everyone regardless
+to = ["publish", "infer"]
+inbox = { size = 1, policy = "latest" }
+[[stages]]
+kind = "infer"
+backend = "sim"
+to = ["dark"]
+[stages.sim]
+pacing = "npu2"            # each pose takes Sapiens2 0.4b's modelled 2.4 s (tests/pacing.py)
+[stages.sapiens2]
+enabled = true
+synthetic = true
+[[stages]]
+kind = "dark"
+to = ["publish"]
+[[stages]]
+kind = "publish"
+inbox = { size = 1, policy = "drop_oldest" }
+"""
+
+
+@pytest.mark.parametrize("pacing", PACINGS)
+def test_the_pass_poses_every_tracked_person_on_every_frame(tmp_path, write_config, pacing):
+    """Unpaced by default; at NPU2's pace (2.4 s a pose: the device sets the pass's pace, the
+    recording is read as the pipeline takes it) in the slow variant (tests/pacing.py)."""
+    session, _ = _session(tmp_path, frames=2)
+    path = set_pacing(write_config(POSE_CONFIG), pacing)
+    out = tmp_path / "out"
+    config = process.offline_config(path, session, out)
+    code, summary, _ = asyncio.run(process.run_offline(config, io.StringIO()))
+    assert code == 0
+    lines = [json.loads(line) for line in (out / "2d" / "cam.jsonl").read_text().splitlines()]
+    assert [line["seq"] for line in lines] == [0, 1]
+    for line in lines:
+        tracked = line["det"]["header"]["track_ids"]
+        assert len(tracked) == 2 and None not in tracked
+        # a Sapiens2 pose of every tracked person, on this very frame
+        assert [p["header"]["track_id"] for p in line["poses"]] == sorted(tracked)
+        assert {p["header"]["seq"] for p in line["poses"]} == {line["seq"]}
+        assert all(len(p["arrays"]["keypoints"]) == 308 for p in line["poses"])
+    assert summary["persons_posed"] == 4 and summary["drops"] == 0
+
+
+def _process(session: Path, config: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "process", str(session)]
+        + ["--config", str(config), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize(
+    "how", [signal.SIGKILL, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+)
+def test_an_interrupted_pass_resumed_writes_the_take_an_uninterrupted_one_does(
+    tmp_path, write_config, how
+):
+    session, _ = _session(tmp_path, frames=15)
+    path = set_pacing(write_config(POSE_CONFIG), "none")
+    whole = tmp_path / "whole"
+    code, _, _ = asyncio.run(
+        process.run_offline(process.offline_config(path, session, whole), io.StringIO())
+    )
+    assert code == 0
+    out = tmp_path / "out"
+    run = _process(session, path, out)
+    checkpoint = out / "checkpoint.json"
+    deadline = time.monotonic() + 240
+    while not (checkpoint.exists() and json.loads(checkpoint.read_text())["cameras"]):
+        assert run.poll() is None, f"the pass ended before it was interrupted: {run.stderr}"
+        assert time.monotonic() < deadline, "no frame written in 240 s"
+        time.sleep(0.01)
+    run.send_signal(how)
+    run.communicate(timeout=120)
+    assert run.returncode != 0  # killed, or stopped before the end
+    written = json.loads(checkpoint.read_text())["cameras"]["cam"]
+    assert written < 14, "interrupted too late: every frame was already written"
+    resumed = _process(session, path, out)
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert f"resuming {out} after {{'cam': {written}}}" in stdout
+    assert (out / "2d" / "cam.jsonl").read_text() == (whole / "2d" / "cam.jsonl").read_text()
+    assert json.loads((out / "summary.json").read_text())["persons_posed"] == 30
