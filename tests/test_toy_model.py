@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from engine_stages import receive, start, subscriber
+from engine_stages import receive_until_done, start, subscriber
 
 from npu import models
 from pipeline.wire import decode
@@ -80,7 +80,7 @@ def test_a_toy_fourth_model_runs_through_infer_and_publish_on_sim(
     async def main():
         pipeline, task = await start(config)
         sub = await subscriber(pipeline, topic="toy/")
-        got = await receive(sub, until_idle_s=3.0)
+        got = await receive_until_done(sub, task)
         code = await task
         sub.close()
         return pipeline, code, got
@@ -162,7 +162,7 @@ def test_the_toy_runs_on_tracked_persons_from_a_sample_clip_and_plan_predicts_it
     async def main():
         pipeline, task = await start(config)
         sub = await subscriber(pipeline)
-        got = await receive(sub, until_idle_s=5.0)
+        got = await receive_until_done(sub, task)
         code = await task
         sub.close()
         return pipeline, code, got

@@ -101,6 +101,18 @@ async def receive(sub, until_idle_s: float = 1.0, limit: int = 100_000) -> list[
     return got
 
 
+async def receive_until_done(sub, task: asyncio.Task, drain_s: float = 1.0) -> list[list[bytes]]:
+    """Messages until the pipeline's task has ended, then those still arriving (until none
+    comes for drain_s): a run that ends by itself, however slowly this host runs it."""
+    got = []
+    while not task.done():
+        if await sub.poll(100):
+            got.append(await sub.recv_multipart())
+    while await sub.poll(int(drain_s * 1000)):
+        got.append(await sub.recv_multipart())
+    return got
+
+
 def run_and_receive(
     path,
     duration: float | None = None,

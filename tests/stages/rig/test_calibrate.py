@@ -79,6 +79,9 @@ def test_written_rig_calibration_reads_back(tmp_path, views):
         assert len(b.distortions) == 4  # k1, k2, p1, p2: k3 held at 0, as Pose2Sim writes
 
 
+@pytest.mark.slow  # ~9 s of CPU (OpenCV's classic detector spends ~1 s on each of the 5
+# views it misses), 35 s on 4 workers; the default run calibrates a checkerboard on the
+# Pose2Sim demo's real images (test_calibrate_demo.py)
 def test_checkerboard_gives_intrinsics():
     board = Checkerboard((8, 5), 0.06)
     scene = board_scene(checkerboard_texture(board), (0.54, 0.36), n_cameras=1)
