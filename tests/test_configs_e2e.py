@@ -24,6 +24,8 @@ from pipeline import wire
 from stages.record.frame_log import read_index
 from tests.pacing import PACINGS, set_pacing
 
+pytestmark = pytest.mark.heavy  # a whole pipeline run (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"
 

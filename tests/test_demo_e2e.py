@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import zmq
 
 from pipeline import wire
+
+pytestmark = pytest.mark.heavy  # a whole pipeline run (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 NPUCAM = Path(sys.executable).parent / "npucam"

@@ -25,6 +25,8 @@ from tests.toymodel.model import weights, write_bundle
 from tests.toymodel.runtime import toy_input
 from tests.toymodel.stages import toy_frame
 
+pytestmark = pytest.mark.heavy  # a whole pipeline run (tests/conftest.py)
+
 
 @pytest.fixture
 def toy_registered():

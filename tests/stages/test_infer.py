@@ -501,6 +501,7 @@ def overload(tmp_path, cache, monkeypatch, seconds: float, busy: bool = True) ->
     assert rss[1] <= rss[0] * 1.03 + 4 * 2**20, f"RSS grew {rss[0]} -> {rss[1]}"
 
 
+@pytest.mark.heavy
 def test_overload_publishes_no_stale_result_and_starves_no_model(tmp_path, cache, monkeypatch):
     # what the overload does, not how busy this host kept the device (the slow test below)
     overload(tmp_path, cache, monkeypatch, seconds=6.0, busy=False)

@@ -22,6 +22,8 @@ import zmq
 from pipeline import wire
 from tests.pacing import PACINGS, set_pacing
 
+pytestmark = pytest.mark.heavy  # a whole pipeline run (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 NPUCAM = Path(sys.executable).parent / "npucam"
 EXAMPLE = REPO / "docs" / "examples" / "subscriber.mjs"

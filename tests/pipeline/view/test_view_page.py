@@ -24,6 +24,8 @@ from selenium.webdriver.common.by import By
 from pipeline import wire
 from tests.pacing import PACINGS, set_pacing
 
+pytestmark = pytest.mark.heavy  # a whole pipeline run (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 NPUCAM = Path(sys.executable).parent / "npucam"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.heavy  # a whole pipeline run (tests/conftest.py)
+
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "multi_person_ids.py"
 PEOPLE = 2  # the man on the treadmill and the woman beside it
 
