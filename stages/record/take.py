@@ -307,8 +307,8 @@ class TakeWriter:
         for text in path.read_text().splitlines():
             line = json.loads(text)
             header, points = line["header"], np.asarray(line["arrays"][array], np.float64)
-            if names_key is not None:
-                names = header[names_key]
+            if names_key is not None and header["person_ids"]:
+                names = header[names_key]  # a group without people names none
             for p, person in enumerate(header["person_ids"]):
                 times, frames = tracks.setdefault(person, ([], []))
                 t = header["capture_ts_ns"] / 1e9

@@ -123,3 +123,27 @@ def test_a_take_shorter_than_its_checkpoint_is_an_error_naming_the_file(tmp_path
     (tmp_path / CHECKPOINT).write_text("{")
     with pytest.raises(TakeError, match=r"checkpoint\.json: not a take checkpoint"):
         writer(tmp_path)
+
+
+def body(seq: int, people: list[int]) -> list:
+    names = ["nose", "neck"] if people else []  # as stages/body/result.py: none without people
+    header = {**common("body", "rig", seq), "person_ids": people, "keypoints": names}
+    return wire.encode("body/rig", header, [("keypoints", np.ones((len(people), len(names), 3)))])
+
+
+def test_a_bodys_trc_takes_its_keypoint_names_from_the_groups_with_people(tmp_path):
+    """A pass whose last group had no one (its body message names no keypoint) still writes
+    the fitted person's .trc with the names of the groups that had them."""
+    w = TakeWriter(tmp_path, ORDER, RECORDED, {"rig": ["a", "b"]}, {"rig"}, poses=False)
+    for seq in range(4):
+        w.message(det("a", seq, []))
+        w.message(det("b", seq, []))
+    for seq, people in ((0, [1]), (1, [1]), (2, [1]), (3, [])):
+        header = {**common("pose3d", "rig", seq), "views": {"a": seq, "b": seq}}
+        header["person_ids"] = people
+        points = np.ones((len(people), 308, 4))  # the rig's .trc names Sapiens2's 308 points
+        w.message(wire.encode("pose3d/rig", header, [("points", points)]))
+        w.message(body(seq, people))
+    w.finish()
+    trc = (tmp_path / "body" / "rig_person1.trc").read_text()
+    assert "nose" in trc and "neck" in trc
