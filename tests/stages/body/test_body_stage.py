@@ -21,6 +21,24 @@ from stages.body.stage import Body, BodyOptions
 from stages.rig.calibration import Calibration, Camera, write_calibration
 
 
+def run_body(options: BodyOptions, context, points: np.ndarray) -> tuple[list, Body]:
+    """A body stage fed one pose3d message of rig "hall" per frame of points [F, P, K, 4]
+    until its inbox closes: (its F published results, the stage)."""
+
+    async def run() -> tuple[list, Body]:
+        stage = Body("body", options, context)
+        inbox = BoundedQueue("body", 8, "block", context.metrics)
+        published = BoundedQueue("publish", 8, "block", context.metrics)
+        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
+        for f in range(len(points)):
+            await inbox.put(pose3d("hall", f, points[f : f + 1]))
+        inbox.close()
+        await stage.run(inbox, out)
+        return [await published.get() for _ in range(len(points))], stage
+
+    return asyncio.run(run())
+
+
 def test_the_rigs_pose3d_results_become_body_results_in_order(body_model, tmp_path):
     seen = observe(body_model, PHENOTYPE, walk_and_wave(body_model, 3), 1.0, seed=2)
     points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
@@ -100,18 +118,7 @@ def test_trc_files_of_the_fitted_keypoints_are_written_per_person_at_shutdown(bo
     options = BodyOptions(rig="hall", window=2, trc="out/walk.trc", trc_max_frames=2)
     (tmp_path / "out").mkdir()
 
-    async def run() -> list:
-        stage = Body("body", options, context)
-        inbox = BoundedQueue("body", 8, "block", context.metrics)
-        published = BoundedQueue("publish", 8, "block", context.metrics)
-        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
-        for f in range(3):
-            await inbox.put(pose3d("hall", f, points[f : f + 1]))
-        inbox.close()
-        await stage.run(inbox, out)
-        return [await published.get() for _ in range(3)]
-
-    got = asyncio.run(run())
+    got, _ = run_body(options, context, points)
     lines = (tmp_path / "out" / "walk_person3.trc").read_text().splitlines()
     names = lines[3].split("\t")[2::3]
     assert names == list(got[0].keypoint_names)
@@ -132,20 +139,8 @@ def test_the_stage_writes_the_mot_bvh_and_glb_files_and_sends_vmc(body_model, tm
     )  # fmt: skip
     (tmp_path / "out").mkdir()
 
-    async def run() -> tuple[list, Body]:
-        context = run_context(tmp_path)
-        stage = Body("body", options, context)
-        inbox = BoundedQueue("body", 8, "block", context.metrics)
-        published = BoundedQueue("publish", 8, "block", context.metrics)
-        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
-        for f in range(3):
-            await inbox.put(pose3d("hall", f, points[f : f + 1]))
-        inbox.close()
-        await stage.run(inbox, out)
-        return [await published.get() for _ in range(3)], stage
-
     try:
-        got, stage = asyncio.run(run())
+        got, stage = run_body(options, run_context(tmp_path), points)
         messages = receiver.wait_for(3 * (len(HUMANOID) + 3))
     finally:
         receiver.close()
