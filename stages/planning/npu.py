@@ -301,6 +301,10 @@ def simulate_npu(
     prepare_ahead_ms). face_points: the dark stage sends a face job per pose. infer_blocks:
     the infer stage's inbox is `block`. rigs: clock -> the config's rigs
     (stages.rig.groups.RigGroups on that clock), whose cameras are posed by group."""
+    if not horizon_s > warm_s:
+        raise PlanError(
+            f"--horizon {horizon_s:g} s leaves nothing after the {warm_s:g} s warm-up: give more"
+        )
     window_s = whole_loops(horizon_s - warm_s, [c.loop_s for c in cameras])
     warm_ns, end_ns = round(warm_s * NS), round((warm_s + window_s) * NS)
     run = _Run(costs, detect, _scheduler(costs, infer, infer_blocks), warm_ns, face_points)

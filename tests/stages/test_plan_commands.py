@@ -335,6 +335,9 @@ def test_bad_input_is_a_named_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["plan", path, "--cost", "sapiens2=-1"])
     assert "expected MODEL=SECONDS" in capsys.readouterr().err
+    for horizon in (30.0, 10.0):  # the warm-up takes the first 30 s (it divided by zero)
+        with pytest.raises(PlanError, match=f"--horizon {horizon:g} s leaves nothing after"):
+            make_plan(path, measure=False, horizon_s=horizon, people=1)
 
 
 def test_finding_9_the_plan_shows_each_models_contexts_and_whose_loads_evicted_them(tmp_path):
