@@ -27,7 +27,6 @@ from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve
 from stages.sources import CameraReader, CameraSpec, SourceError, redact
-from stages.start_gate import StartGate
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +133,10 @@ class Capture(Stage[CaptureOptions]):
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         self._stop_requested = asyncio.Event()
-        config = self.context.config
-        specs = [camera_spec(cam, config, camera_curve(cam, config)) for cam in self.selected()]
-        # the paced files (not live streams) start their frame schedules together
-        paced = {s.name for s in specs if s.realtime and not s.live}
-        gate = StartGate(paced) if len(paced) > 1 else None
-        for cam, spec in zip(self.selected(), specs, strict=True):
-            reader = CameraReader(
-                spec, self._emitter(out), gate=gate if spec.name in paced else None
-            )
+        for cam in self.selected():
+            config = self.context.config
+            spec = camera_spec(cam, config, camera_curve(cam, config))
+            reader = CameraReader(spec, self._emitter(out))
             self.readers[cam.name] = reader
             self.metrics.add_camera(cam.name, reader.stats)
         for reader in self.readers.values():

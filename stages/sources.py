@@ -35,7 +35,6 @@ from pipeline.clock import SYSTEM, Clock
 from pipeline.messages import Frame
 from stages.source_kinds.base import BadFrame, Source, SourceFailed
 from stages.source_kinds.spec import CameraSpec, SourceError, redact
-from stages.start_gate import StartGate
 
 __all__ = ["CameraReader", "CameraSpec", "Source", "SourceError", "make_source", "redact"]
 
@@ -66,14 +65,9 @@ class CameraReader:
     """
 
     def __init__(
-        self,
-        spec: CameraSpec,
-        emit: Callable[[Frame], bool | None],
-        clock: Clock = SYSTEM,
-        gate: StartGate | None = None,
+        self, spec: CameraSpec, emit: Callable[[Frame], bool | None], clock: Clock = SYSTEM
     ) -> None:
         self.spec = spec
-        self._gate = gate  # the start shared with the capture stage's other paced files
         self.emit = emit
         self._clock = clock
         self._stop = threading.Event()
@@ -173,23 +167,6 @@ class CameraReader:
         self._fail(message)
         self._state = "reconnecting" if self.spec.reconnects else "ended"
 
-    def _pass_gate(self, paced: bool) -> None:
-        """The first open's read: a paced file starts its schedule at the gate's shared start
-        (a loop's reopen keeps the schedule); one not paced leaves the gate."""
-        if self._gate is None:
-            return
-        gate, self._gate = self._gate, None
-        if paced:
-            self._due = gate.arrive(self.spec.name, self._stop)
-        else:
-            gate.leave(self.spec.name)
-
-    def _leave_gate(self) -> None:
-        """This reader's first open failed: the shared start no longer waits for it."""
-        if self._gate is not None:
-            self._gate.leave(self.spec.name)
-            self._gate = None
-
     def _run(self) -> None:
         attempt = 0
         retry = False
@@ -205,11 +182,9 @@ class CameraReader:
                     self.opened = True
                 except SourceFailed as exc:
                     self._fail(str(exc))
-                    self._leave_gate()
                 except Exception as exc:
                     log.exception("camera %s: opening failed", self.spec.name)
                     self._fail(f"cannot open {self._source.description}: {exc!r}")
-                    self._leave_gate()
                 else:
                     try:
                         flowed, outcome = self._pump()
@@ -234,7 +209,6 @@ class CameraReader:
             log.exception("camera %s: reader failed", self.spec.name)
             self._last_error = f"reader failed: {exc!r}"
         finally:
-            self._leave_gate()  # ended before its first read
             self._source.close()
             self._state = "ended"
 
@@ -251,7 +225,6 @@ class CameraReader:
         paced = spec.realtime and not spec.live and rate is not None
         period = 1.0 / rate if paced and rate is not None else 0.0
         self._due = max(self._clock.monotonic(), self._due)
-        self._pass_gate(paced)
         flowed = False
         failed_reads = 0
         while not self._stop.is_set():
