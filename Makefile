@@ -29,7 +29,17 @@ DEMO_CALIB := .cache/npucam/pose2sim/Demo_SinglePerson/calibration
 	$(VENV)/bin/npucam calibrate import qualisys $(DEMO_CALIB)/Calib.qca.txt -o $(DEMO_CALIB)/Calib.toml
 	touch $@
 
-setup: $(VENV)/.runtime .cache/npucam/.fetched
+# numba compiles Sapiens2's host kernels (npu/models/sapiens2/kernels.py) on their first call
+# and caches them beside the module: one synthetic pose on the simulated NPU compiles the ones
+# the demo and the tests use (~10 s of CPU), so neither the first demo nor the first test pays
+NUMBA_WARM := npu/models/sapiens2/__pycache__/.warm
+
+$(NUMBA_WARM): npu/models/sapiens2/kernels.py npu/models/sapiens2/glue.py | $(VENV)/.runtime .cache/npucam/.fetched
+	$(PY) -c "import cv2, numpy; cv2.imwrite('.cache/npucam/warm.png', numpy.full((256, 192, 3), 128, numpy.uint8))"
+	$(VENV)/bin/npucam pose image .cache/npucam/warm.png --box 0,0,192,256 --backend sim --synthetic -o /dev/null
+	touch $@
+
+setup: $(VENV)/.runtime .cache/npucam/.fetched $(NUMBA_WARM)
 
 # The view's browser test drives Debian's chromium through chromedriver, and the Node.js
 # subscriber example (docs/examples) needs node and its npm packages (npm ci: the zeromq
@@ -81,7 +91,7 @@ $(MP_REF): $(MP_VENV)/.made bench/mediapipe_reference.py | $(VENV)/.test .cache/
 	touch $@
 
 setup-test: $(VENV)/.test .cache/npucam/.fetched $(CHROMIUM) $(NODE_MODULES) $(MP_VENV)/.made \
-	$(P2S_VENV)/.made $(ANNY_REF) $(MP_REF)
+	$(P2S_VENV)/.made $(ANNY_REF) $(MP_REF) $(NUMBA_WARM)
 
 demo: setup
 	$(VENV)/bin/npucam run configs/demo.toml --duration $(DURATION)
