@@ -78,22 +78,14 @@ def write_config(tmp_path):
 
 
 # Tests marked `heavy` run a whole pipeline (models, threads, subprocesses) for seconds: each
-# takes a core or more, so four at once on 2 cores doubled each one's time. They share
-# HEAVY_LANES xdist groups (Makefile: --dist loadgroup), so at most that many run at once
-# and the light tests fill the other workers.
-HEAVY_LANES = 1
-
-
-_heavy_seen = 0
-
-
+# takes a core or more, so four at once on 2 cores doubled each one's time. They share one
+# xdist group (Makefile: --dist loadgroup), so one runs at a time and the light tests fill the
+# other workers.
 def pytest_itemcollected(item) -> None:
-    """A heavy test joins lane n % HEAVY_LANES as it is collected (xdist's workers read the
+    """A heavy test joins the `heavy` group as it is collected (xdist's workers read the
     groups in their own collection_modifyitems, which runs before a conftest's)."""
-    global _heavy_seen
     if item.get_closest_marker("heavy"):
-        item.add_marker(pytest.mark.xdist_group(f"heavy-{_heavy_seen % HEAVY_LANES}"))
-        _heavy_seen += 1
+        item.add_marker(pytest.mark.xdist_group("heavy"))
 
 
 @pytest.fixture
