@@ -66,6 +66,7 @@ def measure(config: Path, seconds: float, warmup: float, tmp: Path) -> dict:
     pose3d: list[tuple[int, list[int]]] = []  # (capture ts, ids with a triangulated point)
     det: dict[str, list[tuple[int, int]]] = defaultdict(list)  # camera -> (seq, capture ts)
     gauges: dict = {}
+    seq_groups = {True: 0, False: 0}  # pose3d messages of 2+ views: the same seq on every view?
     end = time.monotonic() + seconds + 60
     try:
         while time.monotonic() < end and (proc.poll() is None or sub.poll(0)):
@@ -80,6 +81,9 @@ def measure(config: Path, seconds: float, warmup: float, tmp: Path) -> dict:
                 seen = np.isfinite(msg.arrays["points"][..., 0]).any(axis=1)
                 ids = [int(i) for i, s in zip(msg.header["person_ids"], seen, strict=True) if s]
                 pose3d.append((ts, ids))
+                views = msg.header.get("views") or {}
+                if len(views) > 1:  # its views are one frame of a recording: one seq
+                    seq_groups[len(set(views.values())) == 1] += 1
             elif msg.topic == "stats":
                 for stage in msg.header["stats"].get("stages", {}).values():
                     if "id_switches" in stage.get("gauges", {}):
@@ -113,6 +117,8 @@ def measure(config: Path, seconds: float, warmup: float, tmp: Path) -> dict:
         if span_s
         else {},
         "gauges": gauges,
+        "seq_groups": seq_groups[True] + seq_groups[False],
+        "same_seq_groups": seq_groups[True],
     }
 
 

@@ -9,7 +9,9 @@ runner calls stop(). One camera failing never stops the others. A frame grabbed 
 takes (the pipeline is stopping, or its queue closed) is counted in the camera's `refused`,
 so a camera's `frames` are this stage's `out` for it plus `refused`. A camera whose source
 never opened is an error naming the camera and its source; when no camera ever opened, the
-stage fails (CaptureError: `npucam run` exits 1).
+stage fails (CaptureError: `npucam run` exits 1). A `synchronized` stage plays its paced
+cameras on one timeline (frame k of each read and stamped at one instant): a rig of
+recorded files groups frame by frame, as the cameras that filmed them did.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import logging
 import threading
 
 from pipeline import security
+from pipeline.clock import SYSTEM
 from pipeline.config import CameraConfig, Config
 from pipeline.errors import NpucamError
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve
-from stages.sources import CameraReader, CameraSpec, SourceError, redact
+from stages.sources import CameraReader, CameraSpec, SharedTimeline, SourceError, redact
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +42,16 @@ class CaptureError(NpucamError):
     """No camera of the stage could ever be opened; the text names each and why."""
 
 
+# A synchronized stage's frame 0 is due this long after it starts: the files open meanwhile,
+# so every camera's first frame is frame 0 (one that opens later skips to the current slot).
+SYNC_START_S = 0.5
+
+
 class CaptureOptions(StageOptions):
     cameras: list[str] | None = None  # names of the [[cameras]] this stage reads; None = all
+    # its cameras (all paced: files, folders, the test card) play on one timeline: frame k
+    # of each is read at, and stamped, start + k/fps (stages/sources.py SharedTimeline)
+    synchronized: bool = False
 
 
 def camera_spec(camera: CameraConfig, config: Config, curve: Curve | None = None) -> CameraSpec:
@@ -100,6 +111,7 @@ class Capture(Stage[CaptureOptions]):
         for j, name in enumerate(wanted or []):
             if name not in names:
                 problems.append(f"stages[{index}].cameras[{j}]: no camera named {name!r}")
+        synchronized = config.stages[index].options.get("synchronized") is True
         if not config.cameras:
             problems.append("cameras: a capture stage needs at least one [[cameras]] entry")
         for i, cam in enumerate(config.cameras):
@@ -111,6 +123,18 @@ class Capture(Stage[CaptureOptions]):
             missing = spec.source_kind.missing(spec)
             if missing:
                 problems.append(f"cameras[{i}].url: {missing}")
+            if synchronized and (wanted is None or cam.name in wanted):
+                if spec.live or not spec.realtime:
+                    problems.append(
+                        f"stages[{index}].synchronized: camera {cam.name!r} is "
+                        + ("live" if spec.live else "not paced (realtime = false)")
+                        + ": only paced files, folders and the test card share a timeline"
+                    )
+                elif spec.kind == "images" and cam.fps is None:
+                    problems.append(
+                        f"cameras[{i}].fps: camera {cam.name!r} is a folder in a synchronized "
+                        "capture stage: it needs an fps to have slots on the timeline"
+                    )
             if spec.kind != "zmq" and cam.security is not None:
                 problems.append(f"cameras[{i}].security: only zmq: cameras open a socket to secure")
             if spec.kind != "zmq" and "max_pixels" in cam.model_fields_set:
@@ -133,10 +157,13 @@ class Capture(Stage[CaptureOptions]):
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
         self._stop_requested = asyncio.Event()
+        timeline = (
+            SharedTimeline.starting_in(SYSTEM, SYNC_START_S) if self.options.synchronized else None
+        )
         for cam in self.selected():
             config = self.context.config
             spec = camera_spec(cam, config, camera_curve(cam, config))
-            reader = CameraReader(spec, self._emitter(out))
+            reader = CameraReader(spec, self._emitter(out), timeline=timeline)
             self.readers[cam.name] = reader
             self.metrics.add_camera(cam.name, reader.stats)
         for reader in self.readers.values():

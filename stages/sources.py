@@ -10,10 +10,12 @@ Live sources (usb, rtsp/http, zmq) are read as fast as they deliver, so OpenCV's
 buffers never hold old frames (opencv/opencv#13145: CAP_PROP_BUFFERSIZE is ignored for
 RTSP); keeping only the newest is the queue policy of whoever `emit` feeds. Files, image
 folders and the test pattern are paced at their frame rate when `realtime`, else read as fast
-as `emit` accepts them. A live source that fails to open, ends, or delivers nothing for
-stall_timeout_s is reopened with capped exponential backoff and jitter, as DeepStream's
-nvurisrcbin and Frigate's ffmpeg watchdog do (docs/reliability.md). A source whose frames
-change size passes them on as they come (stats count size_changes).
+as `emit` accepts them; paced cameras given one SharedTimeline (capture's `synchronized`)
+are paced and stamped by its slots, so frame k of each has one capture time. A live source
+that fails to open, ends, or delivers nothing for stall_timeout_s is reopened with capped
+exponential backoff and jitter, as DeepStream's nvurisrcbin and Frigate's ffmpeg watchdog
+do (docs/reliability.md). A source whose frames change size passes them on as they come
+(stats count size_changes).
 
 Health: "starting" until the first frame; "online" while frames come; "stale" once a read
 has waited stall_timeout_s (and until the first reopen attempt); "reconnecting" while the
@@ -28,6 +30,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,7 +39,15 @@ from pipeline.messages import Frame
 from stages.source_kinds.base import BadFrame, Source, SourceFailed
 from stages.source_kinds.spec import CameraSpec, SourceError, redact
 
-__all__ = ["CameraReader", "CameraSpec", "Source", "SourceError", "make_source", "redact"]
+__all__ = [
+    "CameraReader",
+    "CameraSpec",
+    "SharedTimeline",
+    "Source",
+    "SourceError",
+    "make_source",
+    "redact",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,24 @@ FPS_WINDOW_S = 2.0
 MAX_FAILED_READS = 5
 SKEWS_LOGGED = 5  # frames re-stamped for clock skew, logged per camera; then one per 100
 LOGGED_SKIPS = 5  # bad frames / messages logged one by one before one line per 100
+
+
+@dataclass(frozen=True)
+class SharedTimeline:
+    """One schedule for several paced cameras (a capture stage's `synchronized` files): frame
+    k of a camera at f fps is due at start_s + k/f on the readers' clock and stamped
+    start_ns + k/f, whatever camera it is and whenever its file opened, so frame k of
+    every camera shares one capture time and a rig groups them exactly. A camera past its
+    slot by a period or more skips the frames whose slots have gone (`late_skips`) instead
+    of shifting its own schedule; seq is the slot k."""
+
+    start_s: float  # the clock's monotonic seconds at frame 0
+    start_ns: int  # the capture time of frame 0 (the clock's now_ns at start_s)
+
+    @classmethod
+    def starting_in(cls, clock: Clock, margin_s: float) -> SharedTimeline:
+        """Frame 0 due margin_s from now (the time the sources take to open)."""
+        return cls(clock.monotonic() + margin_s, clock.now_ns() + round(margin_s * 1e9))
 
 
 def make_source(spec: CameraSpec, stop: threading.Event) -> Source:
@@ -65,11 +94,16 @@ class CameraReader:
     """
 
     def __init__(
-        self, spec: CameraSpec, emit: Callable[[Frame], bool | None], clock: Clock = SYSTEM
+        self,
+        spec: CameraSpec,
+        emit: Callable[[Frame], bool | None],
+        clock: Clock = SYSTEM,
+        timeline: SharedTimeline | None = None,
     ) -> None:
         self.spec = spec
         self.emit = emit
         self._clock = clock
+        self._timeline = timeline
         self._stop = threading.Event()
         self._source = make_source(spec, self._stop)
         self._thread: threading.Thread | None = None
@@ -86,6 +120,7 @@ class CameraReader:
             "emit_errors": 0,
             "clock_skews": 0,
             "refused": 0,
+            "late_skips": 0,
         }
         self._last_grab_ns: int | None = None
         self._frame_size: tuple[int, int] | None = None
@@ -94,6 +129,10 @@ class CameraReader:
         # A paced source's next read (monotonic s), kept across a looping file's reopen so
         # the first frame of the next pass takes the slot after the last one.
         self._due = 0.0
+        # On a shared timeline: the slot of the next frame read, and how many frames to read
+        # and drop because their slots went by while this camera was late.
+        self._slot = 0
+        self._skip = 0
         self.opened = False  # the source opened at least once
 
     def start(self) -> None:
@@ -224,22 +263,20 @@ class CameraReader:
         rate = spec.fps or self._source.native_fps
         paced = spec.realtime and not spec.live and rate is not None
         period = 1.0 / rate if paced and rate is not None else 0.0
+        timeline = self._timeline if paced and not self._source.own_timeline else None
         self._due = max(self._clock.monotonic(), self._due)
         flowed = False
         failed_reads = 0
         while not self._stop.is_set():
             # A read that delivers nothing (the end of a file, before the next pass) leaves
             # its slot to the next read: a looping file does not pause at its end.
-            if paced and not failed_reads:
-                delay = self._due - self._clock.monotonic()
-                if delay > 0 and self._clock.wait(self._stop, delay):
-                    break
-                self._due = max(self._due + period, self._clock.monotonic() - period)
+            if not failed_reads and self._wait_turn(paced, timeline, period):
+                break
             started = self._reading_since = self._clock.monotonic()
             try:
                 item = self._source.read(self._seq)
             except BadFrame as exc:
-                self._skipped(exc.key, str(exc))
+                self._bad_frame(exc, timeline is not None)
                 continue
             except Exception as exc:
                 # An unexpected backend error is a failure of this source, handled by policy.
@@ -273,8 +310,10 @@ class CameraReader:
             failed_reads = 0
             grab_ns = self._clock.now_ns()
             image, capture_ns, description, *own_seq = item
-            capture_ns = grab_ns if capture_ns is None else self._trusted(capture_ns, grab_ns)
-            seq = own_seq[0] if own_seq else self._seq
+            stamp = self._stamp(grab_ns, capture_ns, own_seq, timeline, period)
+            if stamp is None:
+                continue
+            capture_ns, seq = stamp
             self._note_grab(image, grab_ns)
             frame = Frame(
                 camera=spec.name,
@@ -296,6 +335,65 @@ class CameraReader:
                 self._last_error = f"emit failed: {exc!r}"
                 log.exception("camera %s: emit failed", spec.name)
         return flowed, "stop"
+
+    def _wait_turn(self, paced: bool, timeline: SharedTimeline | None, period: float) -> bool:
+        """Wait until the next read is due (True: stop was asked). On a shared timeline that
+        is the next frame's slot, and a camera a period or more past it reads and drops the
+        frames whose slots have gone by (`late_skips`, no waits meanwhile), so its next
+        emitted frame is the one due now. Else a paced camera keeps its own schedule, which
+        a late read shifts by its lateness."""
+        if timeline is not None:
+            if self._skip:
+                return False
+            delay = timeline.start_s + self._slot * period - self._clock.monotonic()
+            if delay > 0:
+                return self._clock.wait(self._stop, delay)
+            self._skip = int(-delay // period)
+            return False
+        if not paced:
+            return False
+        delay = self._due - self._clock.monotonic()
+        if delay > 0 and self._clock.wait(self._stop, delay):
+            return True
+        self._due = max(self._due + period, self._clock.monotonic() - period)
+        return False
+
+    def _bad_frame(self, exc: BadFrame, on_timeline: bool) -> None:
+        """A frame the source could not use: counted; on a shared timeline it takes its
+        slot, as the file's frame it is."""
+        self._skipped(exc.key, str(exc))
+        if on_timeline:
+            self._take_slot(count_skip=False)
+
+    def _stamp(
+        self,
+        grab_ns: int,
+        capture_ns: int | None,
+        own_seq: list[int],
+        timeline: SharedTimeline | None,
+        period: float,
+    ) -> tuple[int, int] | None:
+        """A frame's (capture time, seq): its slot's on a shared timeline (None: a frame to
+        drop), else the source's own (checked by _trusted) or the grab time, and the
+        source's seq or the reader's count."""
+        if timeline is not None:
+            slot = self._take_slot()
+            if slot is None:
+                return None
+            return timeline.start_ns + round(slot * period * 1e9), slot
+        capture_ns = grab_ns if capture_ns is None else self._trusted(capture_ns, grab_ns)
+        return capture_ns, own_seq[0] if own_seq else self._seq
+
+    def _take_slot(self, count_skip: bool = True) -> int | None:
+        """The slot of the frame just read, or None when it is one to drop (counted in
+        `late_skips` unless count_skip is False: an undecodable frame, counted as such)."""
+        slot = self._slot
+        self._slot += 1
+        if not self._skip:
+            return slot
+        self._skip -= 1
+        self._counts["late_skips"] += count_skip
+        return None
 
     def _trusted(self, capture_ns: int, grab_ns: int) -> int:
         """A capture time the source sent (zmq: the sender's clock), or the arrival time
