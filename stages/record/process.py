@@ -222,11 +222,13 @@ async def run_offline(
         "persons_posed": writer.poses_written,
         "drops": sum(drops.values()),
         "drops_by_stage": drops,
-        "complete": writer.complete,
+        # every frame written by the writer's finish: a signal's drain can end the pass after
+        # every det came but before the poses did, or cancel the take before it finished
+        "complete": writer.finished and writer.frames_written == writer.total_frames,
         "seconds": round(time.monotonic() - started, 3),
     }
     Path(take.options.out, SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
-    if summary["drops"] or not writer.complete:
+    if summary["drops"] or not summary["complete"]:
         code = code or 1
     return code, summary, progress
 

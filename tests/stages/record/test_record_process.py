@@ -179,19 +179,25 @@ def _process(session: Path, config: Path, out: Path) -> subprocess.Popen:
     )
 
 
+# The interrupted pass is interrupted once its first frame is written; each frame is two
+# Sapiens2 poses. SIGKILL ends it there. SIGINT stops it gracefully: it drains what it has read
+# for up to drain_timeout_s (3 s), which unpaced is every frame of a short recording, so that
+# pass runs at NPU2's pace (2.4 s a pose), where the drain ends with frames unwritten.
 @pytest.mark.parametrize(
-    "how", [signal.SIGKILL, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+    ("how", "frames", "pacing"),
+    [(signal.SIGKILL, 8, "none"), pytest.param(signal.SIGINT, 4, "npu2", marks=pytest.mark.slow)],
 )
 def test_an_interrupted_pass_resumed_writes_the_take_an_uninterrupted_one_does(
-    tmp_path, write_config, how
+    tmp_path, write_config, how, frames, pacing
 ):
-    session, _ = _session(tmp_path, frames=15)
-    path = set_pacing(write_config(POSE_CONFIG), "none")
+    session, _ = _session(tmp_path, frames=frames)
+    unpaced = set_pacing(write_config(POSE_CONFIG, "unpaced.toml"), "none")
     whole = tmp_path / "whole"
     code, _, _ = asyncio.run(
-        process.run_offline(process.offline_config(path, session, whole), io.StringIO())
+        process.run_offline(process.offline_config(unpaced, session, whole), io.StringIO())
     )
     assert code == 0
+    path = set_pacing(write_config(POSE_CONFIG), pacing)
     out = tmp_path / "out"
     run = _process(session, path, out)
     checkpoint = out / "checkpoint.json"
@@ -201,13 +207,16 @@ def test_an_interrupted_pass_resumed_writes_the_take_an_uninterrupted_one_does(
         assert time.monotonic() < deadline, "no frame written in 240 s"
         time.sleep(0.01)
     run.send_signal(how)
-    run.communicate(timeout=120)
+    stdout, _ = run.communicate(timeout=120)
     assert run.returncode != 0  # killed, or stopped before the end
+    if how == signal.SIGINT:  # it says so, and its summary does not call the take whole
+        assert "(stopped before the end: run again to resume)" in stdout
+        assert json.loads((out / "summary.json").read_text())["complete"] is False
     written = json.loads(checkpoint.read_text())["cameras"]["cam"]
-    assert written < 14, "interrupted too late: every frame was already written"
+    assert written < frames - 1, "interrupted too late: every frame was already written"
     resumed = _process(session, path, out)
     stdout, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     assert f"resuming {out} after {{'cam': {written}}}" in stdout
     assert (out / "2d" / "cam.jsonl").read_text() == (whole / "2d" / "cam.jsonl").read_text()
-    assert json.loads((out / "summary.json").read_text())["persons_posed"] == 30
+    assert json.loads((out / "summary.json").read_text())["persons_posed"] == 2 * frames
