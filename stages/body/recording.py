@@ -48,13 +48,34 @@ class BodyRecording:
     def add(self, result: BodyResult) -> None:
         self.names = self.names or result.keypoint_names
         for p, person in enumerate(result.person_ids):
-            track = self.people.setdefault(person, PersonTrack())
-            track.phenotype = np.asarray(result.phenotype[p], np.float64)
-            if len(track.times) < self.max_frames:
-                track.times.append(result.capture_ts_ns / 1e9)
-                track.keypoints.append(np.asarray(result.keypoints[p], np.float32))
-                track.rotations.append(np.asarray(result.rotations[p], np.float32))
-                track.translation.append(np.asarray(result.translation[p], np.float64))
+            self.add_frame(
+                person,
+                result.capture_ts_ns / 1e9,
+                result.keypoints[p],
+                result.rotations[p],
+                result.translation[p],
+                result.phenotype[p],
+            )
+
+    def add_frame(
+        self,
+        person: int,
+        time_s: float,
+        keypoints: np.ndarray,
+        rotations: np.ndarray,
+        translation: np.ndarray,
+        phenotype: np.ndarray,
+    ) -> None:
+        """One person's fit at one instant (its phenotype replaces the one held before), kept
+        at the float32 body/<rig> publishes (stages/body/result.py), so the files of a run
+        and those made from its messages (stages/record/take.py) are the same."""
+        track = self.people.setdefault(person, PersonTrack())
+        track.phenotype = np.asarray(phenotype, np.float32).astype(np.float64)
+        if len(track.times) < self.max_frames:
+            track.times.append(time_s)
+            track.keypoints.append(np.asarray(keypoints, np.float32))
+            track.rotations.append(np.asarray(rotations, np.float32))
+            track.translation.append(np.asarray(translation, np.float32).astype(np.float64))
 
     def write(self, stage: str) -> list[Path]:
         """Every asked format for every person fitted in at least 2 frames (the .trc and

@@ -67,6 +67,7 @@ def offline_config(
         raise ConfigError(f"{config_path}: process needs exactly one publish stage")
     rigs: dict[str, list[str]] = {}
     bodies: list[str] = []
+    exports = dict.fromkeys(("mot", "bvh"))  # the body files besides the .trc, in order
     poses = False
     for stage in stages:
         if "to" in stage:
@@ -96,7 +97,8 @@ def offline_config(
             stage.pop("trc", None)  # the take writes its own
             rigs[stage["rig"]] = list(stage["cameras"])
         elif kind == "body":
-            stage.pop("trc", None)
+            if _body_files_to_take(stage):
+                exports["gltf"] = None
             bodies.append(stage["rig"])
     publish = publishers[0]
     publish.update(bind="tcp://127.0.0.1:*", wait_for_subscribers=0, preview=False)
@@ -111,10 +113,20 @@ def offline_config(
             "poses": poses,
             "rigs": rigs,
             "bodies": bodies,
+            "exports": list(exports),
             "inbox": {"size": 1, "policy": "block", "drop_stale": False},
         }
     )
     return parse_config(data, config_path)
+
+
+def _body_files_to_take(stage: dict) -> bool:
+    """A body stage's files are the take's (written from its body lines, so a resumed pass's
+    are whole) and its live link is off (no one watches a pass at the device's pace): the
+    keys go; whether it asked for glTF."""
+    for key in ("trc", "mot", "bvh", "vmc", "vmc_person"):
+        stage.pop(key, None)
+    return stage.pop("gltf", None) is not None
 
 
 def pass_cost(config: Config) -> eta.PassCost:

@@ -2,11 +2,13 @@
 pass, written frame by frame in recorded order as they complete, with the recording's own
 capture times and without the fields that only say when this run ran (so a resumed pass writes
 what an uninterrupted one does); a checkpoint, replaced atomically after every write, says how
-far each camera got. The .trc files (stages/rig/trc.py) are made from the 3D lines at the end.
+far each camera got. The .trc files (stages/rig/trc.py) are made from the 3D lines at the end,
+and the body exports (stages/body/recording.py) from the body lines.
 
 OUT/2d/<camera>.jsonl   a line a frame: seq, capture_ts_ns, det, poses (Sapiens2), live
 OUT/3d/<rig>.jsonl      a line a pose3d message; OUT/3d/<rig>_person<id>.trc
-OUT/body/<rig>.jsonl    a line a body message; OUT/body/<rig>_person<id>.trc
+OUT/body/<rig>.jsonl    a line a body message; OUT/body/<rig>_person<id>.trc, and .mot, .bvh
+                        (.glb) as `exports` asks
 OUT/checkpoint.json     {"cameras": {camera: last seq written}, "groups": {rig: last group
                         written}, "files": {path: bytes}, "poses": Sapiens2 poses written}
 """
@@ -17,20 +19,24 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import numpy as np
 from pydantic import Field
 
 from pipeline import wire
+from pipeline.assets import ANNY_MODEL, asset_path
 from pipeline.errors import NpucamError
 from pipeline.graph import Context, Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from stages import publish
+from stages.body.model import AnnyModel
+from stages.body.recording import BodyRecording
 from stages.record.frame_log import FRAMES_DIR, INDEX_SUFFIX, read_index
 from stages.record.segments import segment_stems
 from stages.rig.trc import TrcError, write_trc
@@ -38,6 +44,8 @@ from stages.rig.trc import TrcError, write_trc
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.json"
+# a body line's arrays, in stages/body/recording.py BodyRecording.add_frame's order
+BODY_PARTS = ("keypoints", "rotations", "translation", "phenotype")
 # header fields that say when this run ran, not what the recording holds
 VOLATILE = frozenset(
     ("capture_ts", "capture_ts_str", "publish_ts", "publish_ts_str", "age_ms", "since_previous_ms")
@@ -110,7 +118,8 @@ class TakeWriter:
     is complete only once they came). A frame is written once it is complete: the camera's
     next det came (so the live poses detect sends with it did too), its poses came, and, for
     a rig's camera, a later or its own group's pose3d (and body) came. Not thread-safe: one
-    caller (the publish stage's tap, on the loop)."""
+    caller (the publish stage's tap, on the loop). exports: the body files written besides
+    the .trc (`mot`, `bvh`, `gltf`), from the ANNY model made by `make setup`."""
 
     def __init__(
         self,
@@ -120,8 +129,10 @@ class TakeWriter:
         rigs: dict[str, list[str]],
         bodies: set[str],
         poses: bool,
+        exports: Sequence[str] = (),
     ) -> None:
         self.out = out
+        self.exports = tuple(exports)
         self.recorded = recorded
         self.rigs = rigs
         self.bodies = bodies
@@ -204,6 +215,7 @@ class TakeWriter:
             self._trc(self.out / "3d" / f"{rig}.jsonl", "points", None)
             if rig in self.bodies:
                 self._trc(self.out / "body" / f"{rig}.jsonl", "keypoints", "keypoints")
+                self._body_exports(self.out / "body" / f"{rig}.jsonl")
 
     def _group_json(self, parts: Sequence[bytes], views: dict[str, int]) -> dict:
         times = [self.recorded[c][s] for c, s in views.items() if s in self.recorded.get(c, {})]
@@ -328,6 +340,32 @@ class TakeWriter:
             except TrcError as exc:
                 raise TakeError(f"{path}: person {person}: {exc}") from None
 
+    def _body_exports(self, path: Path) -> None:
+        """The formats of `exports` per fitted person of a rig's body lines (2+ frames)."""
+        if not self.exports or not path.exists():
+            return
+        recording = BodyRecording(
+            AnnyModel.load(asset_path(ANNY_MODEL)),
+            {fmt: path.with_suffix("") for fmt in self.exports},
+            max_frames=sys.maxsize,
+        )
+        for text in path.read_text().splitlines():
+            line = json.loads(text)
+            header, arrays = line["header"], line["arrays"]
+            t = header["capture_ts_ns"] / 1e9
+            for p, person in enumerate(header["person_ids"]):
+                times = recording.people[person].times if person in recording.people else []
+                if times and t <= times[-1]:
+                    continue
+                recording.add_frame(
+                    person,
+                    t,
+                    *(np.asarray(arrays[k][p], np.float64) for k in BODY_PARTS),
+                )
+        expected = sum(len(t.times) >= 2 for t in recording.people.values()) * len(self.exports)
+        if len(recording.write("take")) < expected:
+            raise TakeError(f"{path}: a body export failed (the log says which)")
+
 
 class TakeOptions(StageOptions):
     out: str = Field(min_length=1)  # the take folder
@@ -336,6 +374,7 @@ class TakeOptions(StageOptions):
     poses: bool = True  # every tracked person gets a Sapiens2 pose on every frame
     rigs: dict[str, list[str]] = {}  # rig -> its cameras (its rig3d stage's)
     bodies: list[str] = []  # the rigs a body stage fits
+    exports: list[Literal["mot", "bvh", "gltf"]] = []  # body files besides the .trc
 
 
 class Take(Stage[TakeOptions]):
@@ -358,6 +397,7 @@ class Take(Stage[TakeOptions]):
             options.rigs,
             set(options.bodies),
             options.poses,
+            options.exports,
         )
         self.error: Exception | None = None
         self.taps = publish.taps(context, options.publish)

@@ -5,13 +5,24 @@ pass cuts the files back to and skips."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from pipeline import wire
+from pipeline.assets import ANNY_MODEL, asset_path
+from pipeline.graph import Outbox
+from pipeline.messages import Result
+from pipeline.queues import BoundedQueue
+from stages.body.model import AnnyModel
+from stages.body.result import BodyResult
+from stages.body.stage import Body, BodyOptions
 from stages.record.take import CHECKPOINT, Checkpoint, TakeError, TakeWriter
+from tests.stages.body.body_scenes import PHENOTYPE, observe, walk_and_wave
+from tests.stages.body.stage_items import pose3d, run_context
 
 T0 = 1_600_000_000 * 10**9
 RECORDED = {"a": {s: T0 + s * 40_000_000 for s in range(4)}, "b": {s: T0 + s for s in range(4)}}
@@ -34,7 +45,7 @@ def pose(camera: str, seq: int, track: int, live: bool = False) -> list:
     return wire.encode(f"pose/{camera}", header, [("keypoints", np.full((2, 3), track))])
 
 
-def pose3d(seq: int, views: dict[str, int]) -> list:
+def pose3d_message(seq: int, views: dict[str, int]) -> list:
     header = {**common("pose3d", "rig", seq), "views": views, "person_ids": [1]}
     return wire.encode("pose3d/rig", header, [("points", np.zeros((1, 2, 4)))])
 
@@ -89,7 +100,7 @@ def test_a_rig_cameras_frame_waits_for_its_groups_pose3d_or_a_later_one(tmp_path
     for seq in range(3):
         w.message(det("a", seq, []))
     assert not (tmp_path / "2d" / "a.jsonl").exists()
-    w.message(pose3d(0, {"a": 1, "b": 0}))  # group 0 holds a's frame 1: frames 0 and 1 done
+    w.message(pose3d_message(0, {"a": 1, "b": 0}))  # group 0 holds a's frame 1: frames 0 and 1 done
     assert [x["seq"] for x in lines(tmp_path / "2d" / "a.jsonl")] == [0, 1]
     (group,) = lines(tmp_path / "3d" / "rig.jsonl")
     assert group["header"]["capture_ts_ns"] == (RECORDED["a"][1] + RECORDED["b"][0]) // 2
@@ -147,3 +158,53 @@ def test_a_bodys_trc_takes_its_keypoint_names_from_the_groups_with_people(tmp_pa
     w.finish()
     trc = (tmp_path / "body" / "rig_person1.trc").read_text()
     assert "nose" in trc and "neck" in trc
+
+
+def test_a_takes_body_mot_and_bvh_are_the_ones_the_body_stage_writes_of_the_same_fits(tmp_path):
+    """The take writes .mot and BVH (`exports`) from its body lines, the wire messages publish
+    sent; over a resumed pass they hold every frame, where the body stage's own files hold what
+    that run fitted. Of one run, the two are the same bytes."""
+    model = AnnyModel.load(asset_path(ANNY_MODEL))
+    seen = observe(model, PHENOTYPE, walk_and_wave(model, 3), 1.0, seed=2)
+    points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
+    recorded = {c: {s: T0 + s * 40_000_000 for s in range(3)} for c in ("a", "b")}
+    groups = [
+        replace(
+            pose3d("rig", s, points[s : s + 1], person=1),
+            cameras=("a", "b"),
+            views={"a": s, "b": s},
+            capture_ts_ns=recorded["a"][s],
+            error=np.zeros((1, 308), np.float32),
+            used=np.ones((1, 308, 2), np.uint8),
+        )
+        for s in range(3)
+    ]
+    (tmp_path / "stage").mkdir()
+    context = run_context(tmp_path)
+
+    async def fit() -> list[BodyResult]:
+        options = BodyOptions(rig="rig", window=2, mot="stage/rig", bvh="stage/rig")
+        stage = Body("body", options, context)
+        inbox = BoundedQueue("body", 8, "block", context.metrics)
+        published = BoundedQueue("publish", 8, "block", context.metrics)
+        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
+        for group in groups:
+            await inbox.put(group)
+        inbox.close()
+        await stage.run(inbox, out)
+        return [await published.get() for _ in range(3)]
+
+    bodies = asyncio.run(fit())
+    order = {c: sorted(seqs) for c, seqs in recorded.items()}
+    take = tmp_path / "take"
+    w = TakeWriter(take, order, recorded, {"rig": ["a", "b"]}, {"rig"}, False, ("mot", "bvh"))
+    for s, body in enumerate(bodies):
+        w.message(det("a", s, []))
+        w.message(det("b", s, []))
+        w.message(wire.encode_result(groups[s], 7 * T0))
+        w.message(wire.encode_result(body, 7 * T0))
+    w.finish()
+    assert w.finished
+    for name in ("rig_person1.mot", "rig_person1.bvh"):
+        assert (take / "body" / name).read_bytes() == (tmp_path / "stage" / name).read_bytes()
+    assert "nRows=3" in (take / "body" / "rig_person1.mot").read_text()
