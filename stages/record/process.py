@@ -65,6 +65,7 @@ def offline_config(
     publishers = [s for s in stages if s["kind"] == "publish"]
     if len(publishers) != 1:
         raise ConfigError(f"{config_path}: process needs exactly one publish stage")
+    _unsynchronized(stages)
     rigs: dict[str, list[str]] = {}
     bodies: list[str] = []
     exports = dict.fromkeys(("mot", "bvh"))  # the body files besides the .trc, in order
@@ -118,6 +119,15 @@ def offline_config(
         }
     )
     return parse_config(data, config_path)
+
+
+def _unsynchronized(stages: list[dict]) -> None:
+    """Capture stages lose `synchronized`: the recording's capture times already put its
+    cameras on one timeline, and the pass reads them as fast as it goes, which a shared
+    timeline refuses (it needs paced cameras)."""
+    for stage in stages:
+        if stage["kind"] == "capture":
+            stage.pop("synchronized", None)
 
 
 def _body_files_to_take(stage: dict) -> bool:
