@@ -220,3 +220,12 @@ def test_an_interrupted_pass_resumed_writes_the_take_an_uninterrupted_one_does(
     assert f"resuming {out} after {{'cam': {written}}}" in stdout
     assert (out / "2d" / "cam.jsonl").read_text() == (whole / "2d" / "cam.jsonl").read_text()
     assert json.loads((out / "summary.json").read_text())["persons_posed"] == 2 * frames
+
+
+def test_a_synchronized_capture_is_read_as_the_recording_stamped_it(tmp_path, write_config):
+    """The pass reads `recording:` cameras unpaced, which a shared timeline refuses; the
+    recording's capture times already align them, so the pass drops `synchronized`."""
+    session, _ = _session(tmp_path)
+    path = write_config(CONFIG.replace('kind = "capture"', 'kind = "capture"\nsynchronized = true'))
+    config = process.offline_config(path, session, tmp_path / "out")
+    assert "synchronized" not in config.stages[0].options
