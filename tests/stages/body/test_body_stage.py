@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 from body_scenes import PHENOTYPE, observe, walk_and_wave
-from stage_items import pose3d, run_context
+from stage_items import pose3d, run_context, run_groups
 from vmc_receiver import Receiver
 
 from pipeline.config import ConfigError, parse_config
@@ -24,19 +24,9 @@ from stages.rig.calibration import Calibration, Camera, write_calibration
 def run_body(options: BodyOptions, context, points: np.ndarray) -> tuple[list, Body]:
     """A body stage fed one pose3d message of rig "hall" per frame of points [F, P, K, 4]
     until its inbox closes: (its F published results, the stage)."""
-
-    async def run() -> tuple[list, Body]:
-        stage = Body("body", options, context)
-        inbox = BoundedQueue("body", 8, "block", context.metrics)
-        published = BoundedQueue("publish", 8, "block", context.metrics)
-        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
-        for f in range(len(points)):
-            await inbox.put(pose3d("hall", f, points[f : f + 1]))
-        inbox.close()
-        await stage.run(inbox, out)
-        return [await published.get() for _ in range(len(points))], stage
-
-    return asyncio.run(run())
+    return run_groups(
+        options, context, [pose3d("hall", f, points[f : f + 1]) for f in range(len(points))]
+    )
 
 
 def test_the_rigs_pose3d_results_become_body_results_in_order(body_model, tmp_path):

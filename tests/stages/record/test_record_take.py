@@ -5,7 +5,6 @@ pass cuts the files back to and skips."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import replace
 
@@ -14,15 +13,11 @@ import pytest
 
 from pipeline import wire
 from pipeline.assets import ANNY_MODEL, asset_path
-from pipeline.graph import Outbox
-from pipeline.messages import Result
-from pipeline.queues import BoundedQueue
 from stages.body.model import AnnyModel
-from stages.body.result import BodyResult
-from stages.body.stage import Body, BodyOptions
+from stages.body.stage import BodyOptions
 from stages.record.take import CHECKPOINT, Checkpoint, TakeError, TakeWriter
 from tests.stages.body.body_scenes import PHENOTYPE, observe, walk_and_wave
-from tests.stages.body.stage_items import pose3d, run_context
+from tests.stages.body.stage_items import pose3d, run_context, run_groups
 
 T0 = 1_600_000_000 * 10**9
 RECORDED = {"a": {s: T0 + s * 40_000_000 for s in range(4)}, "b": {s: T0 + s for s in range(4)}}
@@ -180,21 +175,9 @@ def test_a_takes_body_mot_and_bvh_are_the_ones_the_body_stage_writes_of_the_same
         for s in range(3)
     ]
     (tmp_path / "stage").mkdir()
-    context = run_context(tmp_path)
 
-    async def fit() -> list[BodyResult]:
-        options = BodyOptions(rig="rig", window=2, mot="stage/rig", bvh="stage/rig")
-        stage = Body("body", options, context)
-        inbox = BoundedQueue("body", 8, "block", context.metrics)
-        published = BoundedQueue("publish", 8, "block", context.metrics)
-        out = Outbox("body", [("publish", (Result,), published)], context.metrics)
-        for group in groups:
-            await inbox.put(group)
-        inbox.close()
-        await stage.run(inbox, out)
-        return [await published.get() for _ in range(3)]
-
-    bodies = asyncio.run(fit())
+    options = BodyOptions(rig="rig", window=2, mot="stage/rig", bvh="stage/rig")
+    bodies, _ = run_groups(options, run_context(tmp_path), groups)
     order = {c: sorted(seqs) for c, seqs in recorded.items()}
     take = tmp_path / "take"
     w = TakeWriter(take, order, recorded, {"rig": ["a", "b"]}, {"rig"}, False, ("mot", "bvh"))
