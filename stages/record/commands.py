@@ -110,7 +110,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     done = process.finished_summary(args.out)
     if done is not None:
         print(f"process: {args.out} already holds the whole take ({done})", flush=True)
-        return 0 if done["drops"] == 0 else 1
+        return 0 if process.lost(done) == 0 else 1
     if jobs_after:
         print(f"process: resuming {args.out} after {jobs_after}", flush=True)
     config = process.offline_config(args.config, session, args.out, jobs_after)
@@ -118,6 +118,11 @@ def cmd_process(args: argparse.Namespace) -> int:
     print(
         f"process: {summary['frames_written']}/{summary['frames_recorded']} frames in "
         f"{args.out}, {summary['persons_posed']} persons posed, {summary['drops']} dropped"
+        + "".join(
+            f"; rig {rig}: {r['published']} groups, {r['timed_out']} without every pose, "
+            f"{r['late_poses']} poses too late"
+            for rig, r in summary["rigs"].items()
+        )
         + ("" if summary["complete"] else " (stopped before the end: run again to resume)"),
         flush=True,
     )

@@ -25,6 +25,7 @@ from pipeline.config import Config, ConfigError, parse_config
 from pipeline.graph import Pipeline, stage_class
 from stages.record import eta
 from stages.record.take import Checkpoint, Take, TakeError, recorded_frames
+from stages.rig.stage import Rig3D
 
 DAY_MS = 86_400_000.0  # the longest time a config accepts (pipeline/config.py sane_number)
 TAKER = "process_take"
@@ -36,6 +37,9 @@ PROGRESS_S = 1.0
 OFF_MODELS = ("adaface", "clip")
 LEFT_OUT = ("record",)
 MAX_RIG_PEOPLE = 64  # rig3d's max_people bound (stages/rig/stage.py)
+# a rig's groups published, those published before every pose came, and poses that came after
+# their group left: the last two are 3D the pass lost, as a drop is
+RIG_COUNTS = ("published", "timed_out", "late_poses")
 
 
 def offline_config(
@@ -90,11 +94,16 @@ def offline_config(
                     stage[model]["enabled"] = False
         elif kind == "rig3d":
             # groups close when every camera has gone past them (the recording is read in
-            # capture-time order), never by the wall clock, which says nothing offline; the
-            # tolerance stays what the cameras' live rates made it (their fps is dropped)
+            # capture-time order) and leave once their poses came, never by the wall clock,
+            # which says nothing offline (a pass behind real time would otherwise publish a
+            # group with the views placed so far); the tolerance stays what the cameras'
+            # live rates made it (their fps is dropped)
             fps = [rates.get(c, stage.get("fps", 30.0)) for c in stage["cameras"]]
             stage.setdefault("tolerance_ms", 500.0 / max(fps))
-            stage.update(pose_interval_ms=0.0, max_people=MAX_RIG_PEOPLE, sync_wait_ms=DAY_MS)
+            stage.update(
+                pose_interval_ms=0.0, max_people=MAX_RIG_PEOPLE, sync_wait_ms=DAY_MS,
+                wait_ms=DAY_MS / 2,  # below the cameras' staleness, as rig3d checks
+            )  # fmt: skip
             stage.pop("trc", None)  # the take writes its own
             rigs[stage["rig"]] = list(stage["cameras"])
         elif kind == "body":
@@ -202,8 +211,8 @@ async def run_offline(
     config: Config, stream: TextIO = sys.stderr, clock: Clock = SYSTEM
 ) -> tuple[int, dict[str, Any], Progress]:
     """Run the pass: (exit code, the summary written to OUT/summary.json, its Progress). The
-    exit code is 1 when a stage died, a frame or job was dropped, or the pass was stopped
-    before its end."""
+    exit code is 1 when a stage died, a frame or job was dropped, a rig group left without
+    every pose, or the pass was stopped before its end."""
     pipeline = Pipeline(config)
     captures = {
         n for n, s in zip(config.stage_names, config.stages, strict=True) if s.kind == "capture"
@@ -235,6 +244,11 @@ async def run_offline(
         for (stage, camera, reason), n in sorted(pipeline.metrics.drops.items())
         if n
     }
+    rigs = {
+        stage.options.rig: {k: stage.counts[k] for k in RIG_COUNTS}
+        for stage in pipeline.stages.values()
+        if isinstance(stage, Rig3D)
+    }
     summary = {
         "frames_recorded": writer.total_frames,
         "frames_read": sum(
@@ -244,15 +258,23 @@ async def run_offline(
         "persons_posed": writer.poses_written,
         "drops": sum(drops.values()),
         "drops_by_stage": drops,
+        "rigs": rigs,
         # every frame written by the writer's finish: a signal's drain can end the pass after
         # every det came but before the poses did, or cancel the take before it finished
         "complete": writer.finished and writer.frames_written == writer.total_frames,
         "seconds": round(time.monotonic() - started, 3),
     }
     Path(take.options.out, SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
-    if summary["drops"] or not summary["complete"]:
+    if lost(summary) or not summary["complete"]:
         code = code or 1
     return code, summary, progress
+
+
+def lost(summary: dict[str, Any]) -> int:
+    """What a pass's summary says it lost: drops, rig groups published without every pose,
+    and poses that came after their group left."""
+    rigs = summary.get("rigs", {}).values()
+    return summary["drops"] + sum(r["timed_out"] + r["late_poses"] for r in rigs)
 
 
 def resume_point(out: Path, session: Path, config_path: Path) -> dict[str, int]:

@@ -27,16 +27,19 @@ MS = 1_000_000
 T0 = 1_600_000_000 * 10**9
 
 
-def _session(tmp_path, frames: int = 15):
-    folder = tmp_path / "session" / "frames" / "cam"
-    folder.mkdir(parents=True)
+def _session(tmp_path, frames: int = 15, cameras: tuple[str, ...] = ("cam",)):
+    """A recording of `cameras`, frame k of each captured at one instant (a synchronized
+    capture's), 40 ms apart give or take a millisecond, in segments of 5 frames."""
     offsets = [i * 40 * MS + (i % 3) * MS for i in range(frames)]
-    for part in range(3):
-        writer = FrameSegmentWriter(folder / f"{part + 1:06d}")
-        for seq in range(part * 5, min(frames, part * 5 + 5)):
-            image = np.full((48, 64, 3), seq * 10 % 256, np.uint8)
-            writer.append(seq, T0 + offsets[seq], encode_jpeg(image, 90))
-        writer.close()
+    for camera in cameras:
+        folder = tmp_path / "session" / "frames" / camera
+        folder.mkdir(parents=True)
+        for part in range(3):
+            writer = FrameSegmentWriter(folder / f"{part + 1:06d}")
+            for seq in range(part * 5, min(frames, part * 5 + 5)):
+                image = np.full((48, 64, 3), seq * 10 % 256, np.uint8)
+                writer.append(seq, T0 + offsets[seq], encode_jpeg(image, 90))
+            writer.close()
     return tmp_path / "session", offsets
 
 
@@ -229,3 +232,68 @@ def test_a_synchronized_capture_is_read_as_the_recording_stamped_it(tmp_path, wr
     path = write_config(CONFIG.replace('kind = "capture"', 'kind = "capture"\nsynchronized = true'))
     config = process.offline_config(path, session, tmp_path / "out")
     assert "synchronized" not in config.stages[0].options
+
+
+RIG_CONFIG = """
+[[cameras]]
+name = "cam0"
+url = "synthetic:"
+[[cameras]]
+name = "cam1"
+url = "synthetic:"
+[[stages]]
+kind = "capture"
+[[stages]]
+kind = "detect"
+person = "roi"
+person_regions = [{ name = "one", x = 8, y = 4, w = 40, h = 40 }]
+face = "none"
+to = ["publish", "infer"]
+[[stages]]
+kind = "infer"
+backend = "sim"
+to = ["dark"]
+[stages.sim]
+pacing = "none"
+[stages.sapiens2]
+enabled = true
+synthetic = true
+[[stages]]
+kind = "dark"
+to = ["publish", "rig3d"]
+[[stages]]
+kind = "rig3d"
+rig = "hall"
+cameras = ["cam0", "cam1"]
+calibration = "Calib.toml"
+wait_ms = 1                # live, a group leaves 1 ms after its capture time, posed or not
+to = ["publish"]
+[[stages]]
+kind = "publish"
+"""
+
+
+def test_a_rigs_groups_leave_the_pass_with_every_pose_however_far_behind_it_runs(
+    tmp_path, write_config, monkeypatch
+):
+    """Live, rig3d publishes a group `wait_ms` after its capture time with the poses that
+    came; a pass runs behind the recording's clock, so it waits for every pose instead. Here
+    rig3d's clock is an hour ahead of the capture times (a pass an hour behind): before, every
+    group left at once with no pose and the poses came too late, counted and exit 1."""
+    import stages.rig.stage
+    from stages.rig.calibration import Calibration, write_calibration
+    from tests.stages.rig.rig_scenes import ring_cameras
+
+    hour_behind = stages.rig.stage.now_ns() - time.time_ns() + 3600 * 10**9
+    monkeypatch.setattr(stages.rig.stage, "now_ns", lambda: time.time_ns() + hour_behind)
+    cams = ring_cameras(np.random.default_rng(0), n=2, size=(64, 48))
+    write_calibration(tmp_path / "Calib.toml", Calibration({"cam0": cams[0], "cam1": cams[1]}))
+    frames = 4
+    session, _ = _session(tmp_path, frames=frames, cameras=("cam0", "cam1"))
+    out = tmp_path / "out"
+    config = process.offline_config(write_config(RIG_CONFIG), session, out)
+    code, summary, _ = asyncio.run(process.run_offline(config, io.StringIO()))
+    assert summary["rigs"] == {"hall": {"published": frames, "timed_out": 0, "late_poses": 0}}
+    assert code == 0 and summary["drops"] == 0 and summary["persons_posed"] == 2 * frames
+    groups = [json.loads(line)["header"] for line in (out / "3d" / "hall.jsonl").open()]
+    assert [g["views"] for g in groups] == [{"cam0": s, "cam1": s} for s in range(frames)]
