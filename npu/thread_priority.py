@@ -1,7 +1,7 @@
 """The NPU stage's host threads (device thread, prepare thread, host-glue pool) run at a lower
 CPU priority than capture, detection and publish: their work has the device's time as slack,
-the camera path's has a frame's. Linux per-thread nice (setpriority on the thread's id).
-"""
+the camera path's has a frame's (the device thread once its models are open). Linux
+per-thread nice (setpriority on the thread's id)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Frame
 from pipeline.queues import BoundedQueue
 from pipeline.security import Curve
+from pipeline.startup import Startup
 from stages.sources import CameraReader, CameraSpec, SharedTimeline, SourceError, redact
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Capture(Stage[CaptureOptions]):
         super().__init__(name, options, context)
         self.readers: dict[str, CameraReader] = {}
         self._stopping = threading.Event()
-        self._stop_requested: asyncio.Event | None = None
+        self._stop_requested = asyncio.Event()  # stop() may come before run() has begun
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:
@@ -156,7 +157,8 @@ class Capture(Stage[CaptureOptions]):
         return [c for c in self.context.config.cameras if wanted is None or c.name in wanted]
 
     async def run(self, inbox: BoundedQueue | None, out: Outbox) -> None:
-        self._stop_requested = asyncio.Event()
+        if not await self._stages_open():
+            return
         timeline = (
             SharedTimeline.starting_in(SYSTEM, SYNC_START_S) if self.options.synchronized else None
         )
@@ -184,6 +186,22 @@ class Capture(Stage[CaptureOptions]):
         finally:
             self._stopping.set()
             await asyncio.to_thread(self._stop_readers)
+
+    async def _stages_open(self) -> bool:
+        """Wait until the stages that load models have (pipeline/startup.py): frames read
+        meanwhile would wait in the inboxes, or be dropped as stale, and the reading would
+        slow the loading. False if the run stopped first."""
+        startup = Startup.of(self.context)
+        if startup.opening:
+            log.info("capture %s: reading once %s open", self.name, ", ".join(startup.opening))
+        opened = asyncio.ensure_future(startup.wait())
+        stopped = asyncio.ensure_future(self._stop_requested.wait())
+        try:
+            await asyncio.wait({opened, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opened.cancel()
+            stopped.cancel()
+        return not self._stop_requested.is_set()
 
     def _check_opened(self) -> None:
         never = {n: r for n, r in self.readers.items() if not r.opened}
@@ -219,5 +237,4 @@ class Capture(Stage[CaptureOptions]):
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._stop_requested is not None:
-            self._stop_requested.set()
+        self._stop_requested.set()

@@ -40,6 +40,7 @@ from pipeline.files import path_kind
 from pipeline.graph import Outbox, Stage, StageOptions
 from pipeline.messages import Detections, Frame, now_ns
 from pipeline.queues import BoundedQueue, QueueClosed
+from pipeline.startup import Startup
 from stages import job_policy
 from stages.align import blazeface_alignment_points
 from stages.box_receiver import MAX_BOXES, MAX_MESSAGE_BYTES, BoxReceiver, BoxReceiverError
@@ -162,6 +163,8 @@ class Detect(Stage[DetectOptions]):
 
     def __init__(self, name, options, context) -> None:
         super().__init__(name, options, context)
+        self.startup = Startup.of(context)
+        self.startup.expect(name)  # the sources read once the detectors are loaded
         self._local = threading.local()  # each worker thread's own _Detectors
         self._receiver_lock = threading.Lock()
         self.receiver: BoxReceiver | None = None
@@ -672,7 +675,10 @@ class Detect(Stage[DetectOptions]):
 
         tasks: list[asyncio.Task] = []
         try:
-            await asyncio.gather(*(loop.run_in_executor(p, self.load) for p in pools))
+            try:
+                await asyncio.gather(*(loop.run_in_executor(p, self.load) for p in pools))
+            finally:
+                self.startup.opened(self.name)
             self.metrics.add_gauges(self.name, self.gauges)
             tasks = [asyncio.create_task(work(i)) for i in range(n)]
             while True:

@@ -189,8 +189,14 @@ class DeviceThread:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def lower_priority(self) -> Future[None]:
+        """Queue the lowering of the thread's CPU priority (npu/thread_priority.py): once the
+        models are open, when the camera path starts; the open itself has nothing to yield
+        to (capture waits for it, pipeline/startup.py), and lowered it took ten times as long
+        on a loaded host."""
+        return self.submit("lowering its priority", thread_priority.lower_this_thread)
+
     def _serve(self) -> None:
-        thread_priority.lower_this_thread()
         active = Interleaved()
         names: deque[tuple[str, float]] = deque()  # the stepped calls in flight, oldest first
         held = None  # the next call, waiting for the stepped calls in flight to end

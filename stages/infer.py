@@ -56,6 +56,7 @@ from pipeline.errors import NpucamError
 from pipeline.graph import Stage
 from pipeline.messages import now_ns
 from pipeline.queues import Policy
+from pipeline.startup import Startup
 from stages.batches import Batch, ModelProfile, QueuedJob, SchedulerError
 from stages.device_thread import DeviceThread, batch_name, run_prepared, steps_prepared
 from stages.infer_options import InferOptions, check_infer, open_stage_device
@@ -111,6 +112,8 @@ class Infer(InferReport, Stage[InferOptions]):
 
     def __init__(self, name: str, options: InferOptions, context: Any) -> None:
         super().__init__(name, options, context)
+        self.startup = Startup.of(context)
+        self.startup.expect(name)  # the sources read once the models are loaded
         self.base_dir = Path(getattr(context.config, "base_dir", Path.cwd()))
         self.device: Any = None
         self.runtimes: dict[str, Runtime] = {}
@@ -246,7 +249,11 @@ class Infer(InferReport, Stage[InferOptions]):
         self._inbox_blocks = getattr(inbox, "policy", None) is Policy.BLOCK
         try:
             opened = self._device_thread.submit("loading the models", self._open)
-            profiles = await asyncio.wrap_future(opened)
+            try:
+                profiles = await asyncio.wrap_future(opened)
+            finally:
+                self.startup.opened(self.name)
+            self._device_thread.lower_priority()
             from npu.device import ctx_cache_cap
 
             # passes interleaved on the device thread: one more batch in flight, whose host

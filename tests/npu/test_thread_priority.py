@@ -48,3 +48,18 @@ def test_the_host_glue_pools_workers_run_lowered():
     caller = threading.get_native_id()
     workers = {tid: n for tid, n in nices.items() if tid != caller}
     assert workers and all(n >= NPU_THREAD_NICE for n in workers.values()), nices
+
+
+def test_the_device_thread_opens_at_the_process_priority_and_is_lowered_after():
+    from stages.device_thread import DeviceThread
+
+    before = _nice_of_this_thread()
+    device = DeviceThread("test-device")
+    try:
+        opening = device.submit("loading the models", _nice_of_this_thread).result(5)
+        device.lower_priority().result(5)
+        serving = device.submit("a batch", _nice_of_this_thread).result(5)
+    finally:
+        device.shutdown()
+        device.join(5)
+    assert (opening, serving) == (before, max(before, NPU_THREAD_NICE))

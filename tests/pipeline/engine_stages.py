@@ -13,6 +13,7 @@ from pydantic import Field
 from pipeline.config import load_config
 from pipeline.graph import MapStage, Pipeline, Stage, StageOptions
 from pipeline.messages import Frame
+from pipeline.startup import Startup
 
 
 class Collect(Stage):
@@ -70,6 +71,37 @@ class Dies(Stage):
             taken += 1
             if taken == 3:
                 raise RuntimeError("dies: the stage's loop broke")
+
+
+class OpensOptions(StageOptions):
+    fails: bool = False  # its open raises
+
+
+class Opens(Stage):
+    """A stage that opens slowly (pipeline/startup.py): it opens when the test sets `may_open`,
+    noting the cameras capture had registered by then, then keeps the frames it receives."""
+
+    kind = "opens"
+    accepts = (Frame,)
+    Options = OpensOptions
+
+    def __init__(self, name, options, context) -> None:
+        super().__init__(name, options, context)
+        Startup.of(context).expect(name)
+        self.may_open = asyncio.Event()
+        self.cameras_at_open: list[str] | None = None
+        self.items: list = []
+
+    async def run(self, inbox, out) -> None:
+        try:
+            await self.may_open.wait()
+            self.cameras_at_open = sorted(self.metrics.cameras)
+            if self.options.fails:
+                raise RuntimeError("opens: the model file is broken")
+        finally:
+            Startup.of(self.context).opened(self.name)
+        async for item in inbox:
+            self.items.append(item)
 
 
 async def start(path, duration: float | None = None):
