@@ -212,10 +212,9 @@ class TakeWriter:
         if not self.finished:
             return
         for rig in self.rigs:
-            self._trc(self.out / "3d" / f"{rig}.jsonl", "points", None)
+            self._trc(self.out / "3d" / f"{rig}.jsonl")
             if rig in self.bodies:
-                self._trc(self.out / "body" / f"{rig}.jsonl", "keypoints", "keypoints")
-                self._body_exports(self.out / "body" / f"{rig}.jsonl")
+                self._body_files(self.out / "body" / f"{rig}.jsonl")
 
     def _group_json(self, parts: Sequence[bytes], views: dict[str, int]) -> dict:
         times = [self.recorded[c][s] for c, s in views.items() if s in self.recorded.get(c, {})]
@@ -310,17 +309,14 @@ class TakeWriter:
                 else:
                     os.truncate(path, size)
 
-    def _trc(self, path: Path, array: str, names_key: str | None) -> None:
-        """One .trc per person of a rig's 3D or body lines (person_ids, [P, K, >=3] points)."""
+    def _trc(self, path: Path) -> None:
+        """One .trc per rig person of a rig's 3D lines (person_ids, [P, K, 4] points)."""
         if not path.exists():
             return
         tracks: dict[int, tuple[list[float], list[np.ndarray]]] = {}
-        names = None
         for text in path.read_text().splitlines():
             line = json.loads(text)
-            header, points = line["header"], np.asarray(line["arrays"][array], np.float64)
-            if names_key is not None and header["person_ids"]:
-                names = header[names_key]  # a group without people names none
+            header, points = line["header"], np.asarray(line["arrays"]["points"], np.float64)
             for p, person in enumerate(header["person_ids"]):
                 times, frames = tracks.setdefault(person, ([], []))
                 t = header["capture_ts_ns"] / 1e9
@@ -335,24 +331,27 @@ class TakeWriter:
                     path.with_name(f"{path.stem}_person{person}.trc"),
                     np.stack(frames),
                     np.asarray(times),
-                    names=names,
                 )
             except TrcError as exc:
                 raise TakeError(f"{path}: person {person}: {exc}") from None
 
-    def _body_exports(self, path: Path) -> None:
-        """The formats of `exports` per fitted person of a rig's body lines (2+ frames)."""
-        if not self.exports or not path.exists():
+    def _body_files(self, path: Path) -> None:
+        """The .trc and the formats of `exports` per fitted person of a rig's body lines (2+
+        frames), made as the body stage makes its own (stages/body/recording.py); the
+        keypoint names are those of the lines with people."""
+        if not path.exists():
             return
         recording = BodyRecording(
             AnnyModel.load(asset_path(ANNY_MODEL)),
-            {fmt: path.with_suffix("") for fmt in self.exports},
+            {fmt: path.with_suffix("") for fmt in ("trc", *self.exports)},
             max_frames=sys.maxsize,
         )
         for text in path.read_text().splitlines():
             line = json.loads(text)
             header, arrays = line["header"], line["arrays"]
             t = header["capture_ts_ns"] / 1e9
+            if header["person_ids"]:
+                recording.names = tuple(header["keypoints"])
             for p, person in enumerate(header["person_ids"]):
                 times = recording.people[person].times if person in recording.people else []
                 if times and t <= times[-1]:
@@ -362,9 +361,9 @@ class TakeWriter:
                     t,
                     *(np.asarray(arrays[k][p], np.float64) for k in BODY_PARTS),
                 )
-        expected = sum(len(t.times) >= 2 for t in recording.people.values()) * len(self.exports)
+        expected = sum(len(t.times) >= 2 for t in recording.people.values()) * len(recording.paths)
         if len(recording.write("take")) < expected:
-            raise TakeError(f"{path}: a body export failed (the log says which)")
+            raise TakeError(f"{path}: a body file failed to write (the log says which)")
 
 
 class TakeOptions(StageOptions):

@@ -132,9 +132,21 @@ def test_a_take_shorter_than_its_checkpoint_is_an_error_naming_the_file(tmp_path
 
 
 def body(seq: int, people: list[int]) -> list:
-    names = ["nose", "neck"] if people else []  # as stages/body/result.py: none without people
+    """A body/rig message of its parts' shapes (stages/body/result.py), identity rotations
+    of 2 bones; the names of its keypoints, none without people (as the stage's)."""
+    names = ["nose", "neck"] if people else []
     header = {**common("body", "rig", seq), "person_ids": people, "keypoints": names}
-    return wire.encode("body/rig", header, [("keypoints", np.ones((len(people), len(names), 3)))])
+    p = len(people)
+    return wire.encode(
+        "body/rig",
+        header,
+        [
+            ("keypoints", np.ones((p, len(names), 3))),
+            ("rotations", np.broadcast_to(np.eye(3), (p, 2, 3, 3))),
+            ("translation", np.zeros((p, 3))),
+            ("phenotype", np.full((p, 6), 0.5)),
+        ],
+    )
 
 
 def test_a_bodys_trc_takes_its_keypoint_names_from_the_groups_with_people(tmp_path):
@@ -155,10 +167,10 @@ def test_a_bodys_trc_takes_its_keypoint_names_from_the_groups_with_people(tmp_pa
     assert "nose" in trc and "neck" in trc
 
 
-def test_a_takes_body_mot_and_bvh_are_the_ones_the_body_stage_writes_of_the_same_fits(tmp_path):
-    """The take writes .mot and BVH (`exports`) from its body lines, the wire messages publish
-    sent; over a resumed pass they hold every frame, where the body stage's own files hold what
-    that run fitted. Of one run, the two are the same bytes."""
+def test_a_takes_body_files_are_the_ones_the_body_stage_writes_of_the_same_fits(tmp_path):
+    """The take writes the .trc, and .mot and BVH (`exports`), from its body lines, the wire
+    messages publish sent; over a resumed pass they hold every frame, where the body stage's
+    own files hold what that run fitted. Of one run, the two are the same bytes."""
     model = AnnyModel.load(asset_path(ANNY_MODEL))
     seen = observe(model, PHENOTYPE, walk_and_wave(model, 3), 1.0, seed=2)
     points = np.concatenate([seen.points308, seen.confidence308[..., None]], axis=-1)
@@ -176,7 +188,7 @@ def test_a_takes_body_mot_and_bvh_are_the_ones_the_body_stage_writes_of_the_same
     ]
     (tmp_path / "stage").mkdir()
 
-    options = BodyOptions(rig="rig", window=2, mot="stage/rig", bvh="stage/rig")
+    options = BodyOptions(rig="rig", window=2, trc="stage/rig", mot="stage/rig", bvh="stage/rig")
     bodies, _ = run_groups(options, run_context(tmp_path), groups)
     order = {c: sorted(seqs) for c, seqs in recorded.items()}
     take = tmp_path / "take"
@@ -188,6 +200,6 @@ def test_a_takes_body_mot_and_bvh_are_the_ones_the_body_stage_writes_of_the_same
         w.message(wire.encode_result(body, 7 * T0))
     w.finish()
     assert w.finished
-    for name in ("rig_person1.mot", "rig_person1.bvh"):
+    for name in ("rig_person1.trc", "rig_person1.mot", "rig_person1.bvh"):
         assert (take / "body" / name).read_bytes() == (tmp_path / "stage" / name).read_bytes()
     assert "nRows=3" in (take / "body" / "rig_person1.mot").read_text()
