@@ -13,6 +13,11 @@ matrices, as its triangulate_all does with its defaults (scores under 0.3 left o
 cameras, no left/right swap, points not undistorted; with --swap, its `handle_LR_swap` on, each
 keypoint's counterpart taken from IN's `mirror` [K]), and writes `points` [T, K, 3] and `error`
 [T, K] (NaN where not triangulated) for bench/demo_3d.py.
+
+`python bench/pose2sim_reference.py intrinsics CALIB_DIR OUT.toml CORNERS SQUARE_MM` runs
+Pose2Sim's calibrate_intrinsics on CALIB_DIR/intrinsics/<camera>/*.jpg (its findCorners and
+cv2.calibrateCamera with its flags) and writes its cameras with toml_write, for
+tests/stages/rig/test_calibrate_demo.py.
 """
 
 from __future__ import annotations
@@ -71,9 +76,25 @@ def triangulate(calib: str, keypoints_in: str, out: str, *flags: str) -> int:
     return 0
 
 
+def intrinsics(calib_dir: str, out: str, corners: str, square_mm: str) -> int:
+    options = {
+        "show_detection_intrinsics": False,
+        "intrinsics_extension": "jpg",
+        "intrinsics_corners_nb": [int(n) for n in corners.split("x")],
+        "intrinsics_square_size": float(square_mm),
+    }
+    _, names, sizes, dist, mats, rots, trans = calibration.calibrate_intrinsics(
+        calib_dir, options, save_debug_images=False
+    )
+    calibration.toml_write(out, names, sizes, dist, mats, rots, trans)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "triangulate":
         return triangulate(*argv[1:])
+    if argv[0] == "intrinsics":
+        return intrinsics(*argv[1:])
     fmt, out, *files = argv
     # calib_qca_fun and calib_vicon_fun take one path; the others a list (calibrate_cams_all)
     arg = files[0] if fmt in ("qualisys", "vicon") else files
