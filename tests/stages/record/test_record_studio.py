@@ -63,7 +63,7 @@ def test_a_recorded_studio_replays_as_the_rigs_same_groups(tmp_path, free_port):
     replay = re.sub(r'url = "[^"]*\.mp4"', f'url = "recording:{session}"', _studio(free_port))
     replay = replay.replace("loop = true", 'loop = false\nend = "stop"')  # fps kept: the rig's
     replay = replay.replace("synchronized = true", "")  # the recording's times align them
-    replay = replay.replace(f":{free_port}\"", f':{free_port}"\nwait_for_subscribers = 1')
+    replay = replay.replace(f':{free_port}"', f':{free_port}"\nwait_for_subscribers = 1')
     (tmp_path / "replay.toml").write_text(replay)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
