@@ -102,11 +102,16 @@ def test_demo_publishes_det_pose_face_and_clip_for_both_cameras():
         assert set(got[kind]) == {"bikes", "carphone"}, f"{kind}: {dict(got[kind])}\n{err}"
     for kind in ("pose", "face", "clip"):
         for headers in got[kind].values():
-            for h in headers:  # no bundles here: the synthetic models, and they say so
-                assert h["synthetic"] is True and h["backend"] == "sim", h
+            for h in headers:
+                if h.get("live"):  # the per-frame pose: MediaPipe's real weights, on the CPU
+                    assert h["model"] == "mediapipe-landmarks" and h["synthetic"] is False, h
+                else:  # no bundles here: the synthetic models, and they say so
+                    assert h["synthetic"] is True and h["backend"] == "sim", h
+    assert any(not h.get("live") for hs in got["pose"].values() for h in hs), "no Sapiens2 pose"
     assert "SYNTHETIC" in err
     for h in (h for hs in got["det"].values() for h in hs):
-        assert h["model"] == "blazepose-detector+blazeface-short" and not h["synthetic"]
+        # persons followed by the per-frame pose's landmark tracker (detect's `live` on)
+        assert h["model"] == "mediapipe-landmarks+blazeface-short" and not h["synthetic"]
         assert len(h["track_ids"]) == h["count"] == len(h["labels"])
     for h in (h for hs in got["pose"].values() for h in hs):
         assert isinstance(h["track_id"], int) and h["count"] == 308 and h["age_ms"] >= 0
