@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,13 +23,11 @@ from pipeline.assets import pose2sim_demo
 from pipeline.cli import main
 from stages.rig.calibration import read_calibration
 from stages.rig.importers import import_calibration
+from tests.stages.rig.pose2sim_reference import run_reference
 
 FOCAL_REL = 0.015  # the issue's bound on focal length against Qualisys'
 CENTRE_PX = 10.0  # the issue's bound on the principal point
 BOARD = ["--board", "checkerboard", "--corners", "4x7", "--square-length", "0.06"]
-ROOT = Path(__file__).resolve().parents[3]
-REFERENCE_PYTHON = ROOT / ".venv-pose2sim" / "bin" / "python"
-REFERENCE_SCRIPT = ROOT / "bench" / "pose2sim_reference.py"
 # npucam against Pose2Sim on the same images: both fit the same model (k3 held at 0) to the
 # board's corners; on cam02 they agree to 0.01 px and 0.001%, the bounds leave room for a
 # corner refined differently
@@ -91,16 +87,13 @@ def test_checkerboard_intrinsics_are_pose2sims_own_of_the_same_images(tmp_path, 
     """Pose2Sim's calibrate_intrinsics (the reference, in .venv-pose2sim) on the same images
     gives npucam's lens, its principal point as far from Qualisys' (cam02: 33 px): the miss
     the xfail above holds is the images', not npucam's."""
-    assert REFERENCE_PYTHON.is_file(), "the Pose2Sim reference venv is missing: make setup-test"
     calibrate(tmp_path, ["cam02"], capsys)
     ours = read_calibration(tmp_path / "lenses.toml").camera("cam02")
     calib_dir = tmp_path / "pose2sim"
     images = pose2sim_demo() / "calibration" / "intrinsics" / "int_cam02_img"
     shutil.copytree(images, calib_dir / "intrinsics" / "int_cam02_img")
     out = tmp_path / "pose2sim.toml"
-    cmd = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), "intrinsics", str(calib_dir), str(out)]
-    proc = subprocess.run([*cmd, "4x7", "60"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_reference("intrinsics", calib_dir, out, "4x7", "60", cwd=tmp_path)
     theirs = np.array(tomllib.loads(out.read_text())["int_cam02_img"]["matrix"])
     focal = [ours.matrix[i, i] / theirs[i, i] - 1 for i in (0, 1)]
     centre = float(np.hypot(*(ours.matrix[:2, 2] - theirs[:2, 2])))

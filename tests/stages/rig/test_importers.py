@@ -14,7 +14,6 @@ numpy's array constructors is refused without running it.
 from __future__ import annotations
 
 import pickle
-import subprocess
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +27,8 @@ from pipeline.assets import pose2sim_demo
 from pipeline.cli import main
 from stages.rig.calibration import CalibrationError, Camera, read_calibration
 from stages.rig.importers import import_calibration
+from tests.stages.rig.pose2sim_reference import run_reference
 
-ROOT = Path(__file__).resolve().parents[3]
-REFERENCE_PYTHON = ROOT / ".venv-pose2sim" / "bin" / "python"
-REFERENCE_SCRIPT = ROOT / "bench" / "pose2sim_reference.py"
 FIXTURE = Path(__file__).parent / "data" / "pose2sim_Calib_qualisys.toml"
 AGREE_PX = 0.01  # the issue's bound between npucam's import and Pose2Sim's conversion
 EXACT_PX = 1e-6  # an import against the camera written into the file: float rounding only
@@ -39,13 +36,7 @@ EXACT_PX = 1e-6  # an import against the camera written into the file: float rou
 
 def pose2sim_convert(fmt: str, files: list[Path], out: Path) -> str:
     """The TOML text Pose2Sim's converter writes for `files`."""
-    if not REFERENCE_PYTHON.is_file():
-        raise RuntimeError(
-            f"{REFERENCE_PYTHON}: the Pose2Sim reference venv is missing; run `make setup-test`"
-        )
-    cmd = [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), fmt, str(out), *map(str, files)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_reference(fmt, out, *files, cwd=out.parent)
     return out.read_text()
 
 
