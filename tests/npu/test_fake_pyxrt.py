@@ -65,6 +65,8 @@ def test_wait_holds_the_gil_for_the_device_time_and_state_does_not_block():
     assert time.perf_counter() - t0 >= 0.45
     # started inside the measured call: started before it, a loaded host could let the whole
     # device time pass while the spinning thread starts, and wait() would return at once
+    # wall-clock-ok: a lower bound on a stall (the GIL held through a 0.5 s run): a loaded
+    # host only lengthens the time the spinning thread cannot run
     assert stall_of_other_thread(lambda: (r.start(), r.wait())) > 0.3  # keeps the GIL
     r.start()
     states = {int(r.state()) for _ in range(1000)}

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
+import time
 import urllib.request
 
 import pytest
 from engine_stages import start
 
+from pipeline.clock import VirtualClock
+from pipeline.messages import now_ns
 from pipeline.metrics import Histogram, Metrics, MetricsError
+from stages import capture
+from stages.sources import CameraReader
 
 
 def test_snapshot_groups_counts_by_stage_and_camera():
@@ -40,7 +47,20 @@ def test_histogram_quantiles_are_bucket_upper_bounds():
     assert h.quantile(0.5) == 0.0005 and h.quantile(0.95) == 0.5 and h.count == 100
 
 
-def test_prometheus_endpoint_serves_stage_and_camera_metrics(write_config):
+class PacedVirtualClock(VirtualClock):
+    """A camera reader's clock whose monotonic time moves only by the waits the reader asks
+    for, while each wait is also waited for real and frames are stamped on the host's clock:
+    the camera streams at about its rate as on the system clock, but its grabs are exactly one
+    period apart on the clock its fps is measured on, however loaded the host is."""
+
+    def now_ns(self) -> int:
+        return now_ns()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(max(0.0, seconds)) or super().wait(event, seconds)
+
+
+def test_prometheus_endpoint_serves_stage_and_camera_metrics(write_config, monkeypatch):
     path = write_config(
         """
         [metrics]
@@ -56,22 +76,38 @@ def test_prometheus_endpoint_serves_stage_and_camera_metrics(write_config):
         kind = "engine_stages:Collect"
         """
     )
+    # the fps the camera measures is on its reader's clock: a paced virtual one, so it is the
+    # camera's 50 exactly (on the host's clock it is this host's speed)
+    clock = PacedVirtualClock()
+    monkeypatch.setattr(capture, "CameraReader", functools.partial(CameraReader, clock=clock))
 
     async def main():
-        pipeline, task = await start(path, duration=1.2)
-        await asyncio.sleep(0.8)
-        port = pipeline.prometheus_server.server_port
-        url = f"http://127.0.0.1:{port}/metrics"
-        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
-        return await task, text.decode()
+        pipeline, task = await start(path)
+
+        def streaming() -> bool:  # fps spans a few grabs, and the sink has taken frames
+            card = pipeline.metrics.snapshot()["cameras"].get("card", {})
+            return card.get("frames", 0) >= 5 and bool(pipeline.stages["sink"].items)
+
+        try:
+            end = time.monotonic() + 20  # a hang guard: the wait ends once the camera streams
+            while not streaming():
+                assert time.monotonic() < end and not task.done(), "the camera never streamed"
+                await asyncio.sleep(0.01)
+            port = pipeline.prometheus_server.server_port
+            url = f"http://127.0.0.1:{port}/metrics"
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        finally:
+            pipeline.stop()
+        return await asyncio.wait_for(task, 10), text.decode()
 
     code, text = asyncio.run(main())
     assert code == 0
     assert 'npucam_stage_items_in_total{camera="card",stage="sink"}' in text
     assert 'npucam_queue_wait_seconds_bucket{le="+Inf",stage="sink"}' in text
     assert 'npucam_camera_health{camera="card",state="online"} 1.0' in text
-    fps = [line for line in text.splitlines() if line.startswith("npucam_camera_fps{")]
-    assert fps and float(fps[0].split()[-1]) > 20
+    assert 'npucam_camera_fps{camera="card"} 50.0' in text  # the camera's own measure
+    # paced at 50 fps: each wait the reader asked for was one period
+    assert clock.waits and all(w == pytest.approx(1 / 50) for w in clock.waits), clock.waits
 
 
 def _prometheus_text(m: Metrics) -> str:

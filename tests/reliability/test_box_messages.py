@@ -9,7 +9,8 @@
    assignment was cubic in the box count. Now a message over boxes_max_per_message (256) is
    refused, and the tracker's assignment is solved per group of overlapping boxes in C
    (stages.tracker.match_by_iou), so 256 identical boxes cost milliseconds: the other camera
-   keeps its rate throughout.
+   keeps streaming throughout (its rate and longest gap against a run with one box: the
+   `slow` test).
 
 Issue 33: a box [1e38, 1e38, 3e38, 3e38] has values float32 holds, but x + w and y + h do not
 (inf): it was accepted and every frame of its camera failed in detect, uncounted. Now the
@@ -22,10 +23,12 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 import zmq
 from engine_stages import start
 from rel_helpers import Recorder
 
+from pipeline.messages import now_ns
 from stages.box_receiver import BoxReceiver
 
 
@@ -81,7 +84,10 @@ async def run(path, endpoint: str, script):
         rec = await Recorder(pipeline.stages["publish"].endpoint).start()
         await rec.wait_for(lambda: len(rec.frames("card2")) >= 5, 10, "card2 streaming")
         await script(pub, rec)
-        await asyncio.sleep(0.5)
+        # a stats message that arrives after what the script saw was sent after it on the same
+        # socket, so its snapshot holds what the script waited for
+        seen = len(rec.stats())
+        await rec.wait_for(lambda: len(rec.stats()) > seen, 20, "stats after the script")
         last = rec.stats()[-1].header["stats"]
     finally:
         pipeline.stop()
@@ -94,6 +100,13 @@ async def run(path, endpoint: str, script):
 
 def persons(rec: Recorder, camera: str) -> list[int]:
     return [s.header["labels"].count("person") for s in rec.frames(camera)]
+
+
+def detect_errors(rec: Recorder, camera: str) -> int:
+    """The camera's `error` drops of detect in the newest stats message (0 before any)."""
+    stats = rec.stats()
+    drops = stats[-1].header["stats"]["stages"].get("detect", {}).get("drops", {}) if stats else {}
+    return drops.get(camera, {}).get("error", 0)
 
 
 async def served(rec: Recorder, camera: str, count: int, timeout: float = 10) -> None:
@@ -125,7 +138,7 @@ def test_a_5000_digit_integer_is_refused_counted_and_the_receiver_serves_on(
     assert code == 0
     gauges = last["stages"]["detect"]["gauges"]
     assert gauges["boxes_malformed"] == 1 and gauges["box_receiver_alive"] == 1
-    assert gauges["boxes_received"] >= 2
+    assert gauges["boxes_received"] == 2  # the two valid messages, each once
     assert last["stages"]["detect"]["drops"][""]["error"] == 1  # it names no camera it can read
 
 
@@ -149,7 +162,9 @@ def test_a_receiver_thread_that_dies_anyway_is_reported_on_every_frame(
         await rec.wait_for(
             lambda: calls["n"] > 15 and len(rec.stats()) >= 2, 10, "the receiver died"
         )
-        await asyncio.sleep(1.0)
+        # from then on every frame of card fails: the count goes on (a hang guard: it returns
+        # once five have)
+        await rec.wait_for(lambda: detect_errors(rec, "card") >= 5, 20, "5 failed frames of card")
 
     with caplog.at_level("ERROR"):
         code, rec, last = asyncio.run(run(path, endpoint, script))
@@ -167,25 +182,75 @@ def test_1000_identical_boxes_are_refused_and_256_never_stall_the_other_camera(
 ):
     endpoint = f"tcp://127.0.0.1:{free_port}"
     path = config(write_config, endpoint)
-    gaps: list[float] = []
+    at: dict[str, int] = {}  # how many det messages of each camera had arrived at two points
 
     async def script(pub, rec):
         await asyncio.sleep(0.5)
-        start = len(rec.frames("card2"))
         pub.send(box_message(1000))  # over boxes_max_per_message: refused
         await asyncio.sleep(0.5)
         pub.send(box_message(256))  # at the limit: tracked, 256 tracks
         await served(rec, "card", 256)
-        await asyncio.sleep(2.0)  # 256 identical boxes on every frame of card for 2 s
-        times = [s.received_ns / 1e9 for s in rec.frames("card2")[start:]]
-        gaps.extend(b - a for a, b in zip(times, times[1:], strict=False))
+        at.update(card=len(rec.frames("card")), card2=len(rec.frames("card2")))
+        # 256 identical boxes on every frame of card for ten more of its frames; a detect
+        # stalled by them would take seconds a frame (the wait's timeout, a hang guard)
+        await rec.wait_for(
+            lambda: len(rec.frames("card")) >= at["card"] + 10, 20, "ten more frames of card"
+        )
+        at["card2_after"] = len(rec.frames("card2"))
 
     code, rec, last = asyncio.run(run(path, endpoint, script))
     assert code == 0
     gauges = last["stages"]["detect"]["gauges"]
     assert gauges["boxes_malformed"] == 1  # the 1000-box message
-    assert gaps and max(gaps) < 1.0, f"card2's longest gap: {max(gaps):.2f} s"
     assert max(persons(rec, "card")) == 256
+    assert set(persons(rec, "card")[at["card"] :]) == {256}  # on every frame since
+    # the other camera kept being served meanwhile, in order; how fast is the host's speed
+    # (against a run with one box: the slow test below)
+    assert at["card2_after"] > at["card2"]
+    seqs = [s.header["seq"] for s in rec.frames("card2")]
+    assert seqs == sorted(set(seqs))
+
+
+async def other_camera_flow(path, endpoint: str, boxes: int, seconds: float) -> list[float]:
+    """Run the pipeline with `boxes` identical boxes on every frame of card; the arrival times
+    (s) of card2's det messages over `seconds` of wall time once card's frames carry them,
+    with the window's two ends first and last."""
+    window: list[float] = []
+
+    async def script(pub, rec):
+        await asyncio.sleep(0.5)  # the SUB has joined
+        pub.send(box_message(boxes))
+        await served(rec, "card", boxes)
+        t0 = now_ns()  # the recorder's clock
+        await asyncio.sleep(seconds)
+        t1 = now_ns()
+        times = [s.received_ns for s in rec.frames("card2") if t0 <= s.received_ns <= t1]
+        window.extend(t / 1e9 for t in (t0, *times, t1))
+
+    code, _, last = await run(path, endpoint, script)
+    assert code == 0 and last["stages"]["detect"]["gauges"]["boxes_malformed"] == 0
+    return window
+
+
+@pytest.mark.slow  # the other camera's rate and gaps on the wall clock: never in the default run
+def test_256_identical_boxes_keep_the_other_camera_near_its_rate_with_one_box(
+    write_config, free_port
+):
+    # Two runs back to back, sharing the host's load: the control puts one box on card's
+    # frames, then 256 identical ones. Before the tracker's assignment was solved per group
+    # in C, 1000 boxes stalled detect (every camera) 7.8 s a frame. Measured on 2 cores, idle
+    # or with both busy: card2 at 25.0 / 24.7 a second, longest gap 0.04-0.055 / 0.06 s.
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    path = config(write_config, endpoint)
+    flows = {n: asyncio.run(other_camera_flow(path, endpoint, n, 4.0)) for n in (1, 256)}
+    rate = {n: (len(w) - 2) / (w[-1] - w[0]) for n, w in flows.items()}
+    gap = {n: max(b - a for a, b in zip(w, w[1:], strict=False)) for n, w in flows.items()}
+    print(
+        f"card2 with 1 / 256 boxes on card: {rate[1]:.1f} / {rate[256]:.1f} det a second, "
+        f"longest gap {gap[1]:.3f} / {gap[256]:.3f} s"
+    )
+    assert rate[256] >= 0.8 * rate[1], rate
+    assert gap[256] <= 3 * gap[1], gap
 
 
 def test_a_message_far_over_the_byte_limit_drops_the_link_and_the_receiver_reconnects(

@@ -196,10 +196,11 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
     drops = snapshot["stages"]["infer/adaface"]["drops"]
     timeouts = sum(drops[c].get("device_timeout", 0) for c in CAMERAS if c in drops)
     assert timeouts == stats["runtimes"]["adaface"]["device_timeouts"] == 1
+    # each fault failed a job at least (the waits for "reported" above), every failure counted
     assert (
         sum(drops[c].get("error", 0) for c in CAMERAS if c in drops) + timeouts
         == stats["runtimes"]["adaface"]["errors"]
-        >= 3
+        >= len(measured)
     )
     assert stats["device"]["failed"] is None
     assert parked_at_end == 0  # the hung run ended at the job timeout and its slot was reaped

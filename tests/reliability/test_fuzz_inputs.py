@@ -32,7 +32,7 @@ import zmq
 from engine_stages import start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rel_helpers import Recorder
+from rel_helpers import Recorder, seq_gaps
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.graph import check_stages, load
@@ -331,29 +331,28 @@ def decodes(parts: list[bytes]) -> bool:
     return True
 
 
-def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flowing(
-    write_config, free_port
-):
-    endpoint = f"tcp://127.0.0.1:{free_port}"
-    path = write_config(
-        f"""
-        [metrics]
-        stats_interval_s = 0.2
-        [[cameras]]
-        name = "remote"
-        url = "zmq:{endpoint}"
-        staleness_ms = 60000
-        [[cameras]]
-        name = "card"
-        url = "synthetic:?width=64&height=48&fps=25"
-        [[stages]]
-        kind = "capture"
-        [[stages]]
-        kind = "publish"
-        bind = "tcp://127.0.0.1:*"
-        inbox = {{ size = 64, policy = "block" }}
-        """
-    )
+ZMQ_CAMERA_CONFIG = """
+    [metrics]
+    stats_interval_s = 0.2
+    [[cameras]]
+    name = "remote"
+    url = "zmq:{endpoint}"
+    staleness_ms = 60000
+    [[cameras]]
+    name = "card"
+    url = "synthetic:?width=64&height=48&fps=25"
+    [[stages]]
+    kind = "capture"
+    [[stages]]
+    kind = "publish"
+    bind = "tcp://127.0.0.1:*"
+    inbox = {{ size = 64, policy = "block" }}
+    """
+
+
+def mixed_stream() -> tuple[list[tuple[bool, list[bytes]]], int, int]:
+    """(stream, how many of it decode, how many do not): malformed messages with a valid
+    frame after every second one; (True, msg) for a frame valid by construction."""
     rng = random.Random(8)
     image = np.zeros((48, 64, 3), np.uint8)
     image[:, :32] = (0, 128, 255)
@@ -369,39 +368,70 @@ def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flo
     # A bit flip can leave a message valid (a JPEG scan still decodes, a header byte inside
     # `source` changes); the wire decoder, fuzzed on its own, decides which ones are.
     n_valid = sum(decodes(msg) for _, msg in stream)
-    n_bad = len(stream) - n_valid
+    return stream, n_valid, len(stream) - n_valid
+
+
+def remote_counts(rec: Recorder) -> tuple[int, int]:
+    """The remote camera's (frames, bad_messages) in the newest stats message."""
+    stats = rec.stats()
+    remote = stats[-1].header["stats"]["cameras"].get("remote", {}) if stats else {}
+    return remote.get("frames", 0), remote.get("bad_messages", 0)
+
+
+async def serve_stream(path, endpoint: str, stream: list[list[bytes] | None], n_valid: int):
+    """Run the pipeline and PUSH `stream` to its remote camera, a message every 10 ms or more
+    (None: the slot left empty), then wait until every message is published or counted and
+    the card camera has published a frame after that. (exit code, recorder, the cameras of
+    the last stats, the recorder's clock (ns) when sending began and when it ended)."""
+    n_bad = sum(msg is not None for msg in stream) - n_valid
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDTIMEO, 5000)
+    push.bind(endpoint)
+    pipeline, task = await start(path)
+    try:
+        await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
+        rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+        await rec.wait_for(lambda: len(rec.frames("card")) >= 5, 10, "card streaming")
+        t0 = now_ns()
+        for msg in stream:
+            if msg is not None:
+                await asyncio.to_thread(push.send_multipart, msg)  # blocks at the HWM: no loss
+            await asyncio.sleep(0.01)
+        t_sent = now_ns()
+        # hang guards: each wait returns once its condition holds
+        await rec.wait_for(
+            lambda: len(rec.frames("remote")) >= n_valid, 20, "every valid remote frame"
+        )
+        await rec.wait_for(
+            lambda: remote_counts(rec)[1] >= n_bad, 20, "every malformed message counted"
+        )
+        done = now_ns()
+        await rec.wait_for(
+            lambda: rec.frames("card")[-1].received_ns > done, 20, "card streaming after it"
+        )
+        last = rec.stats()[-1].header["stats"]["cameras"]
+    finally:
+        pipeline.stop()
+        code = await asyncio.wait_for(task, 10)
+        push.close(0)
+        ctx.term()
+    await rec.stop(idle_s=0.1)
+    return code, rec, last, (t0, t_sent)
+
+
+def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flowing(
+    write_config, free_port
+):
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    path = write_config(ZMQ_CAMERA_CONFIG.format(endpoint=endpoint))
+    stream, n_valid, n_bad = mixed_stream()
     assert n_valid >= sum(ok for ok, _ in stream) and n_bad >= 20
 
-    async def main():
-        ctx = zmq.Context()
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.setsockopt(zmq.SNDTIMEO, 5000)
-        push.bind(endpoint)
-        pipeline, task = await start(path)
-        try:
-            await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
-            rec = await Recorder(pipeline.stages["publish"].endpoint).start()
-            await rec.wait_for(lambda: len(rec.frames("card")) >= 5, 10, "card streaming")
-            t0 = now_ns()
-            for _, msg in stream:
-                await asyncio.to_thread(push.send_multipart, msg)  # blocks at the HWM: no loss
-                await asyncio.sleep(0.01)
-            await rec.wait_for(
-                lambda: len(rec.frames("remote")) >= n_valid, 10, "every valid remote frame"
-            )
-            await asyncio.sleep(0.5)
-            t1 = now_ns()
-            last = rec.stats()[-1].header["stats"]["cameras"]
-        finally:
-            pipeline.stop()
-            code = await asyncio.wait_for(task, 10)
-            push.close(0)
-            ctx.term()
-        await rec.stop(idle_s=0.1)
-        return code, rec, last, (t0, t1)
-
-    code, rec, last, (t0, t1) = asyncio.run(main())
+    code, rec, last, (t0, t_sent) = asyncio.run(
+        serve_stream(path, endpoint, [msg for _, msg in stream], n_valid)
+    )
     assert code == 0
     remote = rec.frames("remote")
     # each keeps the seq its sender gave it (a bit flip may have changed a digit)
@@ -414,12 +444,46 @@ def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flo
     assert last["remote"]["reconnects"] == 0
     assert last["remote"]["health"] == "online"
     assert last["card"]["health"] == "online"
-    # The other camera kept flowing: at least half its rate (a loaded 2-core machine) and
-    # never silent for more than 0.5 s.
-    card = [s.received_ns for s in rec.frames("card") if t0 <= s.received_ns <= t1]
-    assert len(card) >= 0.5 * 25 * (t1 - t0) / 1e9
-    edges = [t0, *card, t1]
-    assert max(b - a for a, b in zip(edges, edges[1:], strict=False)) <= 500_000_000
+    # The other camera kept flowing: it published while the malformed messages came and after
+    # them (serve_stream waited for that), every frame of it in order and none lost (the
+    # publish inbox blocks). Its rate and longest gap against a run without the malformed
+    # messages: the slow test below.
+    card = rec.frames("card")
+    assert any(t0 <= s.received_ns <= t_sent for s in card)
+    seqs = [s.header["seq"] for s in card]
+    assert seqs == sorted(seqs) and seq_gaps(seqs) == 0, seqs
+
+
+@pytest.mark.slow  # the other camera's rate and gaps on the wall clock: never in the default run
+def test_malformed_messages_on_a_zmq_camera_keep_the_other_camera_near_its_clean_rate(
+    write_config, free_port
+):
+    # Two runs back to back, sharing the host's load: the control sends the stream's valid
+    # frames only (the malformed messages' slots left empty, so both send for about as long),
+    # then the whole stream. The card camera's frames while the stream is sent: at least half
+    # the control's rate, and no silence more than three times the control's longest.
+    endpoint = f"tcp://127.0.0.1:{free_port}"
+    path = write_config(ZMQ_CAMERA_CONFIG.format(endpoint=endpoint))
+    stream, n_valid, _ = mixed_stream()
+    runs = {
+        "control": [msg if decodes(msg) else None for _, msg in stream],
+        "malformed": [msg for _, msg in stream],
+    }
+    rate, gap = {}, {}
+    for name, sent in runs.items():
+        code, rec, _, (t0, t1) = asyncio.run(serve_stream(path, endpoint, sent, n_valid))
+        assert code == 0
+        card = [s.received_ns for s in rec.frames("card") if t0 <= s.received_ns <= t1]
+        edges = [t0, *card, t1]
+        rate[name] = len(card) / ((t1 - t0) / 1e9)
+        gap[name] = max(b - a for a, b in zip(edges, edges[1:], strict=False)) / 1e9
+    print(
+        f"card while the stream is sent, control / malformed: {rate['control']:.1f} / "
+        f"{rate['malformed']:.1f} a second, longest gap {gap['control']:.3f} / "
+        f"{gap['malformed']:.3f} s"
+    )
+    assert rate["malformed"] >= 0.5 * rate["control"], rate
+    assert gap["malformed"] <= 3 * gap["control"], gap
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import asyncio
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -264,6 +265,29 @@ def _push_config(write_config, endpoint: str, width: int, height: int, fps: int)
     )
 
 
+def pushed(sender) -> int:
+    """Frames the zmq_push stage of the sending pipeline has sent."""
+    return sender.metrics.items_out.get(("zmq_push", "card"), 0)  # no key added meanwhile
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Return as soon as predicate() holds, however loaded the host; `timeout` only bounds a
+    hang (the test then fails naming what it waited for)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """until() for a test's own thread, off any event loop."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def _zmq_camera(endpoint: str, emit):
     from stages.sources import CameraReader, CameraSpec
 
@@ -285,17 +309,17 @@ def test_a_raw_frame_over_the_split_is_bit_identical_and_received_without_a_copy
     try:
 
         async def main():
-            sender, task = await start(_push_config(write_config, endpoint, 640, 480, 30), 1.5)
+            sender, task = await start(_push_config(write_config, endpoint, 640, 480, 30))
+            # until 10 frames were pushed, however long this host takes
+            await until(lambda: pushed(sender) >= 10, "10 frames pushed")
+            sender.stop()
             return sender, await task
 
         sender, code = asyncio.run(main())
-        deadline = time.monotonic() + 2
-        while len(got) < sender.metrics.items_out["zmq_push", "card"]:
-            assert time.monotonic() < deadline, "frames sent were not received"
-            time.sleep(0.05)
+        wait_until(lambda: len(got) >= pushed(sender), "the frames sent to be received")
     finally:
         reader.stop()
-    assert code == 0 and len(got) >= 10
+    assert code == 0 and len(got) == pushed(sender) >= 10
     for frame in got:
         # The card's frame seq is a function of seq alone, and the sender's seq is kept.
         np.testing.assert_array_equal(frame.image, synthetic_image(frame.seq, 640, 480))
@@ -342,4 +366,5 @@ def test_a_stalled_receiver_makes_the_sender_drop_at_the_source_and_lag_stays_bo
     # with frames captured after it.
     during = [t for t in captured[5:] if stall[0] <= t <= stall[1]]
     assert len(during) <= 14, len(during)
+    # wall-clock-ok: the order of two stamps: a frame captured after the stall ended
     assert any(t > stall[1] for t in captured)

@@ -350,6 +350,8 @@ def test_a_failed_label_encoding_mid_run_fails_no_image_job(tmp_path, cache, mon
     stage = make_stage(tmp_path, cache, {"labels_file": "labels.txt"})
     out = Recorder()
     encoders: list[FailingEncoder] = []
+    # each device pass: the seqs of its jobs and the encodings attempted by its end
+    batches: list[tuple[list[int], int]] = []
 
     async def source():
         while stage.scheduler is None:
@@ -358,6 +360,15 @@ def test_a_failed_label_encoding_mid_run_fails_no_image_job(tmp_path, cache, mon
         errors = [RuntimeError("text tower broke"), RuntimeError("text tower broke")]
         encoders.append(FailingEncoder(rt.model.label_embeddings, errors))
         rt.model.label_embeddings = encoders[0]
+        run = rt.run
+
+        def recording_run(prepared):
+            try:
+                return run(prepared)
+            finally:
+                batches.append(([job.seq for job in prepared.jobs], len(encoders[0].calls)))
+
+        rt.run = recording_run
         write(path, labels_text(SET_B), tick)
         await asyncio.sleep(0.1)  # past LABELS_CHECK_S: the next glue reads the new file
         seq = 0
@@ -376,7 +387,10 @@ def test_a_failed_label_encoding_mid_run_fails_no_image_job(tmp_path, cache, mon
     assert stage.errors["clip"] == 0
     assert [item.job.seq for item in out.items] == list(range(len(out.items)))
     switched = next(i for i, item in enumerate(out.items) if item.extra["labels"] == SET_B)
-    assert switched >= 4  # the first batch after the change kept SET_A
+    # the first batch after the change kept SET_A (its encoding failed); the set changed
+    # between batches, at the first whose encoding (the third) succeeded
+    assert batches[0][1] == 1 and switched not in batches[0][0]
+    assert switched == next(seqs[0] for seqs, encoded in batches if encoded == 3)
     assert all(item.extra["labels"] == SET_A for item in out.items[:switched])
     assert all(item.extra["labels"] == SET_B for item in out.items[switched:])
     assert rt.label_errors == 2 and encoders[0].calls == [tuple(SET_B)] * 3

@@ -191,6 +191,16 @@ def test_a_read_only_recording_folder_costs_counted_drops_and_the_pipeline_runs_
     assert list(folder.iterdir()) == []
 
 
+def wait_for_segments(proc: subprocess.Popen, folder: Path, n: int, timeout: float = 120) -> None:
+    """Until `n` segments are in folder, however long this host takes; `timeout` only bounds a
+    hang of the recorder's subprocess, which must not exit meanwhile."""
+    end = time.monotonic() + timeout
+    while len(segment_stems(folder, ".csv")) < n:
+        assert proc.poll() is None, "the recorder exited before it was killed"
+        assert time.monotonic() < end, f"fewer than {n} segments in {timeout:g} s"
+        time.sleep(0.1)
+
+
 def test_kill_9_leaves_every_segment_readable_up_to_its_last_complete_frame(
     tmp_path, write_config, free_port
 ):
@@ -222,10 +232,7 @@ def test_kill_9_leaves_every_segment_readable_up_to_its_last_complete_frame(
     )
     frames_dir = tmp_path / "rec" / "s" / "frames" / "card"
     try:
-        deadline = time.monotonic() + 120  # wall-clock-ok: hang guard on a subprocess
-        while len(segment_stems(frames_dir, ".csv")) < 4 and time.monotonic() < deadline:
-            assert proc.poll() is None, "the recorder exited before it was killed"
-            time.sleep(0.1)
+        wait_for_segments(proc, frames_dir, 4)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
