@@ -2,7 +2,7 @@
 with the lab's Qualisys calibration, and how well the views agree.
 
 Usage: python bench/demo_3d.py [--demo Demo_SinglePerson] [--frames N] [--raw-distortion]
-                              [--swap-sides] [--pose2sim]
+                              [--swap-sides] [--consistency] [--pose2sim]
 Each of the four 60 fps videos goes through its own LandmarkTracker (stages/landmarks/video.py:
 body, one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
 one instant (the demo's videos are synchronised). The calibration is the demo's Calib.qca.txt
@@ -10,7 +10,9 @@ imported as Pose2Sim converts it (stages/rig/importers.py); --raw-distortion kee
 radial and tangential coefficients as written instead of Pose2Sim's division by 64 (docs/rig.md,
 "Importing a calibration"). Triangulation is stages/rig/triangulate.py with Pose2Sim's defaults;
 --swap-sides first undoes a view's left/right swaps (stages/rig/sides.py, the rig3d stage's
-`swap_sides`).
+`swap_sides`); --consistency then takes the frames in order and triangulates again, from
+another view subset, the keypoints that break the person's top speed or bone lengths
+(stages/rig/consistency.py, the rig3d stage's `consistency`).
 Prints per view the median reprojection error of the triangulated body keypoints (over the views
 each was triangulated from, and over every view that saw it) and each limb's coefficient of
 variation of length over the clip (stages/rig/quality.py); with --pose2sim, how far npucam's
@@ -37,6 +39,7 @@ from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
 from stages.landmarks.schema import BODY_IDX  # noqa: E402
 from stages.landmarks.video import video_people  # noqa: E402
 from stages.rig.calibration import Calibration, Camera, write_calibration  # noqa: E402
+from stages.rig.consistency import Candidates, Choice, ConsistencyParams, choose  # noqa: E402
 from stages.rig.importers import QUALISYS_SUBPIXELS, import_calibration  # noqa: E402
 from stages.rig.quality import (  # noqa: E402
     LIMBS,
@@ -45,7 +48,13 @@ from stages.rig.quality import (  # noqa: E402
     reprojection_errors,
 )
 from stages.rig.sides import unswap_views  # noqa: E402
-from stages.rig.triangulate import MIN_CONFIDENCE, triangulate  # noqa: E402
+from stages.rig.triangulate import (  # noqa: E402
+    MAX_ERROR_PX,
+    MIN_CONFIDENCE,
+    MIN_VIEWS,
+    Triangulation,
+    triangulate,
+)
 
 FPS = 60.0
 REFERENCE_PYTHON = ROOT / ".venv-pose2sim" / "bin" / "python"
@@ -64,6 +73,7 @@ class Demo3D:
     limb_cv: dict[str, float]
     seconds_2d: float
     swapped: np.ndarray  # bool [V, T]: the views --swap-sides mirrored
+    chosen: Choice | None = None  # keypoints --consistency triangulated again
 
     def lines(self) -> list[str]:
         body = self.points[:, BODY_IDX]
@@ -73,6 +83,11 @@ class Demo3D:
             f"body keypoints triangulated: {made:.1%} of {body.shape[0]} frames x "
             f"{body.shape[1]} ({self.seconds_2d:.0f} s of 2D landmarks)",
         ]
+        if self.chosen is not None:
+            out.append(
+                f"consistency: {self.chosen.moved} keypoints past the top speed and "
+                f"{self.chosen.resized} off their bone length triangulated again"
+            )
         for cam, size, used, seen in zip(
             self.cameras, self.sizes, self.error_used, self.error_seen, strict=True
         ):
@@ -121,11 +136,13 @@ def measure(
     sizes: list[tuple[int, int]],
     seconds: float,
     swap_sides: bool = False,
+    consistency: bool = False,
 ) -> Demo3D:
     swapped = np.zeros(keypoints.shape[:2], bool)
     if swap_sides:
         keypoints, swapped = unswap_views(cameras, keypoints)
     tri = triangulate(cameras, keypoints)  # every frame at once: frames as the P axis
+    chosen = held(cameras, keypoints, tri) if consistency else None
     points, used = tri.points, tri.used.transpose(2, 0, 1)  # [T, K, 3], [V, T, K]
     body = np.zeros(308, bool)
     body[BODY_IDX] = True
@@ -136,8 +153,29 @@ def measure(
     lengths = limb_lengths(points)
     limb_cv = {name: coefficient_of_variation(lengths[name]) for name, _, _ in LIMBS}
     return Demo3D(
-        cameras, sizes, keypoints, points, used, error_used, error_seen, limb_cv, seconds, swapped
+        cameras,
+        sizes,
+        keypoints,
+        points,
+        used,
+        error_used,
+        error_seen,
+        limb_cv,
+        seconds,
+        swapped,
+        chosen,
     )
+
+
+def held(cameras: list[Camera], keypoints: np.ndarray, tri: Triangulation) -> Choice:
+    """tri's frames (its P axis) held in order to the person's top speed and bone lengths, as
+    the rig3d stage does (in place); how many keypoints were triangulated again."""
+    prior, total, params = None, Choice(), ConsistencyParams()
+    for t in range(tri.points.shape[0]):
+        candidates = Candidates(cameras, keypoints[:, t], MIN_CONFIDENCE, MAX_ERROR_PX, MIN_VIEWS)
+        prior, choice = choose(prior, t / FPS, tri, t, candidates, params)
+        total += choice
+    return total
 
 
 def run(
@@ -145,9 +183,12 @@ def run(
     frames: int = 0,
     raw_distortion: bool = False,
     swap_sides: bool = False,
+    consistency: bool = False,
 ) -> Demo3D:
     cameras = qualisys_cameras(demo, raw_distortion)
-    return measure(cameras, *landmarks(demo, frames), swap_sides=swap_sides)
+    return measure(
+        cameras, *landmarks(demo, frames), swap_sides=swap_sides, consistency=consistency
+    )
 
 
 @dataclass
@@ -203,9 +244,12 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=0, help="first N frames (default: all)")
     ap.add_argument("--raw-distortion", action="store_true")
     ap.add_argument("--swap-sides", action="store_true", help="undo a view's left/right swaps")
+    ap.add_argument(
+        "--consistency", action="store_true", help="hold keypoints to top speed and bone lengths"
+    )
     ap.add_argument("--pose2sim", action="store_true", help="compare with Pose2Sim's 3D")
     args = ap.parse_args()
-    result = run(args.demo, args.frames, args.raw_distortion, args.swap_sides)
+    result = run(args.demo, args.frames, args.raw_distortion, args.swap_sides, args.consistency)
     for line in result.lines():
         print(line)
     if args.pose2sim:

@@ -1,8 +1,10 @@
 """One rig instant's 2D people -> 3D people: cross-view association (stages.rig.associate),
 clusters of one rig person joined again and rig person ids kept through the 2D tracks
 (RigPersonIds), optionally left/right swaps of a view
-undone (stages.rig.sides), triangulation of every keypoint (stages.rig.triangulate) and,
-optionally, a One Euro filter per rig person (stages.rig.filter).
+undone (stages.rig.sides), triangulation of every keypoint (stages.rig.triangulate),
+optionally the view subsets of keypoints that break a rig person's top speed or bone lengths
+chosen again (stages.rig.consistency) and a One Euro filter per rig person
+(stages.rig.filter).
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ import numpy as np
 from stages.rig.associate import MAX_COST_PX, RigPersonIds, associate
 from stages.rig.associate import MIN_CONFIDENCE as ASSOCIATE_MIN_CONFIDENCE
 from stages.rig.calibration import Camera
+from stages.rig.consistency import BodyPrior, Candidates, Choice, ConsistencyParams, choose
 from stages.rig.filter import OneEuroFilter
 from stages.rig.sides import MIRROR, unswap_views
-from stages.rig.triangulate import MAX_ERROR_PX, MIN_CONFIDENCE, MIN_VIEWS, triangulate
+from stages.rig.triangulate import (
+    MAX_ERROR_PX,
+    MIN_CONFIDENCE,
+    MIN_VIEWS,
+    Triangulation,
+    triangulate,
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class Reconstructor:
         person_max_age: int = 30,
         filter_params: FilterParams | None = None,
         swap_sides: bool = False,
+        consistency: ConsistencyParams | None = None,
     ) -> None:
         self.cameras = list(cameras)
         self.names = [c.name for c in self.cameras]
@@ -81,6 +91,9 @@ class Reconstructor:
         self.filter_params = filter_params
         self.swap_sides = swap_sides
         self.swapped_views = 0  # views of a person mirrored by swap_sides, since the start
+        self.consistency = consistency
+        self.chosen = Choice()  # keypoints triangulated again by the consistency rules
+        self._priors: dict[int, tuple[BodyPrior, int]] = {}  # id -> (prior, update)
         self._filters: dict[int, tuple[OneEuroFilter, float, int]] = {}  # id -> (f, t, update)
         self._updates = 0
 
@@ -123,8 +136,11 @@ class Reconstructor:
         tri = triangulate(
             self.cameras, observed, self.min_confidence, self.max_error_px, self.min_views
         )
-        points = tri.points
         self._updates += 1
+        if self.consistency is not None and k == len(MIRROR):  # the 308 named keypoints
+            for p, rid in enumerate(ids):
+                self._hold(rid, t_s, tri, p, observed[:, p])
+        points = tri.points
         if self.filter_params is not None and len(ids):
             points = np.stack([self._filter(rid, t_s, points[p]) for p, rid in enumerate(ids)])
         self._prune()
@@ -152,8 +168,24 @@ class Reconstructor:
         self._filters[rid] = (f, t_s, self._updates)
         return out
 
+    def _hold(self, rid: int, t_s: float, tri: Triangulation, p: int, observed: np.ndarray) -> None:
+        """Person p of tri held to rig person rid's top speed and bone lengths (in place)."""
+        assert self.consistency is not None
+        state = self._priors.get(rid)
+        candidates = Candidates(
+            self.cameras, observed, self.min_confidence, self.max_error_px, self.min_views
+        )
+        prior, choice = choose(
+            state[0] if state else None, t_s, tri, p, candidates, self.consistency
+        )
+        self._priors[rid] = (prior, self._updates)
+        self.chosen += choice
+
     def _prune(self) -> None:
-        """Forget the filter of a rig person unseen for person_max_age updates."""
+        """Forget the filter and the prior of a rig person unseen for person_max_age updates."""
         old = [r for r, s in self._filters.items() if self._updates - s[2] >= self.person_max_age]
         for rid in old:
             del self._filters[rid]
+        old = [r for r, s in self._priors.items() if self._updates - s[1] >= self.person_max_age]
+        for rid in old:
+            del self._priors[rid]

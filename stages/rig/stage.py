@@ -32,6 +32,7 @@ from pipeline.queues import BoundedQueue, QueueClosed
 from stages.landmarks.result import LivePoseResult
 from stages.models.sapiens2.result import PoseResult
 from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
+from stages.rig.consistency import ConsistencyParams
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
 from stages.rig.id_switches import IdSwitches
 from stages.rig.pose3d import Pose3DResult
@@ -63,6 +64,11 @@ class Rig3DOptions(StageOptions):
     max_association_px: float = Field(20.0, gt=0)
     person_max_age: int = Field(30, ge=1)  # groups a rig person id outlives its tracks
     swap_sides: bool = False  # undo a view's left/right swaps (stages/rig/sides.py)
+    # triangulate again, from another view subset, a keypoint that breaks its person's top
+    # speed or bone lengths (stages/rig/consistency.py)
+    consistency: bool = False
+    max_speed_mps: float = Field(12.0, gt=0)
+    bone_tolerance: float = Field(0.2, gt=0, lt=1)
     filter: bool = False  # One Euro filter per rig person
     filter_min_cutoff: float = Field(1.0, gt=0)
     filter_beta: float = Field(1.0, ge=0)
@@ -129,6 +135,9 @@ class Rig3D(Stage[Rig3DOptions]):
             if o.filter
             else None,
             swap_sides=o.swap_sides,
+            consistency=ConsistencyParams(o.max_speed_mps, o.bone_tolerance)
+            if o.consistency
+            else None,
         )
         self._results: dict[int, dict[tuple[str, int], PoseResult]] = defaultdict(dict)
         # K of the poses seen so far; before the first, Sapiens2's (meta.pose.count), so an
@@ -373,7 +382,8 @@ class Rig3D(Stage[Rig3DOptions]):
         """The rig's sync numbers (RigGroups.gauges) and what it published: groups released,
         those that timed out waiting for poses, people, poses for no pending group, the
         fraction of published keypoints triangulated, with swap_sides the views of a person
-        mirrored, and the rig person ids: made, and switched between people (jumps +
+        mirrored, with consistency the keypoints triangulated again (past their top speed, off
+        their bone length), and the rig person ids: made, and switched between people (jumps +
         rejoins, stages/rig/id_switches.py; positions that jumped and came back apart)."""
         total = self._points_total
         ids = self.id_switches
@@ -387,6 +397,8 @@ class Rig3D(Stage[Rig3DOptions]):
             **{k: float(v) for k, v in self.counts.items()},
             "triangulated_fraction": self._points_triangulated / total if total else 0.0,
             "swapped_views": float(self.reconstructor.swapped_views),
+            "consistency_moved": float(self.reconstructor.chosen.moved),
+            "consistency_resized": float(self.reconstructor.chosen.resized),
         }
 
     # -- .trc ---------------------------------------------------------------------------

@@ -6,8 +6,10 @@ triangulated; median reprojection error per view 11.4 / 7.6 / 14.3 / 8.7 px over
 point was made from (12.2 / 10.1 / 16.3 / 9.1 px over every view that saw it); limb length CV
 7-53%, mostly from cam02's left/right swaps on frames 41-81. With swap_sides
 (stages/rig/sides.py) the CVs are 2.5-9.3% but for the right arm (35-42%), the errors 7.7-14.7
-px. The issue's targets (<= 4 px per view, <= 5% per limb) are not met: the strict xfail keeps
-that on record. Pose2Sim's own triangulation of the same 2D keypoints (its
+px; adding consistency (stages/rig/consistency.py: keypoints held to top speed and bone
+length) brings every limb to 2.5-7.0%, the right arm to 5.4% / 6.7%, the errors unchanged. The
+issue's targets (<= 4 px per view, <= 5% per limb) are not met: the strict xfail keeps that on
+record. Pose2Sim's own triangulation of the same 2D keypoints (its
 triangulation_from_best_cameras in the reference venv) agrees: the same 1897 points
 triangulated, 0.51 mm apart at the median (bound 10 mm; p99 1.5 mm: npucam undistorts the
 points, Pose2Sim by default does not). The fast test runs the first 10 frames and holds what
@@ -95,13 +97,33 @@ def test_swap_sides_mirrors_cam02s_swapped_frames_and_steadies_legs_and_shoulder
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_consistency_holds_the_right_arm_that_two_views_got_wrong(whole_clip):
+    """Measured: 9 points past the top speed and 20 off their bone length triangulated again
+    (29 of 1900); right upper arm 5.4%, forearm 6.7% (35.1%, 41.5% with swap_sides alone);
+    every limb 2.5-7.0%; the reprojection errors within 0.1 px of before."""
+    bench, cameras, clip = whole_clip
+    sided = bench.measure(cameras, *clip, swap_sides=True)
+    held = bench.measure(cameras, *clip, swap_sides=True, consistency=True)
+    print("\n".join(held.lines()))
+    assert 0 < held.chosen.moved + held.chosen.resized <= 0.05 * 1900  # a few points changed
+    for limb in ("right_upper_arm", "right_forearm"):
+        assert held.limb_cv[limb] < 0.25 * sided.limb_cv[limb], limb
+    assert all(held.limb_cv[n] <= sided.limb_cv[n] + 0.005 for n in held.limb_cv)
+    assert max(held.limb_cv.values()) < 2 * TARGET_CV
+    for before, after in zip(sided.error_used, held.error_used, strict=True):
+        assert abs(np.median(after) - np.median(before)) < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.xfail(
     strict=True,
-    reason="BlazePose 2D on these views: 7.7-14.7 px; right arm 35-42% even with swap_sides",
+    reason="BlazePose 2D on these views: 7.8-14.7 px; limbs up to 7.0% with swap_sides and "
+    "consistency",
 )
 def test_whole_clip_meets_the_issue_targets(whole_clip):
     bench, cameras, clip = whole_clip
-    result = bench.measure(cameras, *clip, swap_sides=True)
+    result = bench.measure(cameras, *clip, swap_sides=True, consistency=True)
     print("\n".join(result.lines()))
     assert all(np.median(e) <= TARGET_PX for e in result.error_used)
     assert all(cv <= TARGET_CV for cv in result.limb_cv.values())
