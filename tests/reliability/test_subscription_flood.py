@@ -182,8 +182,10 @@ def run_attack(
 def test_subscriptions_of_1_mib_are_refused_at_the_frame_header(write_config, free_port):
     attack = [ATTACKER, "127.0.0.1", str(free_port), str(ATTACK_S), str(1 << 20), "100"]
     got = run_attack(write_config, free_port, [attack], "1 MiB subscriptions")
-    connections, sent = (int(x) for x in got["out"][0])
-    assert connections > 10 and sent > 0  # the attack really ran, and kept reconnecting
+    connections, began, _taken = (int(x) for x in got["out"][0])
+    # the attack really ran, and kept reconnecting: how many 1 MiB subscriptions the kernel
+    # took whole before the publisher dropped the link is a race (0 once under two busy loops)
+    assert connections > 10 and began > 0
     assert got["grew_mb"] < 16
 
 

