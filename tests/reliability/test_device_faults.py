@@ -183,16 +183,18 @@ def test_kernel_error_hang_and_context_failures_fail_jobs_then_the_stage_recover
         assert text in last_error, (name, last_error)
         # results came back after the fault cleared (`wait` above, a hang guard); how soon is
         # this host's speed (5.4 s once under make test-loaded): printed for docs/reliability.md
-    # The hung dispatch was given up at its deadline (~0.2 s for these ~ms dispatches).
+    # The hung dispatch was given up past its deadline (~0.2 s for these ~ms dispatches).
     given_up = re.search(
         r"not done ([0-9.]+) s after it began, past its deadline of ([0-9.]+) s",
         measured["hung dispatch"][2],
     )
     assert given_up, measured["hung dispatch"]
     waited, deadline = map(float, given_up.groups())
-    # wall-clock-ok: the stage's own account (its message) against the deadline rule
-    # (npu/device.py, WaitPolicy): at least the 0.2 s margin; given up at it, not a deadline later
-    assert deadline >= 0.2 and deadline <= waited < 2 * deadline
+    # The stage's own account (its message) against the deadline rule (npu/device.py,
+    # WaitPolicy): at least the 0.2 s margin, and never given up before it. How soon after is
+    # this host's speed (the "at the deadline" check on the fake's clock: tests/npu/test_xrt.py).
+    # wall-clock-ok: a lower bound, and a hang guard (5 s: without a deadline it hangs forever)
+    assert deadline >= 0.2 and deadline <= waited < deadline + 5.0
     drops = snapshot["stages"]["infer/adaface"]["drops"]
     timeouts = sum(drops[c].get("device_timeout", 0) for c in CAMERAS if c in drops)
     assert timeouts == stats["runtimes"]["adaface"]["device_timeouts"] == 1
