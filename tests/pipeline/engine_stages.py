@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -102,6 +103,16 @@ class Opens(Stage):
             Startup.of(self.context).opened(self.name)
         async for item in inbox:
             self.items.append(item)
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Return as soon as predicate() holds, however loaded the host; `timeout` only bounds a
+    hang (the test then fails naming what it waited for)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, f"timed out after {timeout:g} s waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 async def start(path, duration: float | None = None):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import time
 import urllib.request
 
 import pytest
-from engine_stages import start
+from engine_stages import start, until
 
 from pipeline.clock import VirtualClock
 from pipeline.messages import now_ns
@@ -89,10 +88,8 @@ def test_prometheus_endpoint_serves_stage_and_camera_metrics(write_config, monke
             return card.get("frames", 0) >= 5 and bool(pipeline.stages["sink"].items)
 
         try:
-            end = time.monotonic() + 20  # a hang guard: the wait ends once the camera streams
-            while not streaming():
-                assert time.monotonic() < end and not task.done(), "the camera never streamed"
-                await asyncio.sleep(0.01)
+            await until(lambda: streaming() or task.done(), "the camera streaming", 20)
+            assert not task.done(), "the run ended before the camera streamed"
             port = pipeline.prometheus_server.server_port
             url = f"http://127.0.0.1:{port}/metrics"
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())

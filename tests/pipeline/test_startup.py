@@ -4,10 +4,8 @@ opens slowly has opened, nor at all when one fails to open or the run stops firs
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
-from engine_stages import start
+from engine_stages import start, until
 
 from pipeline.startup import Startup
 
@@ -33,15 +31,6 @@ async def _turns(n: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-async def _until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll predicate() until it holds; the timeout is a hang guard only (it returns as soon as
-    the predicate holds, however slowly this host runs the pipeline)."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def test_capture_reads_once_the_slow_stage_has_opened(write_config):
     path = write_config(CONFIG.format(fails="false"))
 
@@ -51,7 +40,7 @@ def test_capture_reads_once_the_slow_stage_has_opened(write_config):
         model = pipeline.stages["model"]
         assert not pipeline.metrics.cameras  # capture has not opened its camera
         model.may_open.set()
-        await _until(lambda: len(model.items) >= 3 or task.done(), "3 frames at the model")
+        await until(lambda: len(model.items) >= 3 or task.done(), "3 frames at the model", 20)
         pipeline.stop()
         return model, await asyncio.wait_for(task, 10)
 

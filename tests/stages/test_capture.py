@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable
 
 import numpy as np
 import zmq
 import zmq.asyncio
-from engine_stages import start
+from engine_stages import start, until
 
 from pipeline.messages import Frame, now_ns
 from stages.frame_wire import encode_frame
@@ -44,16 +43,6 @@ def frames_of(pipeline, camera: str) -> list:
 def camera_stats(pipeline, camera: str) -> dict:
     """The camera's entry in the metrics snapshot ({} until capture has registered it)."""
     return pipeline.metrics.snapshot()["cameras"].get(camera, {})
-
-
-async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Return as soon as predicate() holds, however loaded the host; `timeout` only bounds a
-    hang (the test then fails naming what it waited for)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def test_a_removed_file_ends_its_camera_by_policy_while_the_other_keeps_flowing(

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from engine_stages import run_and_receive, start
+from engine_stages import run_and_receive, start, until
 
 from pipeline import wire
 
@@ -268,16 +268,6 @@ def _push_config(write_config, endpoint: str, width: int, height: int, fps: int)
 def pushed(sender) -> int:
     """Frames the zmq_push stage of the sending pipeline has sent."""
     return sender.metrics.items_out.get(("zmq_push", "card"), 0)  # no key added meanwhile
-
-
-async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Return as soon as predicate() holds, however loaded the host; `timeout` only bounds a
-    hang (the test then fails naming what it waited for)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

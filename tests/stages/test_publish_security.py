@@ -10,29 +10,18 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zmq
 import zmq.asyncio
 import zmq.auth
-from engine_stages import receive, start
+from engine_stages import receive, start, until
 
 from pipeline import security, wire
 from stages.meta import contract
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-async def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Return as soon as predicate() holds, however loaded the host; `timeout` only bounds a
-    hang (the test then fails naming what it waited for)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def _port() -> int:
