@@ -11,6 +11,7 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
+from engine_stages import start
 
 from pipeline import wire
 from pipeline.messages import now_ns
@@ -80,6 +81,66 @@ class Recorder:
             assert time.monotonic() < end, f"timed out after {timeout} s waiting for {what}"
             await asyncio.sleep(0.005)
         return time.monotonic()
+
+
+# a `zmq:` camera "remote" (pushed_run's socket at {endpoint}) beside a synthetic card at
+# 25 fps, published with a blocking inbox: what a hostile sender does to the other camera
+REMOTE_AND_CARD = """
+    [metrics]
+    stats_interval_s = 0.2
+    [[cameras]]
+    name = "remote"
+    url = "zmq:{endpoint}"
+    staleness_ms = 60000
+    [[cameras]]
+    name = "card"
+    url = "synthetic:?width=64&height=48&fps=25"
+    [[stages]]
+    kind = "capture"
+    [[stages]]
+    kind = "publish"
+    bind = "tcp://127.0.0.1:*"
+    inbox = {{ size = 64, policy = "block" }}
+    """
+
+
+@dataclass
+class PushedRun:
+    """A running config whose `zmq:` camera pulls from `push`, with `rec` subscribed to its
+    publish stage; `code` is the pipeline's exit code once pushed_run() has stopped it."""
+
+    push: zmq.Socket
+    pipeline: object
+    rec: Recorder
+    code: int | None = None
+
+
+@contextlib.asynccontextmanager
+async def pushed_run(path, endpoint: str):
+    """A PUSH socket bound at endpoint (the config's `zmq:` camera connects to it), the
+    pipeline of the config at path started, its publish stage bound and a Recorder on it. On
+    leaving: the pipeline stopped (its exit code in .code) and the socket closed; then, unless
+    the body raised, the recorder read until idle."""
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDTIMEO, 5000)
+    push.bind(endpoint)
+    pipeline, task = await start(path)
+    run: PushedRun | None = None
+    try:
+        await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
+        rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+        run = PushedRun(push, pipeline, rec)
+        yield run
+    finally:
+        pipeline.stop()
+        code = await asyncio.wait_for(task, 10)
+        push.close(0)
+        ctx.term()
+        if run is not None:
+            run.code = code
+    await run.rec.stop(idle_s=0.1)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import zmq
-from engine_stages import start
-from rel_helpers import Recorder
+from rel_helpers import pushed_run
 
 from pipeline.messages import Frame, now_ns
 from stages.frame_wire import encode_frame
@@ -54,34 +52,21 @@ def test_a_frame_a_day_ahead_or_seconds_back_never_stops_a_cameras_detections(
     offsets = [0] * 10 + [DAY_NS] + [0] * 10 + [-3 * 10**9] + [0] * 10
 
     async def main():
-        ctx = zmq.Context()
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.setsockopt(zmq.SNDTIMEO, 5000)
-        push.bind(endpoint)
-        pipeline, task = await start(path)
-        try:
-            await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
-            rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+        async with pushed_run(path, endpoint) as run:
+            rec = run.rec
             await asyncio.sleep(0.3)
             for seq, offset in enumerate(offsets):
                 t = now_ns() + offset
                 msg = encode_frame(Frame("remote", seq, t, t + 10**9, image, "test"), "raw")
-                await asyncio.to_thread(push.send_multipart, msg)
+                await asyncio.to_thread(run.push.send_multipart, msg)
                 await asyncio.sleep(0.02)
             await rec.wait_for(
                 lambda: len(rec.frames("remote")) >= len(offsets), 10, "every frame's det"
             )
             await asyncio.sleep(0.5)
             last = rec.stats()[-1].header["stats"]
-            drops = pipeline.metrics.dropped("detect")
-        finally:
-            pipeline.stop()
-            code = await asyncio.wait_for(task, 10)
-            push.close(0)
-            ctx.term()
-        await rec.stop(idle_s=0.1)
-        return code, rec, last, drops
+            drops = run.pipeline.metrics.dropped("detect")
+        return run.code, rec, last, drops
 
     code, rec, last, drops = asyncio.run(main())
     assert code == 0

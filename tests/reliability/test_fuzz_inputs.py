@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from engine_stages import start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rel_helpers import Recorder, seq_gaps
+from rel_helpers import REMOTE_AND_CARD, Recorder, pushed_run, seq_gaps
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.graph import check_stages, load
@@ -331,25 +330,6 @@ def decodes(parts: list[bytes]) -> bool:
     return True
 
 
-ZMQ_CAMERA_CONFIG = """
-    [metrics]
-    stats_interval_s = 0.2
-    [[cameras]]
-    name = "remote"
-    url = "zmq:{endpoint}"
-    staleness_ms = 60000
-    [[cameras]]
-    name = "card"
-    url = "synthetic:?width=64&height=48&fps=25"
-    [[stages]]
-    kind = "capture"
-    [[stages]]
-    kind = "publish"
-    bind = "tcp://127.0.0.1:*"
-    inbox = {{ size = 64, policy = "block" }}
-    """
-
-
 def mixed_stream() -> tuple[list[tuple[bool, list[bytes]]], int, int]:
     """(stream, how many of it decode, how many do not): malformed messages with a valid
     frame after every second one; (True, msg) for a frame valid by construction."""
@@ -384,20 +364,13 @@ async def serve_stream(path, endpoint: str, stream: list[list[bytes] | None], n_
     the card camera has published a frame after that. (exit code, recorder, the cameras of
     the last stats, the recorder's clock (ns) when sending began and when it ended)."""
     n_bad = sum(msg is not None for msg in stream) - n_valid
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.setsockopt(zmq.SNDTIMEO, 5000)
-    push.bind(endpoint)
-    pipeline, task = await start(path)
-    try:
-        await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
-        rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+    async with pushed_run(path, endpoint) as run:
+        rec = run.rec
         await rec.wait_for(lambda: len(rec.frames("card")) >= 5, 10, "card streaming")
         t0 = now_ns()
         for msg in stream:
             if msg is not None:
-                await asyncio.to_thread(push.send_multipart, msg)  # blocks at the HWM: no loss
+                await asyncio.to_thread(run.push.send_multipart, msg)  # blocks at the HWM
             await asyncio.sleep(0.01)
         t_sent = now_ns()
         # hang guards: each wait returns once its condition holds
@@ -412,20 +385,14 @@ async def serve_stream(path, endpoint: str, stream: list[list[bytes] | None], n_
             lambda: rec.frames("card")[-1].received_ns > done, 20, "card streaming after it"
         )
         last = rec.stats()[-1].header["stats"]["cameras"]
-    finally:
-        pipeline.stop()
-        code = await asyncio.wait_for(task, 10)
-        push.close(0)
-        ctx.term()
-    await rec.stop(idle_s=0.1)
-    return code, rec, last, (t0, t_sent)
+    return run.code, rec, last, (t0, t_sent)
 
 
 def test_zmq_camera_serves_valid_frames_among_malformed_ones_and_others_keep_flowing(
     write_config, free_port
 ):
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    path = write_config(ZMQ_CAMERA_CONFIG.format(endpoint=endpoint))
+    path = write_config(REMOTE_AND_CARD.format(endpoint=endpoint))
     stream, n_valid, n_bad = mixed_stream()
     assert n_valid >= sum(ok for ok, _ in stream) and n_bad >= 20
 
@@ -463,7 +430,7 @@ def test_malformed_messages_on_a_zmq_camera_keep_the_other_camera_near_its_clean
     # then the whole stream. The card camera's frames while the stream is sent: at least half
     # the control's rate, and no silence more than three times the control's longest.
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    path = write_config(ZMQ_CAMERA_CONFIG.format(endpoint=endpoint))
+    path = write_config(REMOTE_AND_CARD.format(endpoint=endpoint))
     stream, n_valid, _ = mixed_stream()
     runs = {
         "control": [msg if decodes(msg) else None for _, msg in stream],

@@ -20,31 +20,12 @@ import time
 
 import numpy as np
 import pytest
-import zmq
-from engine_stages import start
 from hostile_inputs import RssPeak, deep_header, giant_int_header, jpeg_claiming, with_fields
-from rel_helpers import Recorder, seq_gaps
+from rel_helpers import REMOTE_AND_CARD, Recorder, pushed_run, seq_gaps
 
 from pipeline.messages import Frame, now_ns
 from stages.frame_wire import encode_frame
 
-CONFIG = """
-    [metrics]
-    stats_interval_s = 0.2
-    [[cameras]]
-    name = "remote"
-    url = "zmq:{endpoint}"
-    staleness_ms = 60000
-    [[cameras]]
-    name = "card"
-    url = "synthetic:?width=64&height=48&fps=25"
-    [[stages]]
-    kind = "capture"
-    [[stages]]
-    kind = "publish"
-    bind = "tcp://127.0.0.1:*"
-    inbox = {{ size = 64, policy = "block" }}
-    """
 IMAGE = np.full((48, 64, 3), 90, np.uint8)
 
 
@@ -80,22 +61,15 @@ async def attack(path, endpoint: str, hostile: list[list[bytes]], tail_s: float 
     stream = [valid(0)]
     for i, msg in enumerate(hostile, 1):
         stream += [msg, valid(i)]
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.setsockopt(zmq.SNDTIMEO, 5000)
-    push.bind(endpoint)
-    pipeline, task = await start(path)
-    try:
-        await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
-        rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+    async with pushed_run(path, endpoint) as run:
+        rec = run.rec
         await rec.wait_for(lambda: len(rec.frames("card")) >= 5, 10, "card streaming")
         peak = RssPeak()
         peak.start()
         t0 = now_ns()
         started = time.monotonic()
         for msg in stream:
-            await asyncio.to_thread(push.send_multipart, msg)
+            await asyncio.to_thread(run.push.send_multipart, msg)
         await rec.wait_for(
             lambda: len(rec.frames("remote")) >= len(hostile) + 1, 15, "the valid frames"
         )
@@ -110,20 +84,14 @@ async def attack(path, endpoint: str, hostile: list[list[bytes]], tail_s: float 
         grew = peak.stop()
         t1 = now_ns()
         last = rec.stats()[-1].header["stats"]["cameras"]
-    finally:
-        pipeline.stop()
-        code = await asyncio.wait_for(task, 10)
-        push.close(0)
-        ctx.term()
-    await rec.stop(idle_s=0.1)
-    return code, rec, last, grew, took, (t0, t1)
+    return run.code, rec, last, grew, took, (t0, t1)
 
 
 def test_zmq_camera_refuses_oversized_frames_and_hostile_headers_before_decoding(
     write_config, free_port, caplog
 ):
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    path = write_config(CONFIG.format(endpoint=endpoint))
+    path = write_config(REMOTE_AND_CARD.format(endpoint=endpoint))
     hostile = hostile_messages()
 
     with caplog.at_level(logging.WARNING, logger="stages.sources"):
@@ -163,7 +131,7 @@ def test_the_hostile_frames_leave_the_other_cameras_longest_silence_near_a_clean
     # after the last frame is counted: at most three times the control's (before the fix
     # the 805 MB decode alone took the reader 8 s).
     endpoint = f"tcp://127.0.0.1:{free_port}"
-    path = write_config(CONFIG.format(endpoint=endpoint))
+    path = write_config(REMOTE_AND_CARD.format(endpoint=endpoint))
     gap = {}
     for name, hostile in (("control", []), ("attack", hostile_messages())):
         code, rec, _, _, _, (t0, t1) = asyncio.run(attack(path, endpoint, hostile, tail_s=0.5))

@@ -17,10 +17,8 @@ import time
 import cv2
 import numpy as np
 import pytest
-import zmq
-from engine_stages import start
 from hostile_inputs import scan_bomb, with_fields
-from rel_helpers import Recorder
+from rel_helpers import pushed_run
 
 from pipeline.commands import summarise
 from pipeline.jpeg import MAX_SCANS, JpegError, jpeg_info
@@ -101,18 +99,11 @@ def test_zmq_camera_counts_a_scan_bomb_as_a_bad_message_and_serves_the_next_fram
     stream = [valid(0), bomb, valid(2)]
 
     async def main():
-        ctx = zmq.Context()
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.setsockopt(zmq.SNDTIMEO, 5000)
-        push.bind(endpoint)
-        pipeline, task = await start(path)
-        try:
-            await asyncio.wait_for(pipeline.stages["publish"].bound.wait(), 5)
-            rec = await Recorder(pipeline.stages["publish"].endpoint).start()
+        async with pushed_run(path, endpoint) as run:
+            rec = run.rec
             await asyncio.sleep(0.3)  # the subscription reaches the publisher
             for msg in stream:
-                await asyncio.to_thread(push.send_multipart, msg)
+                await asyncio.to_thread(run.push.send_multipart, msg)
             await rec.wait_for(
                 lambda: any(s.header["seq"] == 2 for s in rec.frames("remote")), 15, "frame 2"
             )
@@ -125,13 +116,7 @@ def test_zmq_camera_counts_a_scan_bomb_as_a_bad_message_and_serves_the_next_fram
                 "stats after frame 2",
             )
             last = rec.stats()[-1].header["stats"]["cameras"]["remote"]
-        finally:
-            pipeline.stop()
-            code = await asyncio.wait_for(task, 10)
-            push.close(0)
-            ctx.term()
-        await rec.stop(idle_s=0.1)
-        return code, rec, last
+        return run.code, rec, last
 
     with caplog.at_level(logging.WARNING, logger="stages.sources"):
         code, rec, last = asyncio.run(main())
