@@ -133,8 +133,8 @@ def _wall_names(func: ast.AST, params: set[str], helpers: dict[str, set[int] | N
     its parameters that callers fill from one (`params`); a tuple unpacked from a helper's
     result takes the clock at the positions the helper returns one."""
     wall = set(params)
-    grows = [  # xs.append(v), xs.extend(vs), xs.insert(i, v): xs holds what v is
-        n.func
+    grows = [  # xs.append(v), xs.extend(vs), xs.insert(i, v): (xs, the call); xs holds v
+        (n.func.value.id, n)
         for n in ast.walk(func)
         if isinstance(n, ast.Call)
         and isinstance(n.func, ast.Attribute)
@@ -175,9 +175,7 @@ def _wall_names(func: ast.AST, params: set[str], helpers: dict[str, set[int] | N
                 if name not in wall:
                     wall.add(name)
                     changed = True
-        for attr in grows:
-            call = next(n for n in ast.walk(func) if isinstance(n, ast.Call) and n.func is attr)
-            name = attr.value.id  # type: ignore[attr-defined]
+        for name, call in grows:
             if name not in wall and any(_reads_clock(a, wall, helpers) for a in call.args):
                 wall.add(name)
                 changed = True
