@@ -39,7 +39,7 @@ from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
 from stages.landmarks.schema import BODY_IDX  # noqa: E402
 from stages.landmarks.video import video_people  # noqa: E402
 from stages.rig.calibration import Calibration, Camera, write_calibration  # noqa: E402
-from stages.rig.consistency import Candidates, Choice, ConsistencyParams, choose  # noqa: E402
+from stages.rig.consistency import Choice, ConsistencyParams, hold_clip  # noqa: E402
 from stages.rig.importers import QUALISYS_SUBPIXELS, import_calibration  # noqa: E402
 from stages.rig.quality import (  # noqa: E402
     LIMBS,
@@ -52,7 +52,6 @@ from stages.rig.triangulate import (  # noqa: E402
     MAX_ERROR_PX,
     MIN_CONFIDENCE,
     MIN_VIEWS,
-    Triangulation,
     triangulate,
 )
 
@@ -142,7 +141,12 @@ def measure(
     if swap_sides:
         keypoints, swapped = unswap_views(cameras, keypoints)
     tri = triangulate(cameras, keypoints)  # every frame at once: frames as the P axis
-    chosen = held(cameras, keypoints, tri) if consistency else None
+    chosen = None
+    if consistency:  # in place, as the rig3d stage does
+        params = ConsistencyParams()
+        chosen = hold_clip(
+            cameras, keypoints, tri, FPS, params, MIN_CONFIDENCE, MAX_ERROR_PX, MIN_VIEWS
+        )
     points, used = tri.points, tri.used.transpose(2, 0, 1)  # [T, K, 3], [V, T, K]
     body = np.zeros(308, bool)
     body[BODY_IDX] = True
@@ -165,17 +169,6 @@ def measure(
         swapped,
         chosen,
     )
-
-
-def held(cameras: list[Camera], keypoints: np.ndarray, tri: Triangulation) -> Choice:
-    """tri's frames (its P axis) held in order to the person's top speed and bone lengths, as
-    the rig3d stage does (in place); how many keypoints were triangulated again."""
-    prior, total, params = None, Choice(), ConsistencyParams()
-    for t in range(tri.points.shape[0]):
-        candidates = Candidates(cameras, keypoints[:, t], MIN_CONFIDENCE, MAX_ERROR_PX, MIN_VIEWS)
-        prior, choice = choose(prior, t / FPS, tri, t, candidates, params)
-        total += choice
-    return total
 
 
 def run(

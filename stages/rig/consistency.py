@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import combinations
 
 import numpy as np
@@ -66,6 +67,21 @@ class Choice:
         return self
 
 
+@cache
+def view_subsets(n_views: int, min_views: int) -> np.ndarray:
+    """bool [S, V] (read-only): every subset of at least min_views of n_views views, made once
+    per rig, not at every instant."""
+    subsets = np.array(
+        [
+            [v in s for v in range(n_views)]
+            for r in range(min_views, n_views + 1)
+            for s in combinations(range(n_views), r)
+        ]
+    )
+    subsets.flags.writeable = False
+    return subsets
+
+
 class Candidates:
     """A person's keypoints triangulated from every subset of the views that saw them: points
     [S, K, 3] (NaN where the subset has too few views or misses the reprojection bound),
@@ -83,14 +99,8 @@ class Candidates:
         self.observed = observed  # [V, K, 3]
         self.min_confidence = min_confidence
         self.max_error = max_error
-        n_views = len(self.cameras)
-        self.subsets = np.array(
-            [
-                [v in s for v in range(n_views)]
-                for r in range(min_views, n_views + 1)
-                for s in combinations(range(n_views), r)
-            ]
-        )
+        self.min_views = min_views
+        self.subsets = view_subsets(len(self.cameras), min_views)
         self._cache: dict[int, Triangulation] = {}
 
     def of(self, k: int) -> Triangulation:
@@ -98,9 +108,8 @@ class Candidates:
         if k not in self._cache:
             kp = np.repeat(self.observed[:, None, k : k + 1], len(self.subsets), axis=1)
             kp[..., 2] = np.where(self.subsets.T[..., None], kp[..., 2], 0.0)
-            min_views = int(self.subsets.sum(1).min())
             # each subset as it is: views left out only by the subsets themselves
-            tri = triangulate(self.cameras, kp, self.min_confidence, np.inf, min_views)
+            tri = triangulate(self.cameras, kp, self.min_confidence, np.inf, self.min_views)
             keep = np.isfinite(tri.error) & (tri.error <= self.max_error)
             complete = (tri.used == self.subsets[:, None, :]).all(-1)  # every view of it used
             points = np.where((keep & complete)[..., None], tri.points, np.nan)
@@ -172,3 +181,24 @@ def choose(
         if np.isfinite(length):
             prior.lengths.setdefault(name, deque(maxlen=params.history)).append(float(length))
     return prior, choice
+
+
+def hold_clip(
+    cameras: Sequence[Camera],
+    keypoints: np.ndarray,
+    tri: Triangulation,
+    fps: float,
+    params: ConsistencyParams,
+    min_confidence: float,
+    max_error: float,
+    min_views: int,
+) -> Choice:
+    """One person's clip held as the rig3d stage holds a rig person, instant by instant (in
+    place): keypoints float [V, T, K, 3], tri their triangulation with the T instants as its
+    people, instant t at t / fps s. How many keypoints were triangulated again."""
+    prior, total = None, Choice()
+    for t in range(tri.points.shape[0]):
+        candidates = Candidates(cameras, keypoints[:, t], min_confidence, max_error, min_views)
+        prior, choice = choose(prior, t / fps, tri, t, candidates, params)
+        total += choice
+    return total

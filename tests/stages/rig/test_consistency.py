@@ -11,7 +11,7 @@ import pytest
 from rig_scenes import observe, people, ring_cameras
 
 from npu.models.sapiens2.keypoints import INDEX, NAMES
-from stages.rig.consistency import Candidates, Choice, ConsistencyParams, choose
+from stages.rig.consistency import Candidates, Choice, ConsistencyParams, choose, hold_clip
 from stages.rig.reconstruct import Reconstructor, View2D
 from stages.rig.triangulate import MAX_ERROR_PX, MIN_CONFIDENCE, MIN_VIEWS, triangulate
 
@@ -47,15 +47,10 @@ def seen_wrong(cams, truth, observed, wrong: np.ndarray, views, others_off_px: f
 
 
 def held(cams, observed) -> tuple:
-    """Every instant in order through choose(): (triangulation, its Choice counts)."""
-    params = ConsistencyParams()
+    """Every instant in order through hold_clip(): (triangulation, its Choice counts)."""
     tri = triangulate(cams, observed)  # the instants as people
-    prior, total = None, Choice()
-    for t in range(observed.shape[1]):
-        candidates = Candidates(cams, observed[:, t], MIN_CONFIDENCE, MAX_ERROR_PX, MIN_VIEWS)
-        prior, choice = choose(prior, t / FPS, tri, t, candidates, params)
-        total += choice
-    return tri, total
+    params = ConsistencyParams()
+    return tri, hold_clip(cams, observed, tri, FPS, params, MIN_CONFIDENCE, MAX_ERROR_PX, MIN_VIEWS)
 
 
 def test_an_elbow_two_views_agree_on_wrongly_is_taken_from_the_other_two(walk):
