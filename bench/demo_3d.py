@@ -3,21 +3,27 @@ with the lab's Qualisys calibration, and how well the views agree.
 
 Usage: python bench/demo_3d.py [--demo Demo_SinglePerson] [--frames N] [--raw-distortion]
                               [--swap-sides] [--consistency] [--pose2sim]
+                              [--calibration FILE] [--rescale]
 Each of the four 60 fps videos goes through its own LandmarkTracker (stages/landmarks/video.py:
 body, one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
 one instant (the demo's videos are synchronised). The calibration is the demo's Calib.qca.txt
 imported as Pose2Sim converts it (stages/rig/importers.py); --raw-distortion keeps Qualisys'
 radial and tangential coefficients as written instead of Pose2Sim's division by 64 (docs/rig.md,
-"Importing a calibration"). Triangulation is stages/rig/triangulate.py with Pose2Sim's defaults;
---swap-sides first undoes a view's left/right swaps (stages/rig/sides.py, the rig3d stage's
-`swap_sides`); --consistency then takes the frames in order and triangulates again, from
-another view subset, the keypoints that break the person's top speed or bone lengths
-(stages/rig/consistency.py, the rig3d stage's `consistency`).
+"Importing a calibration"); --calibration takes the cameras of the same names from another
+file instead (e.g. one `npucam calibrate people` wrote from these videos), and --rescale scales
+each view's keypoints to the size its camera is calibrated at, as that command does (cam01 and
+cam02 decode 1080 px wide against 1088). Triangulation is stages/rig/triangulate.py with
+Pose2Sim's defaults; --swap-sides first undoes a view's left/right swaps (stages/rig/sides.py,
+the rig3d stage's `swap_sides`); --consistency then takes the frames in order and triangulates
+again, from another view subset, the keypoints that break the person's top speed or bone
+lengths (stages/rig/consistency.py, the rig3d stage's `consistency`).
 Prints per view the median reprojection error of the triangulated body keypoints (over the views
-each was triangulated from, and over every view that saw it) and each limb's coefficient of
-variation of length over the clip (stages/rig/quality.py); with --pose2sim, how far npucam's
-3D points are from Pose2Sim's own triangulation of the same 2D keypoints (run in the reference
-venv by bench/pose2sim_reference.py). tests/stages/rig/test_demo_3d.py asserts them.
+each was triangulated from, and over every view that saw it) and its median direction
+(reprojection_offsets: a view whose calibration does not fit the others' is off one way), and
+each limb's coefficient of variation of length over the clip (stages/rig/quality.py); with
+--pose2sim, how far npucam's 3D points are from Pose2Sim's own triangulation of the same 2D
+keypoints (run in the reference venv by bench/pose2sim_reference.py).
+tests/stages/rig/test_demo_3d.py asserts them.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
 from stages.landmarks.schema import BODY_IDX  # noqa: E402
 from stages.landmarks.video import video_people  # noqa: E402
-from stages.rig.calibration import Calibration, Camera, write_calibration  # noqa: E402
+from stages.rig.calibration import Calibration, Camera, read_calibration, write_calibration  # noqa: E402
 from stages.rig.consistency import Choice, ConsistencyParams, hold_clip  # noqa: E402
 from stages.rig.importers import QUALISYS_SUBPIXELS, import_calibration  # noqa: E402
 from stages.rig.quality import (  # noqa: E402
@@ -46,6 +52,7 @@ from stages.rig.quality import (  # noqa: E402
     coefficient_of_variation,
     limb_lengths,
     reprojection_errors,
+    reprojection_offsets,
 )
 from stages.rig.sides import unswap_views  # noqa: E402
 from stages.rig.triangulate import (  # noqa: E402
@@ -69,6 +76,7 @@ class Demo3D:
     used: np.ndarray  # bool [V, T, 308]
     error_used: list[np.ndarray]  # per view: px, over the views each point was made from
     error_seen: list[np.ndarray]  # per view: px, over every view that saw it (score >= 0.3)
+    offsets: np.ndarray  # float [V, 2]: per view the median (projected - seen) of error_used's
     limb_cv: dict[str, float]
     seconds_2d: float
     swapped: np.ndarray  # bool [V, T]: the views --swap-sides mirrored
@@ -87,13 +95,14 @@ class Demo3D:
                 f"consistency: {self.chosen.moved} keypoints past the top speed and "
                 f"{self.chosen.resized} off their bone length triangulated again"
             )
-        for cam, size, used, seen in zip(
-            self.cameras, self.sizes, self.error_used, self.error_seen, strict=True
+        for cam, size, used, seen, off in zip(
+            self.cameras, self.sizes, self.error_used, self.error_seen, self.offsets, strict=True
         ):
             out.append(
                 f"{cam.name} ({size[0]}x{size[1]} decoded, calibrated {cam.size[0]}x"
                 f"{cam.size[1]}): median reprojection {np.median(used):.2f} px over {len(used)} "
-                f"points it made, {np.median(seen):.2f} px over {len(seen)} it saw"
+                f"points it made, {np.median(seen):.2f} px over {len(seen)} it saw; median "
+                f"offset {off[0]:+.1f}, {off[1]:+.1f} px"
             )
         for name, cv in self.limb_cv.items():
             out.append(f"{name}: length CV {cv:.1%}")
@@ -108,6 +117,21 @@ def qualisys_cameras(demo: str, raw_distortion: bool) -> list[Camera]:
     if raw_distortion:
         cameras = [replace(c, distortions=c.distortions * QUALISYS_SUBPIXELS) for c in cameras]
     return cameras
+
+
+def file_cameras(path: Path) -> list[Camera]:
+    """The demo's cameras (cam01..cam04) from a calibration file."""
+    calibration = read_calibration(path)
+    return [calibration.camera(name) for name in POSE2SIM_CAMERAS]
+
+
+def rescaled(keypoints: np.ndarray, cameras: list[Camera], sizes) -> np.ndarray:
+    """keypoints [V, T, 308, 3] with each view's x, y scaled from its decoded size to its
+    camera's calibrated one (stages/commands/calibrate.py does the same)."""
+    out = keypoints.copy()
+    for v, (cam, size) in enumerate(zip(cameras, sizes, strict=True)):
+        out[v, ..., :2] *= np.divide(cam.size, size)
+    return out
 
 
 def landmarks_2d(video: Path, frames: int) -> tuple[np.ndarray, tuple[int, int]]:
@@ -154,6 +178,7 @@ def measure(
     xy = keypoints[..., :2]
     error_used = reprojection_errors(cameras, points, xy, used & body)
     error_seen = reprojection_errors(cameras, points, xy, seen & body)
+    offsets = reprojection_offsets(cameras, points, xy, used & body)
     lengths = limb_lengths(points)
     limb_cv = {name: coefficient_of_variation(lengths[name]) for name, _, _ in LIMBS}
     return Demo3D(
@@ -164,6 +189,7 @@ def measure(
         used,
         error_used,
         error_seen,
+        offsets,
         limb_cv,
         seconds,
         swapped,
@@ -177,10 +203,18 @@ def run(
     raw_distortion: bool = False,
     swap_sides: bool = False,
     consistency: bool = False,
+    calibration: Path | None = None,
+    rescale: bool = False,
 ) -> Demo3D:
-    cameras = qualisys_cameras(demo, raw_distortion)
+    if calibration is not None:
+        cameras = file_cameras(calibration)
+    else:
+        cameras = qualisys_cameras(demo, raw_distortion)
+    keypoints, sizes, seconds = landmarks(demo, frames)
+    if rescale:
+        keypoints = rescaled(keypoints, cameras, sizes)
     return measure(
-        cameras, *landmarks(demo, frames), swap_sides=swap_sides, consistency=consistency
+        cameras, keypoints, sizes, seconds, swap_sides=swap_sides, consistency=consistency
     )
 
 
@@ -241,8 +275,24 @@ def main() -> int:
         "--consistency", action="store_true", help="hold keypoints to top speed and bone lengths"
     )
     ap.add_argument("--pose2sim", action="store_true", help="compare with Pose2Sim's 3D")
+    ap.add_argument(
+        "--calibration", type=Path, help="cameras from this file instead of Calib.qca.txt"
+    )
+    ap.add_argument(
+        "--rescale", action="store_true", help="keypoints scaled to each calibrated size"
+    )
     args = ap.parse_args()
-    result = run(args.demo, args.frames, args.raw_distortion, args.swap_sides, args.consistency)
+    if args.calibration is not None and args.raw_distortion:
+        ap.error("--raw-distortion changes the Qualisys import; not with --calibration")
+    result = run(
+        args.demo,
+        args.frames,
+        args.raw_distortion,
+        args.swap_sides,
+        args.consistency,
+        args.calibration,
+        args.rescale,
+    )
     for line in result.lines():
         print(line)
     if args.pose2sim:

@@ -1,6 +1,8 @@
-"""How good a rig's 3D is without ground truth: reprojection error per view and limb-length
-steadiness over a clip (a rigid bone keeps its length; Pose2Sim reports the first, and the
-coefficient of variation of segment lengths is the usual check on markerless mocap).
+"""How good a rig's 3D is without ground truth: reprojection error per view, its median
+direction (a view whose lens or pose disagrees with the others leaves its points off one way),
+and limb-length steadiness over a clip (a rigid bone keeps its length; Pose2Sim reports the
+first, and the coefficient of variation of segment lengths is the usual check on markerless
+mocap).
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ def reprojection_errors(
         keep = mask[v] & np.isfinite(points).all(-1) & np.isfinite(seen[v]).all(-1)
         projected = cam.project(points[keep])
         out.append(np.linalg.norm(projected - seen[v][keep], axis=-1))
+    return out
+
+
+def reprojection_offsets(
+    cameras: Sequence[Camera], points: np.ndarray, seen: np.ndarray, mask: np.ndarray
+) -> np.ndarray:
+    """Per view, the median of (projected - seen) in x and y, px, float [V, 2] (NaN where the
+    view has no point): near 0 when a view's errors are the 2D model's scatter, one way when
+    its calibration does not fit the others'. Arguments as reprojection_errors'."""
+    out = np.full((len(cameras), 2), np.nan)
+    for v, cam in enumerate(cameras):
+        keep = mask[v] & np.isfinite(points).all(-1) & np.isfinite(seen[v]).all(-1)
+        if keep.any():
+            out[v] = np.median(cam.project(points[keep]) - seen[v][keep], axis=0)
     return out
 
 
