@@ -7,6 +7,7 @@ mocap).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +57,46 @@ def reprojection_offsets(
         if keep.any():
             out[v] = np.median(cam.project(points[keep]) - seen[v][keep], axis=0)
     return out
+
+
+class RecentResiduals:
+    """Each view's last `size` residuals (projected - seen, px) of the points triangulated
+    from it: the rig3d stage's live per-camera median reprojection error and offset. Added
+    to on one thread, summarised on any."""
+
+    def __init__(self, cameras: Sequence[Camera], size: int = 2000) -> None:
+        self.cameras = list(cameras)
+        self._lock = threading.Lock()
+        self._ring = np.zeros((len(self.cameras), size, 2))
+        self._count = np.zeros(len(self.cameras), np.int64)  # residuals ever added, per view
+
+    def add(self, points: np.ndarray, observed: np.ndarray, used: np.ndarray) -> None:
+        """points float [P, K, 3] (NaN: not triangulated); observed float [V, P, K, >= 2]
+        (x, y first); used bool [P, K, V], the views each point was made from."""
+        size = self._ring.shape[1]
+        for v, cam in enumerate(self.cameras):
+            keep = used[..., v] & np.isfinite(points).all(-1)
+            if not keep.any():
+                continue
+            r = cam.project(points[keep]) - observed[v][keep][:, :2]
+            r = r[np.isfinite(r).all(-1)][-size:]
+            with self._lock:
+                at = (self._count[v] + np.arange(len(r))) % size
+                self._ring[v, at] = r
+                self._count[v] += len(r)
+
+    def summary(self) -> dict[str, tuple[float, float, float, int]]:
+        """camera -> (median error px, median offset x px, y px, residuals held); cameras
+        with none are left out."""
+        out = {}
+        for v, cam in enumerate(self.cameras):
+            with self._lock:
+                n = int(min(self._count[v], self._ring.shape[1]))
+                r = self._ring[v, :n].copy()
+            if n:
+                dx, dy = np.median(r, axis=0)
+                out[cam.name] = (float(np.median(np.hypot(*r.T))), float(dx), float(dy), n)
+        return out
 
 
 def limb_lengths(points: np.ndarray, limbs=LIMBS) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ from stages.rig.associate import MIN_CONFIDENCE as ASSOCIATE_MIN_CONFIDENCE
 from stages.rig.calibration import Camera
 from stages.rig.consistency import BodyPrior, Candidates, Choice, ConsistencyParams, choose
 from stages.rig.filter import OneEuroFilter
+from stages.rig.quality import RecentResiduals
 from stages.rig.sides import MIRROR, unswap_views
 from stages.rig.triangulate import (
     MAX_ERROR_PX,
@@ -93,6 +94,7 @@ class Reconstructor:
         self.swapped_views = 0  # views of a person mirrored by swap_sides, since the start
         self.consistency = consistency
         self.chosen = Choice()  # keypoints triangulated again by the consistency rules
+        self.residuals = RecentResiduals(self.cameras)  # per view, before the filter
         self._priors: dict[int, tuple[BodyPrior, int]] = {}  # id -> (prior, update)
         self._filters: dict[int, tuple[OneEuroFilter, float, int]] = {}  # id -> (f, t, update)
         self._updates = 0
@@ -140,6 +142,7 @@ class Reconstructor:
         if self.consistency is not None and k == len(MIRROR):  # the 308 named keypoints
             for p, rid in enumerate(ids):
                 self._hold(rid, t_s, tri, p, observed[:, p])
+        self.residuals.add(tri.points, observed, tri.used)
         points = tri.points
         if self.filter_params is not None and len(ids):
             points = np.stack([self._filter(rid, t_s, points[p]) for p, rid in enumerate(ids)])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -273,7 +274,6 @@ class Rig3D(Stage[Rig3DOptions]):
         """Publish the posed groups that are done, oldest capture first; a group not done
         and still within its wait holds the later ones back."""
         self.groups.expire()
-        self._report_clocks()
         plans = sorted(
             self.groups.posed_groups(), key=lambda g: min(v[1] for v in g.views.values())
         )
@@ -295,13 +295,20 @@ class Rig3D(Stage[Rig3DOptions]):
                 self.item_failed(results[0] if results else plan)
                 continue
             await out.send(result)
+        self._report_clocks()
 
     def _report_clocks(self) -> None:
-        """Each camera's clock against the rig's on the stats topic (this stage's info);
-        a camera whose times start or stop being corrected is logged."""
+        """Each camera's clock against the rig's, and its recent reprojection error and offset
+        (quality.RecentResiduals), on the stats topic (this stage's info); a camera whose
+        times start or stop being corrected is logged."""
         report = self.groups.clock_report()
         offsets = self.groups.clock_offsets()
-        self.metrics.add_info(self.name, {f"clock_{c}": v for c, v in report.items()})
+        info = {f"clock_{c}": v for c, v in report.items()}
+        for camera, (median, dx, dy, n) in self.reconstructor.residuals.summary().items():
+            info[f"reprojection_{camera}"] = (
+                f"median {median:.1f} px, offset {dx:+.1f}, {dy:+.1f} px over its last {n} points"
+            )
+        self.metrics.add_info(self.name, info)
         for camera, text in report.items():
             state = text.split(",")[0]
             off = offsets.get(camera)
@@ -383,10 +390,12 @@ class Rig3D(Stage[Rig3DOptions]):
         those that timed out waiting for poses, people, poses for no pending group, the
         fraction of published keypoints triangulated, with swap_sides the views of a person
         mirrored, with consistency the keypoints triangulated again (past their top speed, off
-        their bone length), and the rig person ids: made, and switched between people (jumps +
-        rejoins, stages/rig/id_switches.py; positions that jumped and came back apart)."""
+        their bone length), the rig person ids: made, and switched between people (jumps +
+        rejoins, stages/rig/id_switches.py; positions that jumped and came back apart), and
+        over each camera's recent points the largest median reprojection error and offset."""
         total = self._points_total
         ids = self.id_switches
+        recent = self.reconstructor.residuals.summary().values()
         return {
             "rig_ids": float(ids.new_ids),
             "id_switches": float(ids.switches),
@@ -399,6 +408,10 @@ class Rig3D(Stage[Rig3DOptions]):
             "swapped_views": float(self.reconstructor.swapped_views),
             "consistency_moved": float(self.reconstructor.chosen.moved),
             "consistency_resized": float(self.reconstructor.chosen.resized),
+            "reprojection_px_max": max((r[0] for r in recent), default=0.0),
+            "reprojection_offset_px_max": max(
+                (math.hypot(r[1], r[2]) for r in recent), default=0.0
+            ),
         }
 
     # -- .trc ---------------------------------------------------------------------------

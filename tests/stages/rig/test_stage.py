@@ -75,12 +75,23 @@ def walk(seed: int, steps: int, n_people: int = 3):
 LIVE_DETECT = {"kind": "detect", "face": "none", "live": {"enabled": True}}
 
 
-def play(tmp_path, seed=3, steps=10, drop_frame=(), drop_pose=(), decoys=False, **options):
+def play(
+    tmp_path,
+    seed=3,
+    steps=10,
+    drop_frame=(),
+    drop_pose=(),
+    decoys=False,
+    shift=None,
+    stages=None,
+    **options,
+):
     """Run the stage over a walk: frames placed as detect places them, the poses of each
     group fed in a random order. drop_frame: (step, camera) whose frame never reaches detect;
     drop_pose: (step, camera) whose frame is posed but whose poses never arrive. With
     poses = "live" the poses are detect's per-frame LivePoseResults; decoys: each pose also
-    comes as the other kind, 200 px off (the rig must not use it). Returns
+    comes as the other kind, 200 px off (the rig must not use it); shift: {camera: (dx, dy)}
+    px added to that camera's 2D; stages: a list the stage is appended to. Returns
     (truth [T, P, K, 3], the published results)."""
     cams, truth, rng = walk(seed, steps)
     live = options.get("poses") == "live"
@@ -91,6 +102,8 @@ def play(tmp_path, seed=3, steps=10, drop_frame=(), drop_pose=(), decoys=False, 
     async def go():
         context = Context(config, Metrics())
         stage = Rig3D("rig3d", opts, context)
+        if stages is not None:
+            stages.append(stage)
         groups = RigRegistry.of(context).of_camera("cam0")
         inbox = BoundedQueue("rig3d", 10_000, "block", context.metrics)
         inbox.add_producer()
@@ -99,6 +112,8 @@ def play(tmp_path, seed=3, steps=10, drop_frame=(), drop_pose=(), decoys=False, 
         base = now_ns()
         for step in range(steps):
             seen, _, _ = corrupt(observe(cams, truth[step], rng), rng)
+            for name, by in (shift or {}).items():
+                seen[NAMES.index(name), ..., :2] += by
             results = []
             for v, name in enumerate(NAMES):
                 if (step, name) in drop_frame:
@@ -228,6 +243,40 @@ def test_the_filter_smooths_and_says_so(tmp_path):
     assert [sorted(person_of(r)) for r in smooth] == [[0, 1, 2]] * 8
     np.testing.assert_array_equal(smooth[0].points, raw[0].points)  # its first sample passes
     assert not np.array_equal(smooth[5].points, raw[5].points)
+
+
+def test_a_camera_whose_2d_sits_off_the_others_shows_its_offset_on_stats(tmp_path):
+    """cam2's 2D moved 9 px right and 5 up, as a lens or pose that no longer fits the rig
+    does: its recent residuals (projected - seen) lean the other way by several px, where an
+    unshifted rig's offsets stay near 0. Triangulation spreads part of the shift over the
+    other views, so their offsets grow too; the stats say a camera is off, not by how much."""
+    stages: list[Rig3D] = []
+    play(tmp_path, steps=2, stages=stages)  # unshifted: every offset near 0
+    calm = stages[0].reconstructor.residuals.summary()
+    assert set(calm) == set(NAMES)
+    assert all(np.hypot(dx, dy) < 1.0 for _, dx, dy, _ in calm.values()), calm
+    _, results = play(tmp_path, steps=6, shift={"cam2": (9.0, -5.0)}, stages=stages)
+    assert len(results) == 6
+    stage = stages[1]
+    info = stage.metrics.info["rig3d"]
+    recent = stage.reconstructor.residuals.summary()
+    assert set(recent) == set(NAMES)
+    for name, (median, dx, dy, n) in recent.items():
+        assert n == 2000  # the window: 6 instants x 3 people x ~300 points used is more
+        assert (
+            f"median {median:.1f} px, offset {dx:+.1f}, {dy:+.1f} px over its last 2000 points"
+            == info[f"reprojection_{name}"]
+        )
+    _, dx, dy, _ = recent["cam2"]
+    shift = np.array([9.0, -5.0])
+    assert np.hypot(dx, dy) > 3.0, (dx, dy)
+    assert np.dot([dx, dy], shift) / np.hypot(dx, dy) / np.linalg.norm(shift) < -0.9, (dx, dy)
+    gauges = stage.gauges()
+    assert gauges["reprojection_offset_px_max"] == max(
+        np.hypot(r[1], r[2]) for r in recent.values()
+    )
+    assert gauges["reprojection_offset_px_max"] > 3.0
+    assert gauges["reprojection_px_max"] == max(r[0] for r in recent.values())
 
 
 def test_the_wire_form_is_the_documented_one(tmp_path):
