@@ -3,7 +3,7 @@ with the lab's Qualisys calibration, and how well the views agree.
 
 Usage: python bench/demo_3d.py [--demo Demo_SinglePerson] [--frames N] [--raw-distortion]
                               [--swap-sides] [--consistency] [--pose2sim]
-                              [--calibration FILE] [--rescale]
+                              [--fit-bones] [--calibration FILE] [--rescale]
 Each of the four 60 fps videos goes through its own LandmarkTracker (stages/landmarks/video.py:
 body, one person; timestamps i / 60 s), placed on the 308 keypoints by to_308; the f-th frames are
 one instant (the demo's videos are synchronised). The calibration is the demo's Calib.qca.txt
@@ -16,7 +16,8 @@ cam02 decode 1080 px wide against 1088). Triangulation is stages/rig/triangulate
 Pose2Sim's defaults; --swap-sides first undoes a view's left/right swaps (stages/rig/sides.py,
 the rig3d stage's `swap_sides`); --consistency then takes the frames in order and triangulates
 again, from another view subset, the keypoints that break the person's top speed or bone
-lengths (stages/rig/consistency.py, the rig3d stage's `consistency`).
+lengths (stages/rig/consistency.py, the rig3d stage's `consistency`), and with --fit-bones moves
+the limb joints toward the bone lengths kept so far (stages/rig/bone_fit.py, `fit_bones`).
 Prints per view the median reprojection error of the triangulated body keypoints (over the views
 each was triangulated from, and over every view that saw it) and its median direction
 (reprojection_offsets: a view whose calibration does not fit the others' is off one way), and
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.assets import POSE2SIM_CAMERAS, pose2sim_demo  # noqa: E402
 from stages.landmarks.schema import BODY_IDX  # noqa: E402
 from stages.landmarks.video import video_people  # noqa: E402
+from stages.rig.bone_fit import BoneFitParams  # noqa: E402
 from stages.rig.calibration import Calibration, Camera, read_calibration, write_calibration  # noqa: E402
 from stages.rig.consistency import Choice, ConsistencyParams, hold_clip  # noqa: E402
 from stages.rig.importers import QUALISYS_SUBPIXELS, import_calibration  # noqa: E402
@@ -93,7 +95,8 @@ class Demo3D:
         if self.chosen is not None:
             out.append(
                 f"consistency: {self.chosen.moved} keypoints past the top speed and "
-                f"{self.chosen.resized} off their bone length triangulated again"
+                f"{self.chosen.resized} off their bone length triangulated again; "
+                f"{self.chosen.fitted} limb joints fitted to their bone lengths"
             )
         for cam, size, used, seen, off in zip(
             self.cameras, self.sizes, self.error_used, self.error_seen, self.offsets, strict=True
@@ -160,6 +163,7 @@ def measure(
     seconds: float,
     swap_sides: bool = False,
     consistency: bool = False,
+    fit_bones: bool = False,
 ) -> Demo3D:
     swapped = np.zeros(keypoints.shape[:2], bool)
     if swap_sides:
@@ -167,7 +171,7 @@ def measure(
     tri = triangulate(cameras, keypoints)  # every frame at once: frames as the P axis
     chosen = None
     if consistency:  # in place, as the rig3d stage does
-        params = ConsistencyParams()
+        params = ConsistencyParams(fit=BoneFitParams() if fit_bones else None)
         chosen = hold_clip(
             cameras, keypoints, tri, FPS, params, MIN_CONFIDENCE, MAX_ERROR_PX, MIN_VIEWS
         )
@@ -205,6 +209,7 @@ def run(
     consistency: bool = False,
     calibration: Path | None = None,
     rescale: bool = False,
+    fit_bones: bool = False,
 ) -> Demo3D:
     if calibration is not None:
         cameras = file_cameras(calibration)
@@ -214,7 +219,13 @@ def run(
     if rescale:
         keypoints = rescaled(keypoints, cameras, sizes)
     return measure(
-        cameras, keypoints, sizes, seconds, swap_sides=swap_sides, consistency=consistency
+        cameras,
+        keypoints,
+        sizes,
+        seconds,
+        swap_sides=swap_sides,
+        consistency=consistency,
+        fit_bones=fit_bones,
     )
 
 
@@ -274,6 +285,9 @@ def main() -> int:
     ap.add_argument(
         "--consistency", action="store_true", help="hold keypoints to top speed and bone lengths"
     )
+    ap.add_argument(
+        "--fit-bones", action="store_true", help="with --consistency: fit the bone lengths"
+    )
     ap.add_argument("--pose2sim", action="store_true", help="compare with Pose2Sim's 3D")
     ap.add_argument(
         "--calibration", type=Path, help="cameras from this file instead of Calib.qca.txt"
@@ -284,6 +298,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.calibration is not None and args.raw_distortion:
         ap.error("--raw-distortion changes the Qualisys import; not with --calibration")
+    if args.fit_bones and not args.consistency:
+        ap.error("--fit-bones fits the lengths --consistency keeps; give both")
     result = run(
         args.demo,
         args.frames,
@@ -292,6 +308,7 @@ def main() -> int:
         args.consistency,
         args.calibration,
         args.rescale,
+        args.fit_bones,
     )
     for line in result.lines():
         print(line)

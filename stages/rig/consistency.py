@@ -21,6 +21,7 @@ from itertools import combinations
 import numpy as np
 
 from npu.models.sapiens2.keypoints import INDEX
+from stages.rig.bone_fit import BoneFitParams, fit_bones
 from stages.rig.calibration import Camera
 from stages.rig.quality import LIMBS
 from stages.rig.triangulate import Triangulation, triangulate
@@ -36,13 +37,16 @@ class ConsistencyParams:
     """max_speed_mps: a joint's top speed (12 m/s: a fast arm swing; at 60 fps 0.2 m between
     instants); bone_tolerance: a bone's length may differ from its median over the person's
     last `history` instants by this share; the median counts once `warm` lengths are in;
-    max_gap_s: a joint unseen for longer has no position to move from."""
+    max_gap_s: a joint unseen for longer has no position to move from; fit: the limb joints
+    then moved toward those medians within what their views saw (stages/rig/bone_fit.py),
+    None: not."""
 
     max_speed_mps: float = 12.0
     bone_tolerance: float = 0.2
     warm: int = 10
     history: int = 120
     max_gap_s: float = 0.25
+    fit: BoneFitParams | None = None
 
 
 @dataclass
@@ -53,17 +57,24 @@ class BodyPrior:
     last_t: np.ndarray  # float64 [K] s, -inf where unseen
     lengths: dict[str, deque] = field(default_factory=dict)
 
+    def steady(self, warm: int) -> dict[str, float]:
+        """Each bone's median length over its recent instants, once it has `warm` of them."""
+        return {n: float(np.median(s)) for n, s in self.lengths.items() if len(s) >= warm}
+
 
 @dataclass
 class Choice:
-    """How many keypoints were triangulated again from another view subset, by rule."""
+    """How many keypoints were triangulated again from another view subset, by rule, and
+    how many were fitted to their bone lengths."""
 
     moved: int = 0  # the joint jumped past its top speed
     resized: int = 0  # a bone was off its length
+    fitted: int = 0  # limb joints moved by the bone-length fit
 
     def __iadd__(self, other: Choice) -> Choice:
         self.moved += other.moved
         self.resized += other.resized
+        self.fitted += other.fitted
         return self
 
 
@@ -132,8 +143,10 @@ def choose(
     candidates: Candidates,
     params: ConsistencyParams,
 ) -> tuple[BodyPrior, Choice]:
-    """Person p of tri (changed in place: points, confidence, error, used) held to its prior;
-    the prior after this instant (a new one when prior is None) and what was changed."""
+    """Person p of tri (changed in place: points, confidence, error, used) held to its prior
+    and, with params.fit, fitted to its bone lengths; the prior after this instant (a new one
+    when prior is None; its lengths are the triangulated ones, before the fit, so the fit
+    never feeds its own target) and what was changed."""
     n_kp = tri.points.shape[1]
     if prior is None:
         prior = BodyPrior(np.full((n_kp, 3), np.nan), np.full(n_kp, -np.inf))
@@ -152,12 +165,12 @@ def choose(
         if gone[s] <= reach[k]:
             _take(tri, p, int(k), cand, s)
             choice.moved += 1
+    steady = prior.steady(params.warm)
     for name, distal, proximal in BONES:
-        seen = prior.lengths.get(name, ())
         length = np.linalg.norm(points[distal] - points[proximal])
-        if len(seen) < params.warm or not np.isfinite(length):
+        if name not in steady or not np.isfinite(length):
             continue
-        median = float(np.median(seen))
+        median = steady[name]
         if abs(length - median) <= params.bone_tolerance * median:
             continue
         ends = (distal, proximal) if name in SYMMETRIC else (distal,)
@@ -173,13 +186,23 @@ def choose(
         if best is not None and best[0] <= params.bone_tolerance * median:
             _take(tri, p, best[1], candidates.of(best[1]), best[2])
             choice.resized += 1
-    seen_now = np.isfinite(points).all(-1)
-    prior.last = np.where(seen_now[:, None], points, prior.last)
-    prior.last_t = np.where(seen_now, t_s, prior.last_t)
     for name, distal, proximal in BONES:
         length = np.linalg.norm(points[distal] - points[proximal])
         if np.isfinite(length):
             prior.lengths.setdefault(name, deque(maxlen=params.history)).append(float(length))
+    if params.fit is not None:
+        choice.fitted += fit_bones(
+            candidates.cameras,
+            candidates.observed,
+            tri,
+            p,
+            steady,
+            params.fit,
+            candidates.max_error,
+        )
+    seen_now = np.isfinite(points).all(-1)
+    prior.last = np.where(seen_now[:, None], points, prior.last)
+    prior.last_t = np.where(seen_now, t_s, prior.last_t)
     return prior, choice
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from npu.models.sapiens2 import keypoints as keypoints308
 from pipeline.config import NAME_PATTERN, Config
@@ -32,6 +32,7 @@ from pipeline.messages import now_ns
 from pipeline.queues import BoundedQueue, QueueClosed
 from stages.landmarks.result import LivePoseResult
 from stages.models.sapiens2.result import PoseResult
+from stages.rig.bone_fit import BoneFitParams
 from stages.rig.calibration import MAX_CAMERAS, CalibrationError, coincident, read_calibration
 from stages.rig.consistency import ConsistencyParams
 from stages.rig.groups import PosedGroup, RigGroups, RigRegistry
@@ -70,12 +71,23 @@ class Rig3DOptions(StageOptions):
     consistency: bool = False
     max_speed_mps: float = Field(12.0, gt=0)
     bone_tolerance: float = Field(0.2, gt=0, lt=1)
+    # with consistency: move the limb joints toward their bones' median lengths within what
+    # their views saw (stages/rig/bone_fit.py); one bone_sigma_m off costs one pixel_sigma_px
+    fit_bones: bool = False
+    bone_sigma_m: float = Field(0.02, gt=0)
+    pixel_sigma_px: float = Field(8.0, gt=0)
     filter: bool = False  # One Euro filter per rig person
     filter_min_cutoff: float = Field(1.0, gt=0)
     filter_beta: float = Field(1.0, ge=0)
     filter_d_cutoff: float = Field(1.0, gt=0)
     trc: str | None = Field(None, min_length=1)  # .trc path stem (relative to the config)
     trc_max_frames: int = Field(9000, ge=1)  # per rig person; later frames are not recorded
+
+    @model_validator(mode="after")
+    def _fit_needs_consistency(self):
+        if self.fit_bones and not self.consistency:
+            raise ValueError("`fit_bones` fits the bone lengths `consistency` keeps: set both")
+        return self
 
 
 def rig_fps(options: Rig3DOptions, config: Config) -> dict[str, float]:
@@ -136,7 +148,11 @@ class Rig3D(Stage[Rig3DOptions]):
             if o.filter
             else None,
             swap_sides=o.swap_sides,
-            consistency=ConsistencyParams(o.max_speed_mps, o.bone_tolerance)
+            consistency=ConsistencyParams(
+                o.max_speed_mps,
+                o.bone_tolerance,
+                fit=BoneFitParams(o.bone_sigma_m, o.pixel_sigma_px) if o.fit_bones else None,
+            )
             if o.consistency
             else None,
         )
@@ -390,7 +406,8 @@ class Rig3D(Stage[Rig3DOptions]):
         those that timed out waiting for poses, people, poses for no pending group, the
         fraction of published keypoints triangulated, with swap_sides the views of a person
         mirrored, with consistency the keypoints triangulated again (past their top speed, off
-        their bone length), the rig person ids: made, and switched between people (jumps +
+        their bone length), with fit_bones the limb joints fitted to their bone lengths, the
+        rig person ids: made, and switched between people (jumps +
         rejoins, stages/rig/id_switches.py; positions that jumped and came back apart), and
         over each camera's recent points the largest median reprojection error and offset."""
         total = self._points_total
@@ -408,6 +425,7 @@ class Rig3D(Stage[Rig3DOptions]):
             "swapped_views": float(self.reconstructor.swapped_views),
             "consistency_moved": float(self.reconstructor.chosen.moved),
             "consistency_resized": float(self.reconstructor.chosen.resized),
+            "bones_fitted": float(self.reconstructor.chosen.fitted),
             "reprojection_px_max": max((r[0] for r in recent), default=0.0),
             "reprojection_offset_px_max": max(
                 (math.hypot(r[1], r[2]) for r in recent), default=0.0

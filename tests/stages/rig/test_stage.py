@@ -245,6 +245,17 @@ def test_the_filter_smooths_and_says_so(tmp_path):
     assert not np.array_equal(smooth[5].points, raw[5].points)
 
 
+def test_fit_bones_fits_each_rig_persons_limbs_once_warm_and_counts_them(tmp_path):
+    # three people, 11 instants: the first 10 (ConsistencyParams.warm) only gather lengths
+    stages: list[Rig3D] = []
+    truth, results = play(tmp_path, steps=11, stages=stages, consistency=True, fit_bones=True)
+    _, plain = play(tmp_path, steps=11, consistency=True)
+    assert stages[0].gauges()["bones_fitted"] == 1 * 3 * 12  # instants x people x limb joints
+    for step, (r, p) in enumerate(zip(results, plain, strict=True)):
+        assert errors_mm(truth[step], r).mean() <= 15.0
+        assert np.array_equal(r.points, p.points, equal_nan=True) == (step < 10), step
+
+
 def test_a_camera_whose_2d_sits_off_the_others_shows_its_offset_on_stats(tmp_path):
     """cam2's 2D moved 9 px right and 5 up, as a lens or pose that no longer fits the rig
     does: its recent residuals (projected - seen) lean the other way by several px, where an
@@ -321,6 +332,7 @@ def test_trc_files_are_written_per_rig_person_at_shutdown(tmp_path):
             r"stages\[2\]\.cameras\[2\]: no camera named 'cam9'",
         ),
         ({"wait_ms": 6000.0}, r"stages\[2\]\.wait_ms: .* not below"),
+        ({"fit_bones": True}, r"stages\[2\]: `fit_bones` fits .* `consistency` keeps: set both"),
     ],
 )
 def test_validation_names_the_key_and_the_problem(tmp_path, change, message):
