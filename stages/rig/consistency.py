@@ -6,7 +6,8 @@ can win. Here a keypoint whose triangulated point breaks either rule is triangul
 from every other subset of the views that saw it (at least min_views, each within the
 reprojection bound) and the subset that keeps it moving and sized as before is taken. When
 no subset does, the point stays as triangulated: nothing is dropped, and the next instant
-judges it again. Measured on Pose2Sim's single-person demo in docs/benchmarks.md
+judges it again. With `fit`, the limb joints are then fitted to the bones' median lengths
+(stages/rig/bone_fit.py). Measured on Pose2Sim's single-person demo in docs/benchmarks.md
 ("demo_3d"); the limb-length check is stages/rig/quality.py's.
 """
 
