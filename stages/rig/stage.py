@@ -407,9 +407,9 @@ class Rig3D(Stage[Rig3DOptions]):
         fraction of published keypoints triangulated, with swap_sides the views of a person
         mirrored, with consistency the keypoints triangulated again (past their top speed, off
         their bone length), with fit_bones the limb joints fitted to their bone lengths, the
-        rig person ids: made, and switched between people (jumps +
-        rejoins, stages/rig/id_switches.py; positions that jumped and came back apart), and
-        over each camera's recent points the largest median reprojection error and offset."""
+        rig person ids: made, and switched between people (jumps + rejoins,
+        stages/rig/id_switches.py; positions that jumped and came back apart), and over each
+        camera's recent points the largest median reprojection error and offset."""
         total = self._points_total
         ids = self.id_switches
         recent = self.reconstructor.residuals.summary().values()
