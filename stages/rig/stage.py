@@ -175,6 +175,7 @@ class Rig3D(Stage[Rig3DOptions]):
         self._points_total = 0
         self._points_triangulated = 0
         self._clock_states: dict[str, str] = {}
+        self._reprojection: dict[str, str] = {}  # info reprojection_<camera>, as of the last group
 
     @classmethod
     def check(cls, config: Config, index: int) -> list[str]:  # noqa: C901
@@ -290,6 +291,7 @@ class Rig3D(Stage[Rig3DOptions]):
         """Publish the posed groups that are done, oldest capture first; a group not done
         and still within its wait holds the later ones back."""
         self.groups.expire()
+        published = False
         plans = sorted(
             self.groups.posed_groups(), key=lambda g: min(v[1] for v in g.views.values())
         )
@@ -311,20 +313,23 @@ class Rig3D(Stage[Rig3DOptions]):
                 self.item_failed(results[0] if results else plan)
                 continue
             await out.send(result)
+            published = True
+        if published:  # the residuals change only with a reconstruction
+            self._reprojection = {
+                f"reprojection_{camera}": f"median {median:.1f} px, offset {dx:+.1f}, {dy:+.1f} "
+                f"px over its last {n} points"
+                for camera, (median, dx, dy, n) in self.reconstructor.residuals.summary().items()
+            }
         self._report_clocks()
 
     def _report_clocks(self) -> None:
         """Each camera's clock against the rig's, and its recent reprojection error and offset
-        (quality.RecentResiduals), on the stats topic (this stage's info); a camera whose
-        times start or stop being corrected is logged."""
+        as of the last group published (quality.RecentResiduals), on the stats topic (this
+        stage's info); a camera whose times start or stop being corrected is logged."""
         report = self.groups.clock_report()
         offsets = self.groups.clock_offsets()
         info = {f"clock_{c}": v for c, v in report.items()}
-        for camera, (median, dx, dy, n) in self.reconstructor.residuals.summary().items():
-            info[f"reprojection_{camera}"] = (
-                f"median {median:.1f} px, offset {dx:+.1f}, {dy:+.1f} px over its last {n} points"
-            )
-        self.metrics.add_info(self.name, info)
+        self.metrics.add_info(self.name, info | self._reprojection)
         for camera, text in report.items():
             state = text.split(",")[0]
             off = offsets.get(camera)
