@@ -15,13 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from npu.models.sapiens2.keypoints import INDEX
 from stages.rig.calibration import Camera
-from stages.rig.quality import LIMBS
+from stages.rig.quality import BONES
 from stages.rig.triangulate import Triangulation
 
-# (name, end, end) of each bone as keypoint indices, and the joints they join
-BONES: tuple[tuple[str, int, int], ...] = tuple((n, INDEX[a], INDEX[b]) for n, a, b in LIMBS)
+# the joints the bones join
 JOINTS: tuple[int, ...] = tuple(sorted({k for _, a, b in BONES for k in (a, b)}))
 
 
@@ -62,11 +60,12 @@ def fit_bones(
     joint, view = np.nonzero(tri.used[p, have])  # one observation per (joint, view used)
     ext = np.stack([c.extrinsics for c in cameras])[view]  # [N, 3, 4]
     focal = np.stack([np.diag(c.matrix)[:2] for c in cameras])[view]  # [N, 2]
+    keypoint = np.array(have)[joint]
     seen = np.empty((len(joint), 2))
     for v, cam in enumerate(cameras):
         at = view == v
-        seen[at] = cam.normalize(observed[v, np.array(have)[joint[at]], :2])
-    weight = observed[view, np.array(have)[joint], 2][:, None] * focal / params.pixel_sigma_px
+        seen[at] = cam.normalize(observed[v, keypoint[at], :2])
+    weight = observed[view, keypoint, 2][:, None] * focal / params.pixel_sigma_px
     a, b, target = (np.array(x) for x in zip(*bones, strict=True))
 
     def residuals(x: np.ndarray) -> np.ndarray:

@@ -21,15 +21,11 @@ from itertools import combinations
 
 import numpy as np
 
-from npu.models.sapiens2.keypoints import INDEX
 from stages.rig.bone_fit import BoneFitParams, fit_bones
 from stages.rig.calibration import Camera
-from stages.rig.quality import LIMBS
+from stages.rig.quality import BONES
 from stages.rig.triangulate import Triangulation, triangulate
 
-# (distal end, proximal end) of each bone as keypoint indices; shoulders and hips have no
-# distal end: either may be the one to move
-BONES: tuple[tuple[str, int, int], ...] = tuple((n, INDEX[b], INDEX[a]) for n, a, b in LIMBS)
 SYMMETRIC = {"shoulders", "hips"}
 
 

@@ -29,6 +29,9 @@ LIMBS: tuple[tuple[str, str, str], ...] = tuple(
     ("shoulders", "left_shoulder", "right_shoulder"),
     ("hips", "left_hip", "right_hip"),
 )
+# the same as keypoint indices, (distal end, proximal end); shoulders and hips have no distal
+# end: either may be the one to move (stages/rig/consistency.py, stages/rig/bone_fit.py)
+BONES: tuple[tuple[str, int, int], ...] = tuple((n, INDEX[b], INDEX[a]) for n, a, b in LIMBS)
 
 
 def reprojection_errors(

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from rig_scenes import observe, ring_cameras, walking_body
 
-from stages.rig.bone_fit import BONES, JOINTS, BoneFitParams, fit_bones
+from stages.rig.bone_fit import JOINTS, BoneFitParams, fit_bones
 from stages.rig.consistency import ConsistencyParams, hold_clip
-from stages.rig.quality import coefficient_of_variation, limb_lengths
+from stages.rig.quality import BONES, coefficient_of_variation, limb_lengths
 from stages.rig.triangulate import MAX_ERROR_PX, MIN_CONFIDENCE, MIN_VIEWS, triangulate
 
 FPS = 30.0
